@@ -1,0 +1,43 @@
+# The README's two commands: `make demo` and `make test`. Both do all set-up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+.PHONY: demo test install install-test data benchmarks clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+# Fashion-MNIST from the Debian package, where apt is available and it is missing.
+data:
+	@if [ ! -f $(FASHION_MNIST) ] && command -v apt-get >/dev/null 2>&1; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null; }; \
+	fi
+
+demo: install data
+	$(PY) examples/accumulate_fashion_mnist.py
+
+test: install-test data
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest tests
+
+benchmarks: install data
+	$(PY) benchmarks/accumulation.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

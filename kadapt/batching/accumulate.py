@@ -1,0 +1,95 @@
+"""`accumulate(model, micro_batch_size)`: gradient accumulation for any model."""
+
+import keras
+
+from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
+
+
+@keras.saving.register_keras_serializable(package="kadapt")
+class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
+    """Wraps a model so that `fit` trains its batches as micro-batches.
+
+    The wrapper shares the wrapped model's layers and weights; training the
+    wrapper trains the wrapped model. See `kadapt.AccumulatingModel` for the
+    training semantics. Build it with `kadapt.accumulate`.
+
+    Args:
+        model: `keras.Model`. The model to train (Sequential, functional or
+            subclassed).
+        micro_batch_size: Positive int. Rows per forward/backward pass.
+        **kwargs: Passed to `keras.Model` (e.g. `name`).
+    """
+
+    def __init__(self, model, micro_batch_size, **kwargs):
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                "Argument `model` must be a `keras.Model` (Sequential, "
+                "functional or subclassed). "
+                f"Received: model={model!r} (of type {type(model).__name__})"
+            )
+        kwargs.setdefault("name", f"accumulating_{model.name}")
+        super().__init__(micro_batch_size=micro_batch_size, **kwargs)
+        self.model = model
+
+    def call(self, inputs, training=None):
+        return self.model(inputs, training=training)
+
+    def get_config(self):
+        return {
+            "model": keras.saving.serialize_keras_object(self.model),
+            "micro_batch_size": self.micro_batch_size,
+            "name": self.name,
+        }
+
+    def compile_from_config(self, config):
+        config = keras.saving.deserialize_keras_object(config)
+        if self.model.compiled:
+            # One optimizer, as before saving: its state is stored once,
+            # under the wrapped model.
+            config["optimizer"] = self.model.optimizer
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(
+            config.pop("model"), custom_objects=custom_objects
+        )
+        return cls(model, **config)
+
+
+def accumulate(model, micro_batch_size):
+    """Returns a model that trains `model` with gradient accumulation.
+
+    Inside `fit`, every batch (the logical batch, B rows) is trained as
+    ceil(B / micro_batch_size) micro-batches in ONE optimizer step, exactly
+    equal to a full-batch step for models without BatchNorm or dropout. See
+    `kadapt.AccumulatingModel` for the semantics.
+
+    If `model` is compiled, the returned model is compiled with the same
+    optimizer object, loss and metrics; otherwise compile the returned model.
+
+    Args:
+        model: `keras.Model`. Sequential, functional or subclassed.
+        micro_batch_size: Positive int. Rows per forward/backward pass.
+
+    Returns:
+        A `kadapt.AccumulatingWrapper` sharing `model`'s weights.
+
+    Example:
+
+    ```python
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    trainer = kadapt.accumulate(model, micro_batch_size=16)
+    trainer.fit(x, y, batch_size=256)  # 16 micro-batches per update
+    ```
+    """
+    wrapper = AccumulatingWrapper(model, micro_batch_size)
+    if model.compiled:
+        config = keras.saving.deserialize_keras_object(model.get_compile_config())
+        config["optimizer"] = model.optimizer
+        wrapper.compile(**config)
+    return wrapper

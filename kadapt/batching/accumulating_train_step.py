@@ -1,0 +1,151 @@
+"""The accumulating `train_step`, shared by every kadapt accumulating model."""
+
+import keras
+import tensorflow as tf
+
+from kadapt.batching import ghost_batch_norm
+from kadapt.batching import micro_batches
+from kadapt.batching.validation import check_micro_batch_size
+
+
+class AccumulatingTrainStep:
+    """Mixin for subclassed models: one logical batch, k micro-batches.
+
+    List it before `keras.Model` in the bases of a subclassed model and pass
+    `micro_batch_size` to `super().__init__`. See `kadapt.AccumulatingModel`
+    for the training semantics.
+
+    Args:
+        micro_batch_size: Positive int. Rows per forward/backward pass.
+        *args, **kwargs: Passed on to `keras.Model`.
+
+    Example:
+
+    ```python
+    class Regressor(kadapt.AccumulatingTrainStep, keras.Model):
+        def __init__(self, micro_batch_size=32, **kwargs):
+            super().__init__(micro_batch_size=micro_batch_size, **kwargs)
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+    ```
+    """
+
+    def __init__(self, *args, micro_batch_size, **kwargs):
+        checked = check_micro_batch_size(micro_batch_size)
+        super().__init__(*args, **kwargs)
+        self._micro_batch_size = checked
+
+    @property
+    def micro_batch_size(self):
+        """Rows per forward/backward pass inside a training step."""
+        return self._micro_batch_size
+
+    @micro_batch_size.setter
+    def micro_batch_size(self, value):
+        value = check_micro_batch_size(value)
+        if value == self._micro_batch_size:
+            return
+        self._micro_batch_size = value
+        if self.train_function is not None:
+            # The size is a trace-time constant (static shapes, XLA-friendly);
+            # a new trace takes effect at the next step, even inside `fit`.
+            self.make_train_function(force=True)
+
+    def fit(self, *args, **kwargs):
+        if not self.compiled:
+            raise ValueError(
+                "The model must be compiled before `fit`: call "
+                "`model.compile(optimizer=..., loss=...)` first. "
+                f"Received: model={self.name!r}, which is not compiled."
+            )
+        return super().fit(*args, **kwargs)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        batch = (x, y, sample_weight)
+        batch_size = micro_batches.batch_size_of(x)
+        micro = self._micro_batch_size
+        num_full = batch_size // micro
+        tail = batch_size - num_full * micro
+        num_micro = num_full + tf.cast(tail > 0, tf.int32)
+        layers = ghost_batch_norm.batch_norm_layers(self)
+        with ghost_batch_norm.per_logical_step_momentum(layers, num_micro):
+            # The first micro-batch runs outside the loop: it builds the model,
+            # metrics and loss on the first trace (variables cannot be created
+            # inside the loop) and its gradients seed the float32 sum.
+            total = self._micro_step(micro_batches.first_rows(batch, micro), batch_size)
+            total = self._accumulate_full(batch, batch_size, num_full, total)
+            total = tf.cond(
+                tf.logical_and(tail > 0, num_full > 0),
+                lambda: self._accumulate_tail(batch, batch_size, num_full, total),
+                lambda: total,
+            )
+        gradients, loss = total
+        variables = self.trainable_variables
+        if variables:
+            self.optimizer.apply(
+                [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)],
+                variables,
+            )
+        self._track_loss(loss, batch_size)
+        return self.get_metrics_result()
+
+    def _accumulate_full(self, batch, batch_size, num_full, total):
+        """Adds the full micro-batches 1 .. num_full - 1, one at a time."""
+        micro = self._micro_batch_size
+
+        def body(index, total):
+            rows = micro_batches.slice_rows(batch, index * micro, micro)
+            return index + 1, self._add(total, self._micro_step(rows, batch_size))
+
+        _, total = tf.while_loop(
+            lambda index, _: index < num_full,
+            body,
+            (tf.constant(1, tf.int32), total),
+            parallel_iterations=1,
+        )
+        return total
+
+    def _accumulate_tail(self, batch, batch_size, num_full, total):
+        rows = micro_batches.rows_from(batch, num_full * self._micro_batch_size)
+        return self._add(total, self._micro_step(rows, batch_size))
+
+    def _micro_step(self, rows, batch_size):
+        """Returns the float32 gradients and loss share of one micro-batch."""
+        x, y, sample_weight = rows
+        share = tf.cast(micro_batches.batch_size_of(x), tf.float32) / tf.cast(
+            batch_size, tf.float32
+        )
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            variables = self.trainable_variables
+            loss = self.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+            loss = tf.cast(loss, tf.float32) * share
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, variables) if variables else []
+        self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return [_dense_float32(g, v) for g, v in zip(gradients, variables)], loss
+
+    @staticmethod
+    def _add(total, step):
+        gradients, loss = total
+        step_gradients, step_loss = step
+        return [a + b for a, b in zip(gradients, step_gradients)], loss + step_loss
+
+    def _track_loss(self, loss, batch_size):
+        # `compute_loss` divides by the replica count under tf.distribute;
+        # the reported loss is the per-replica batch's own mean, as in Keras.
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss * replicas, sample_weight=batch_size)
+
+
+def _dense_float32(gradient, variable):
+    if gradient is None:
+        return tf.zeros(variable.shape, tf.float32)
+    return tf.cast(tf.convert_to_tensor(gradient), tf.float32)

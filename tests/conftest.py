@@ -1,0 +1,24 @@
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Two logical CPU devices, so tf.distribute.MirroredStrategy can be tested.
+# This must happen before TensorFlow initializes its devices.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+

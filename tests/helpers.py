@@ -1,0 +1,43 @@
+"""Small models and data shared by the tests."""
+
+import keras
+import numpy as np
+
+
+def classification_data(rows=37, features=5, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    y = rng.integers(0, classes, size=rows)
+    return x, y
+
+
+def mlp(features=5, classes=3, seed=0, regularize=True):
+    """A Sequential MLP without BatchNorm or dropout, deterministic init."""
+    keras.utils.set_random_seed(seed)
+    regularizer = keras.regularizers.L2(0.01) if regularize else None
+    return keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(16, activation="tanh", kernel_regularizer=regularizer),
+            keras.layers.Dense(classes),
+        ]
+    )
+
+
+def compile_classifier(model, learning_rate=0.1, **kwargs):
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        **kwargs,
+    )
+    return model
+
+
+def max_relative_difference(weights_a, weights_b):
+    """Largest per-tensor max|a - b| / max|a| over two lists of arrays."""
+    worst = 0.0
+    for a, b in zip(weights_a, weights_b, strict=True):
+        scale = max(float(np.max(np.abs(a))), 1e-12)
+        worst = max(worst, float(np.max(np.abs(a - b))) / scale)
+    return worst
