@@ -97,7 +97,10 @@ class AccumulatingTrainStep:
         micro = self._micro_batch_size
 
         def body(index, total):
-            rows = micro_batches.slice_rows(batch, index * micro, micro)
+            # Start a micro-batch only once the previous one's gradients
+            # exist, so at most one micro-batch's activations are alive.
+            with tf.control_dependencies(tf.nest.flatten(total)):
+                rows = micro_batches.slice_rows(batch, index * micro, micro)
             return index + 1, self._add(total, self._micro_step(rows, batch_size))
 
         _, total = tf.while_loop(
@@ -109,7 +112,8 @@ class AccumulatingTrainStep:
         return total
 
     def _accumulate_tail(self, batch, batch_size, num_full, total):
-        rows = micro_batches.rows_from(batch, num_full * self._micro_batch_size)
+        with tf.control_dependencies(tf.nest.flatten(total)):
+            rows = micro_batches.rows_from(batch, num_full * self._micro_batch_size)
         return self._add(total, self._micro_step(rows, batch_size))
 
     def _micro_step(self, rows, batch_size):

@@ -1,0 +1,3 @@
+"""KerasTuner integration."""
+
+from kadapt.tuning.accumulating_hyper_model import AccumulatingHyperModel

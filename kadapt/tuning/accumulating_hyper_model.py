@@ -1,0 +1,72 @@
+"""A KerasTuner `HyperModel` that searches logical batch sizes beyond memory."""
+
+import keras_tuner
+
+from kadapt.batching.accumulate import accumulate
+from kadapt.batching.validation import check_micro_batch_size
+
+
+class AccumulatingHyperModel(keras_tuner.HyperModel):
+    """Searches the logical batch size while the micro-batch stays fixed.
+
+    Every trial trains with `kadapt.accumulate`, so a logical batch size far
+    larger than what fits in memory is searched like any other value: the
+    micro-batch bounds memory, the hyperparameter `"batch_size"` sets the
+    logical batch (one optimizer step).
+
+    Args:
+        build_model: Callable `hp -> keras.Model`, returning a compiled model.
+        micro_batch_size: Positive int. Rows per forward/backward pass.
+        batch_sizes: Sequence of positive ints. Logical batch sizes to try.
+        **kwargs: Passed to `keras_tuner.HyperModel` (`name`, `tunable`).
+
+    Example:
+
+    ```python
+    hyper_model = kadapt.tuning.AccumulatingHyperModel(
+        build_model, micro_batch_size=64, batch_sizes=[64, 256, 1024])
+    tuner = keras_tuner.RandomSearch(hyper_model, objective="val_loss",
+                                     max_trials=6)
+    tuner.search(x, y, epochs=2, validation_split=0.2)
+    ```
+    """
+
+    def __init__(self, build_model, micro_batch_size, batch_sizes, **kwargs):
+        super().__init__(**kwargs)
+        if not callable(build_model):
+            raise TypeError(
+                "Argument `build_model` must be a callable `hp -> keras.Model`. "
+                f"Received: build_model={build_model!r}"
+            )
+        self.build_model = build_model
+        self.micro_batch_size = check_micro_batch_size(micro_batch_size)
+        self.batch_sizes = _check_batch_sizes(batch_sizes)
+
+    def build(self, hp):
+        model = self.build_model(hp)
+        if not model.compiled:
+            raise ValueError(
+                "Argument `build_model` must return a compiled model: call "
+                f"`model.compile(...)` inside it. Received: an uncompiled model {model.name!r}"
+            )
+        return accumulate(model, self.micro_batch_size)
+
+    def fit(self, hp, model, *args, **kwargs):
+        if "batch_size" in kwargs:
+            raise ValueError(
+                "`batch_size` is searched by `AccumulatingHyperModel`; pass the "
+                "candidates as `batch_sizes=` instead. "
+                f"Received: batch_size={kwargs['batch_size']!r}"
+            )
+        batch_size = hp.Choice("batch_size", self.batch_sizes)
+        return model.fit(*args, batch_size=batch_size, **kwargs)
+
+
+def _check_batch_sizes(batch_sizes):
+    values = list(batch_sizes) if isinstance(batch_sizes, (list, tuple)) else None
+    if not values:
+        raise ValueError(
+            "Argument `batch_sizes` must be a non-empty list of positive ints, "
+            f"e.g. [64, 256, 1024]. Received: batch_sizes={batch_sizes!r}"
+        )
+    return [check_micro_batch_size(v, name="batch_sizes") for v in values]

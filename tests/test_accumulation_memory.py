@@ -1,0 +1,43 @@
+"""Peak memory of an accumulating step is that of one micro-batch."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import kadapt
+
+MICRO = 32
+
+
+def _cnn(micro_batch_size):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((28, 28, 1))
+    hidden = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    hidden = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(hidden)
+    hidden = keras.layers.GlobalAveragePooling2D()(hidden)
+    outputs = keras.layers.Dense(10)(hidden)
+    model = kadapt.AccumulatingModel(inputs, outputs, micro_batch_size=micro_batch_size)
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def _peak_bytes(model, rows):
+    """Peak allocator bytes on CPU:0 during one (already traced) train step."""
+    x = np.random.default_rng(0).normal(size=(rows, 28, 28, 1)).astype("float32")
+    y = np.zeros(rows, "int32")
+    model.train_on_batch(x, y)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    model.train_on_batch(x, y)
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+
+
+def test_peak_at_four_micro_batches_stays_within_twenty_percent():
+    one = _peak_bytes(_cnn(MICRO), MICRO)
+    four = _peak_bytes(_cnn(MICRO), 4 * MICRO)
+    # The measurement sees activations: one big batch of 4m needs far more.
+    big = _peak_bytes(_cnn(4 * MICRO), 4 * MICRO)
+    assert big > 2.0 * one
+    assert four <= 1.2 * one
