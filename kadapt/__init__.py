@@ -5,7 +5,13 @@ from kadapt import tuning
 from kadapt.batching import AccumulatingModel
 from kadapt.batching import AccumulatingTrainStep
 from kadapt.batching import AccumulatingWrapper
+from kadapt.batching import BatchPlan
+from kadapt.batching import MemoryModel
+from kadapt.batching import OutOfMemoryError
+from kadapt.batching import ProbeResult
+from kadapt.batching import ProbeTrial
 from kadapt.batching import accumulate
+from kadapt.batching import plan_batch
+from kadapt.batching import probe_micro_batch
 
 __version__ = "0.1.0"
-

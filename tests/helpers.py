@@ -41,3 +41,20 @@ def max_relative_difference(weights_a, weights_b):
         scale = max(float(np.max(np.abs(a))), 1e-12)
         worst = max(worst, float(np.max(np.abs(a - b))) / scale)
     return worst
+
+
+class OutOfMemoryAbove(keras.layers.Layer):
+    """Identity layer that raises a genuine ResourceExhaustedError (it asks the
+    allocator for 256 GiB) when it sees more than `rows` rows."""
+
+    def __init__(self, rows, **kwargs):
+        super().__init__(**kwargs)
+        self.rows = rows
+
+    def call(self, inputs):
+        import tensorflow as tf
+
+        def explode():
+            return inputs + tf.reduce_sum(tf.random.uniform([2**36])) * 0.0
+
+        return tf.cond(tf.shape(inputs)[0] > self.rows, explode, lambda: inputs)

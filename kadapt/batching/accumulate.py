@@ -16,8 +16,10 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
     Args:
         model: `keras.Model`. The model to train (Sequential, functional or
             subclassed).
-        micro_batch_size: Positive int. Rows per forward/backward pass.
-        **kwargs: Passed to `keras.Model` (e.g. `name`).
+        micro_batch_size: Positive int or `"auto"`. Rows per forward/backward
+            pass.
+        **kwargs: `memory_budget` and `max_oom_retries` (see
+            `kadapt.AccumulatingTrainStep`), the rest passed to `keras.Model`.
     """
 
     def __init__(self, model, micro_batch_size, **kwargs):
@@ -37,8 +39,8 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
     def get_config(self):
         return {
             "model": keras.saving.serialize_keras_object(self.model),
-            "micro_batch_size": self.micro_batch_size,
             "name": self.name,
+            **self.accumulation_config(),
         }
 
     def compile_from_config(self, config):
@@ -60,7 +62,7 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
         return cls(model, **config)
 
 
-def accumulate(model, micro_batch_size):
+def accumulate(model, micro_batch_size, memory_budget=None, max_oom_retries=8):
     """Returns a model that trains `model` with gradient accumulation.
 
     Inside `fit`, every batch (the logical batch, B rows) is trained as
@@ -71,9 +73,19 @@ def accumulate(model, micro_batch_size):
     If `model` is compiled, the returned model is compiled with the same
     optimizer object, loss and metrics; otherwise compile the returned model.
 
+    With `micro_batch_size="auto"` the first `fit` probes device memory with
+    real trial steps and takes the largest micro-batch that fits. A step that
+    runs out of memory mid-run is retried with a smaller micro-batch.
+
     Args:
         model: `keras.Model`. Sequential, functional or subclassed.
-        micro_batch_size: Positive int. Rows per forward/backward pass.
+        micro_batch_size: Positive int, or `"auto"`. Rows per forward/backward
+            pass.
+        memory_budget: Bytes, a string like `"2GiB"`, or `None` (the
+            device's). The memory a step may use. Defaults to `None`.
+        max_oom_retries: Non-negative int. Retries of one logical batch with a
+            smaller micro-batch after running out of memory; 0 turns recovery
+            off. Defaults to `8`.
 
     Returns:
         A `kadapt.AccumulatingWrapper` sharing `model`'s weights.
@@ -87,7 +99,12 @@ def accumulate(model, micro_batch_size):
     trainer.fit(x, y, batch_size=256)  # 16 micro-batches per update
     ```
     """
-    wrapper = AccumulatingWrapper(model, micro_batch_size)
+    wrapper = AccumulatingWrapper(
+        model,
+        micro_batch_size,
+        memory_budget=memory_budget,
+        max_oom_retries=max_oom_retries,
+    )
     if model.compiled:
         config = keras.saving.deserialize_keras_object(model.get_compile_config())
         config["optimizer"] = model.optimizer

@@ -37,11 +37,13 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
         inputs: As in `keras.Model`: the model's input tensor(s).
         outputs: As in `keras.Model`: the model's output tensor(s).
         name: String or `None`. The model's name. Defaults to `None`.
-        micro_batch_size: Positive int. Rows per forward/backward pass. A
-            micro-batch larger than the logical batch means one micro-batch.
-            Can be changed between steps through the `micro_batch_size`
-            property; the change takes effect at the next step.
-        **kwargs: Passed to `keras.Model`.
+        micro_batch_size: Positive int or `"auto"`. Rows per forward/backward
+            pass. A micro-batch larger than the logical batch means one
+            micro-batch. Can be changed between steps through the
+            `micro_batch_size` property; the change takes effect at the next
+            step. `"auto"` probes device memory at the first `fit`.
+        **kwargs: `memory_budget` and `max_oom_retries` (see
+            `kadapt.AccumulatingTrainStep`), the rest passed to `keras.Model`.
 
     Example:
 
@@ -61,5 +63,5 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
 
     def get_config(self):
         config = super().get_config()
-        config["micro_batch_size"] = self.micro_batch_size
+        config.update(self.accumulation_config())
         return config

@@ -5,7 +5,12 @@ import tensorflow as tf
 
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import micro_batches
+from kadapt.batching.memory_budget import parse_memory_size
+from kadapt.batching.oom_recovery import RecoveringTrainFunction
 from kadapt.batching.validation import check_micro_batch_size
+from kadapt.batching.validation import check_non_negative_int
+
+AUTO = "auto"
 
 
 class AccumulatingTrainStep:
@@ -16,7 +21,16 @@ class AccumulatingTrainStep:
     for the training semantics.
 
     Args:
-        micro_batch_size: Positive int. Rows per forward/backward pass.
+        micro_batch_size: Positive int, or `"auto"`: probe device memory at
+            the first `fit` and take the largest micro-batch that fits (see
+            `kadapt.probe_micro_batch`; results are cached on disk).
+        memory_budget: Bytes or a string like `"2GiB"`, or `None`. The memory
+            a step may use, for `"auto"` and for re-solving the micro-batch
+            after running out of memory. Defaults to `None` (the device's,
+            see `kadapt.batching.memory_budget`).
+        max_oom_retries: Non-negative int. How many times one logical batch is
+            retried with a smaller micro-batch after a `ResourceExhaustedError`
+            before the error is raised; 0 turns recovery off. Defaults to `8`.
         *args, **kwargs: Passed on to `keras.Model`.
 
     Example:
@@ -32,41 +46,65 @@ class AccumulatingTrainStep:
     ```
     """
 
-    def __init__(self, *args, micro_batch_size, **kwargs):
-        checked = check_micro_batch_size(micro_batch_size)
+    def __init__(self, *args, micro_batch_size, memory_budget=None, max_oom_retries=8, **kwargs):
+        micro = None if micro_batch_size == AUTO else check_micro_batch_size(micro_batch_size)
+        if memory_budget is not None:
+            parse_memory_size(memory_budget)
+        retries = check_non_negative_int(max_oom_retries, "max_oom_retries")
         super().__init__(*args, **kwargs)
-        self._micro_batch_size = checked
+        self._micro_batch_size = micro
+        self.memory_budget = memory_budget
+        self.max_oom_retries = retries
+        self.probe_result = None
+        self._oom_events = []
 
     @property
     def micro_batch_size(self):
-        """Rows per forward/backward pass inside a training step."""
-        return self._micro_batch_size
+        """Rows per forward/backward pass; `"auto"` until the first `fit` probes."""
+        return AUTO if self._micro_batch_size is None else self._micro_batch_size
 
     @micro_batch_size.setter
     def micro_batch_size(self, value):
-        value = check_micro_batch_size(value)
-        if value == self._micro_batch_size:
-            return
-        self._micro_batch_size = value
-        if self.train_function is not None:
-            # The size is a trace-time constant (static shapes, XLA-friendly);
-            # a new trace takes effect at the next step, even inside `fit`.
-            self.make_train_function(force=True)
+        # The size is a trace-time constant (static shapes, XLA-friendly); the
+        # train function retraces at the next step, even inside `fit`.
+        self._micro_batch_size = check_micro_batch_size(value)
 
-    def fit(self, *args, **kwargs):
+    @property
+    def oom_events(self):
+        """`(logical step, micro-batch before, micro-batch after)` per recovery."""
+        return tuple(self._oom_events)
+
+    def accumulation_config(self):
+        """The constructor arguments this mixin adds, for `get_config`."""
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "memory_budget": self.memory_budget,
+            "max_oom_retries": self.max_oom_retries,
+        }
+
+    def fit(self, x=None, y=None, batch_size=None, **kwargs):
         if not self.compiled:
             raise ValueError(
                 "The model must be compiled before `fit`: call "
                 "`model.compile(optimizer=..., loss=...)` first. "
                 f"Received: model={self.name!r}, which is not compiled."
             )
-        return super().fit(*args, **kwargs)
+        if self._micro_batch_size is None:
+            from kadapt.batching.auto_micro_batch import resolve_auto_micro_batch
+
+            resolve_auto_micro_batch(self, x, y, batch_size, kwargs.get("sample_weight"))
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
+
+    def make_train_function(self, force=False):
+        if self.train_function is None or force:
+            self.train_function = RecoveringTrainFunction(self)
+        return self.train_function
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         batch = (x, y, sample_weight)
         batch_size = micro_batches.batch_size_of(x)
-        micro = self._micro_batch_size
+        micro = self._traced_micro_batch_size()
         num_full = batch_size // micro
         tail = batch_size - num_full * micro
         num_micro = num_full + tf.cast(tail > 0, tf.int32)
@@ -84,17 +122,23 @@ class AccumulatingTrainStep:
             )
         gradients, loss = total
         variables = self.trainable_variables
+        if variables and not self.optimizer.built:
+            self.optimizer.build(variables)  # outside the dependencies below
         if variables:
-            self.optimizer.apply(
-                [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)],
-                variables,
-            )
+            # Nothing of the update (not even `iterations += 1`) may run before
+            # every micro-batch succeeded: a step that fails part-way (out of
+            # memory) must leave the weights and the optimizer untouched.
+            with tf.control_dependencies(gradients):
+                self.optimizer.apply(
+                    [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)],
+                    variables,
+                )
         self._track_loss(loss, batch_size)
         return self.get_metrics_result()
 
     def _accumulate_full(self, batch, batch_size, num_full, total):
         """Adds the full micro-batches 1 .. num_full - 1, one at a time."""
-        micro = self._micro_batch_size
+        micro = self._traced_micro_batch_size()
 
         def body(index, total):
             # Start a micro-batch only once the previous one's gradients
@@ -113,8 +157,17 @@ class AccumulatingTrainStep:
 
     def _accumulate_tail(self, batch, batch_size, num_full, total):
         with tf.control_dependencies(tf.nest.flatten(total)):
-            rows = micro_batches.rows_from(batch, num_full * self._micro_batch_size)
+            rows = micro_batches.rows_from(batch, num_full * self._traced_micro_batch_size())
         return self._add(total, self._micro_step(rows, batch_size))
+
+    def _traced_micro_batch_size(self):
+        if self._micro_batch_size is None:
+            raise ValueError(
+                "`micro_batch_size='auto'` is resolved by the first `fit`; call "
+                "`fit`, or set `model.micro_batch_size` to an int first. "
+                "Received: micro_batch_size='auto'"
+            )
+        return self._micro_batch_size
 
     def _micro_step(self, rows, batch_size):
         """Returns the float32 gradients and loss share of one micro-batch."""

@@ -1,0 +1,43 @@
+"""`plan_batch`: how a logical batch splits into micro-batches."""
+
+import dataclasses
+
+from kadapt.batching.validation import check_micro_batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """A logical batch run as `num_micro_batches` forward/backward passes.
+
+    Attributes:
+        logical_batch_size: Rows per optimizer step.
+        micro_batch_size: Rows per forward/backward pass (at most the logical size).
+        num_micro_batches: ceil(logical / micro).
+        tail_size: Rows in the last micro-batch when it is ragged, else 0.
+    """
+
+    logical_batch_size: int
+    micro_batch_size: int
+    num_micro_batches: int
+    tail_size: int
+
+    def __str__(self):
+        tail = f", last one {self.tail_size} rows" if self.tail_size else ""
+        return (
+            f"logical batch {self.logical_batch_size} = {self.num_micro_batches} "
+            f"micro-batch(es) of {self.micro_batch_size}{tail}"
+        )
+
+
+def plan_batch(logical_batch_size, micro_batch_size):
+    """Returns the `BatchPlan` for a logical batch and a micro-batch size.
+
+    Example:
+
+    >>> plan_batch(100, 32)
+    BatchPlan(logical_batch_size=100, micro_batch_size=32, num_micro_batches=4, tail_size=4)
+    """
+    logical = check_micro_batch_size(logical_batch_size, name="logical_batch_size")
+    micro = min(check_micro_batch_size(micro_batch_size), logical)
+    full, tail = divmod(logical, micro)
+    return BatchPlan(logical, micro, full + (1 if tail else 0), tail)

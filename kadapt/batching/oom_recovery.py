@@ -1,0 +1,136 @@
+"""Out-of-memory recovery: shrink the micro-batch and retry the same batch.
+
+`RecoveringTrainFunction` is what an accumulating model's `train_function`
+is. It pulls each logical batch from the iterator in Python, so when the step
+raises `ResourceExhaustedError` it still holds the batch: it restores what the
+failed step touched (BatchNorm statistics, RNG seed states, metrics, the loss
+scale and iteration counter), shrinks the micro-batch and runs the SAME batch
+again. The weights need no restoring: the optimizer applies only after every
+micro-batch succeeded. The logical batch, and so the training trajectory, is
+unchanged.
+"""
+
+import logging
+import math
+
+import tensorflow as tf
+
+from kadapt.batching import training_state
+
+logger = logging.getLogger("kadapt")
+
+SHRINK_FACTOR = 0.75  # without a memory model; gentler than halving
+
+
+class OutOfMemoryError(RuntimeError):
+    """A training step does not fit even after shrinking the micro-batch."""
+
+
+class RecoveringTrainFunction:
+    """Callable `iterator -> logs` that trains `steps_per_execution` batches.
+
+    Args:
+        model: An accumulating model (`kadapt.AccumulatingTrainStep`).
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._step = None
+        self._traced_micro_batch_size = None
+        self._needs_trace = True
+
+    def __call__(self, iterator):
+        outputs = None
+        for _, data in zip(range(self.model.steps_per_execution), iterator):
+            outputs = self._run_with_recovery(data)
+        if outputs is None:
+            raise StopIteration
+        return outputs
+
+    def _run_with_recovery(self, data):
+        model = self.model
+        if model.max_oom_retries == 0 or _replicas(model) > 1:
+            return self._step_function()(data)
+        if self._needs_trace and not model.run_eagerly:
+            # Trace first: the first trace creates the model's, the metrics'
+            # and the optimizer's variables, which the snapshot must include.
+            self._step_function().get_concrete_function(data)
+            self._needs_trace = False
+        saved = training_state.snapshot(
+            training_state.state_variables(model, include_weights=False, include_slots=False)
+        )
+        attempt = 0
+        while True:  # ends by returning, or by _shrink raising
+            try:
+                return self._step_function()(data)
+            except tf.errors.ResourceExhaustedError as error:
+                training_state.restore(saved)
+                _shrink(model, error, attempt)
+                attempt += 1
+
+    def _step_function(self):
+        """The traced one-step function for the current micro-batch size."""
+        micro = self.model.micro_batch_size
+        if self._step is None or micro != self._traced_micro_batch_size:
+            self._step = _trace(self.model)
+            self._traced_micro_batch_size = micro
+        return self._step
+
+
+def _trace(model):
+    strategy = model.distribute_strategy
+
+    def one_step(data):
+        outputs = strategy.run(model.train_step, args=(data,))
+        # Metric results are synchronized across replicas: any replica's
+        # values are the global ones.
+        return tf.nest.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0], outputs
+        )
+
+    if model.run_eagerly:
+        return one_step
+    return tf.function(
+        tf.autograph.experimental.do_not_convert(one_step),
+        reduce_retracing=True,
+        jit_compile=model.jit_compile,
+    )
+
+
+def _replicas(model):
+    return model.distribute_strategy.num_replicas_in_sync
+
+
+def _shrink(model, error, attempt):
+    """Sets a smaller micro-batch after an OOM, or raises `OutOfMemoryError`."""
+    micro = model.micro_batch_size
+    if micro == 1 or attempt >= model.max_oom_retries:
+        raise OutOfMemoryError(
+            f"A training step ran out of memory with micro_batch_size={micro} "
+            f"after {attempt} retries (max_oom_retries={model.max_oom_retries}). "
+            "Use a smaller model or input, a device with more memory, or "
+            "mixed precision (`keras.mixed_precision.set_global_policy('mixed_float16')`)."
+        ) from error
+    smaller = smaller_micro_batch(micro, getattr(model.probe_result, "memory_model", None))
+    step = int(model.optimizer.iterations.numpy()) if model.optimizer.built else 0
+    model._oom_events.append((step, micro, smaller))
+    logger.warning(
+        "out of memory at micro_batch_size=%d (step %d); retrying the same "
+        "batch with micro_batch_size=%d", micro, step, smaller,
+    )
+    model.micro_batch_size = smaller
+
+
+def smaller_micro_batch(micro_batch_size, memory_model=None):
+    """The micro-batch to retry with after `micro_batch_size` ran out of memory.
+
+    With a memory model, re-solve it for 90% of the peak it predicted for the
+    size that failed (the device evidently had less room than thought);
+    without one, shrink by `SHRINK_FACTOR`. Never below half, never the same.
+    """
+    if memory_model is not None:
+        room = 0.9 * memory_model.peak_bytes(micro_batch_size)
+        target = memory_model.largest_fitting(room)
+    else:
+        target = math.floor(micro_batch_size * SHRINK_FACTOR)
+    return max(1, math.ceil(micro_batch_size / 2), min(target, micro_batch_size - 1))

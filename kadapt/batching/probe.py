@@ -1,0 +1,332 @@
+"""`probe_micro_batch`: the largest micro-batch that fits, from real trial steps."""
+
+import contextlib
+import dataclasses
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kadapt.batching import training_state
+from kadapt.batching.accumulate import accumulate
+from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
+from kadapt.batching.batch_plan import plan_batch
+from kadapt.batching.memory_budget import device_budget
+from kadapt.batching.memory_model import MemoryModel
+from kadapt.batching.validation import check_micro_batch_size
+
+FIRST_TRIAL_ROWS = 16
+SECOND_TRIAL_FACTOR = 4
+MARGIN = 0.05  # of the room above the fixed memory, kept free
+MIN_GAIN = 0.05  # a further trial must promise 5% more rows
+MAX_TRIALS = 8  # reached only when out-of-memory errors force bisection
+PREFERENCES = ("largest", "fastest")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeTrial:
+    """One trial step: a logical batch of two micro-batches of `micro_batch_size`.
+
+    `peak_bytes` and `seconds_per_sample` are `None` when the step raised
+    `ResourceExhaustedError`.
+    """
+
+    micro_batch_size: int
+    peak_bytes: int | None
+    seconds_per_sample: float | None
+    fits: bool
+
+    @property
+    def samples_per_second(self):
+        return None if self.seconds_per_sample is None else 1.0 / self.seconds_per_sample
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """What `probe_micro_batch` chose and what it measured."""
+
+    micro_batch_size: int
+    trials: tuple
+    memory_model: MemoryModel | None
+    budget: object
+
+    def plan(self, logical_batch_size):
+        """The `BatchPlan` of `logical_batch_size` with the chosen micro-batch."""
+        return plan_batch(logical_batch_size, self.micro_batch_size)
+
+    def to_dict(self):
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "trials": [dataclasses.asdict(t) for t in self.trials],
+            "memory_model": None if self.memory_model is None else self.memory_model.to_dict(),
+            "budget": dataclasses.asdict(self.budget),
+        }
+
+
+def probe_micro_batch(
+    model,
+    data,
+    memory_budget=None,
+    prefer="largest",
+    max_micro_batch_size=None,
+    on_trial=None,
+):
+    """Finds the largest micro-batch whose training step fits in memory.
+
+    Runs real trial steps of the accumulating train step (two micro-batches,
+    so optimizer slots and the gradient sum are included), measures each
+    one's peak with `tf.config.experimental.reset_memory_stats` /
+    `get_memory_info`, fits peak = a + b * m through the trials, then verifies
+    the predicted largest size (keeping 5% of the room above `a` free) with a
+    trial of its own. It never returns a size it did not run. Typically 3
+    trials. A `ResourceExhaustedError` counts as "does not fit". The trials
+    leave no trace: weights, optimizer state, BatchNorm statistics, metrics
+    and `iterations` are restored.
+
+    Args:
+        model: Compiled `keras.Model`. An accumulating model is probed as is;
+            any other is probed through `kadapt.accumulate`.
+        data: `(x, y)` or `(x, y, sample_weight)` arrays, or a batched
+            `tf.data.Dataset`. Its first rows (repeated when needed) feed the
+            trials.
+        memory_budget: Bytes, a string like `"2GiB"`, or `None` for the
+            device's (see `kadapt.batching.memory_budget`). Defaults to `None`.
+        prefer: `"largest"` or `"fastest"` (the fitting trial size with the
+            best samples/s; probes a few powers of two more). Defaults to
+            `"largest"`.
+        max_micro_batch_size: Positive int or `None`. The largest size worth
+            having, usually the logical batch size. Defaults to the rows of
+            `data` (arrays) or of its first batch (a dataset).
+        on_trial: Callable `ProbeTrial -> None` or `None`, called after each
+            trial (progress lines). Defaults to `None`.
+
+    Returns:
+        A `ProbeResult`.
+
+    Example:
+
+    ```python
+    result = kadapt.probe_micro_batch(model, (x, y), memory_budget="4GiB")
+    print(result.micro_batch_size, result.plan(1024))
+    ```
+    """
+    if prefer not in PREFERENCES:
+        raise ValueError(
+            f"Argument `prefer` must be one of {PREFERENCES}. Received: prefer={prefer!r}"
+        )
+    model = _accumulating(model)
+    budget = device_budget(memory_budget)
+    sample = sample_rows(data)
+    cap = _cap(sample, max_micro_batch_size)
+    report = on_trial or (lambda trial: None)
+
+    def runner(size):
+        trial = run_trial(model, sample, size, budget)
+        report(trial)
+        return trial
+
+    search = MicroBatchSearch(runner, budget.bytes)
+    with _leaves_no_trace(model, sample):
+        chosen = search.largest(cap)
+        if prefer == "fastest":
+            chosen = search.fastest(chosen)
+    return ProbeResult(chosen, tuple(search.trials), search.memory_model(), budget)
+
+
+class MicroBatchSearch:
+    """The search policy of `probe_micro_batch`, apart from how trials run.
+
+    Args:
+        runner: Callable `size -> ProbeTrial` that runs (or simulates) a trial.
+        budget_bytes: Int. Peak bytes a trial may reach and still fit.
+    """
+
+    def __init__(self, runner, budget_bytes):
+        self.runner, self.budget_bytes = runner, budget_bytes
+        self.trials = []
+
+    def largest(self, cap):
+        size = min(cap, FIRST_TRIAL_ROWS)
+        while not self.run(size).fits:
+            if size == 1:
+                raise ValueError(_too_small_message(self.budget_bytes, self.trials[-1]))
+            size = max(1, size // SECOND_TRIAL_FACTOR)
+        second = self.second_size(size, cap)
+        if second not in {t.micro_batch_size for t in self.trials}:
+            self.run(second)
+        while len(self.trials) < MAX_TRIALS:
+            target, predicted = self.next_target(cap)
+            best = self.best_fitting()
+            # A verified size within MIN_GAIN of what the line still promises
+            # is the answer; bisection (no usable line) runs to the end.
+            if target <= best or (predicted and target < best * (1 + MIN_GAIN)):
+                break
+            self.run(target)
+        return self.best_fitting()
+
+    def second_size(self, first, cap):
+        """A second size far enough from the first for a good slope.
+
+        Peak / rows of the first trial over-counts the per-row cost (the fixed
+        part is in it), so budget / that is a lower estimate of the largest
+        size; aim at 90% of it, at least `SECOND_TRIAL_FACTOR` x the first.
+        """
+        trial = self.trials[-1]
+        if trial.peak_bytes is None or trial.peak_bytes == 0:
+            return min(cap, first * SECOND_TRIAL_FACTOR)
+        estimate = int(0.9 * self.budget_bytes * first / trial.peak_bytes)
+        return min(cap, max(first * SECOND_TRIAL_FACTOR, estimate))
+
+    def next_target(self, cap):
+        """The next size to try, and whether the memory model predicted it."""
+        failed = [t.micro_batch_size for t in self.trials if not t.fits]
+        upper = min(failed, default=cap + 1) - 1
+        memory_model = self.memory_model()
+        if memory_model is not None:
+            predicted = memory_model.largest_fitting(self.budget_bytes, MARGIN)
+            # Trust the line unless a size it says fits has already failed
+            # (an out-of-memory error the allocator's peak did not foresee).
+            if predicted < upper or not failed:
+                return min(cap, upper, predicted), True
+        return (self.best_fitting() + upper + 1) // 2, False
+
+    def fastest(self, largest):
+        smallest = min(t.micro_batch_size for t in self.trials if t.fits)
+        tried = {t.micro_batch_size for t in self.trials}
+        powers = [2**k for k in range(32) if smallest < 2**k < largest and 2**k not in tried]
+        for size in powers[-3:]:
+            self.run(size)
+        fitting = [t for t in self.trials if t.fits]
+        return max(fitting, key=lambda t: t.samples_per_second).micro_batch_size
+
+    def best_fitting(self):
+        return max((t.micro_batch_size for t in self.trials if t.fits), default=0)
+
+    def memory_model(self):
+        measured = [t for t in self.trials if t.peak_bytes is not None]
+        if len({t.micro_batch_size for t in measured}) < 2:
+            return None
+        # The two measured sizes nearest the top describe the top best.
+        top = sorted(measured, key=lambda t: t.micro_batch_size)[-2:]
+        return MemoryModel.fit([t.micro_batch_size for t in top], [t.peak_bytes for t in top])
+
+    def run(self, size):
+        trial = self.runner(size)
+        self.trials.append(trial)
+        return trial
+
+
+def run_trial(model, sample, size, budget):
+    """Runs one traced-then-measured step of 2 x `size` rows; returns a `ProbeTrial`."""
+    model.micro_batch_size = size
+    x, y, sample_weight = repeat_rows(sample, 2 * size)
+    device = budget.device
+    try:
+        model.train_on_batch(x, y, sample_weight=sample_weight)  # trace, warm up
+        tf.config.experimental.reset_memory_stats(device)
+        start = time.perf_counter()
+        model.train_on_batch(x, y, sample_weight=sample_weight)
+        seconds = time.perf_counter() - start
+        peak = tf.config.experimental.get_memory_info(device)["peak"]
+    except tf.errors.ResourceExhaustedError:
+        return ProbeTrial(size, None, None, False)
+    # The CPU allocator's statistics skip small allocations; a step never
+    # needs less than its variables, optimizer slots and gradient sum.
+    peak = max(peak, resident_bytes(model))
+    return ProbeTrial(size, int(peak), seconds / (2 * size), peak <= budget.bytes)
+
+
+def resident_bytes(model):
+    """Bytes of the model's and optimizer's variables plus a float32 gradient sum."""
+    variables = list(model.variables) + list(model.optimizer.variables)
+    held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    return held + sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+
+
+@contextlib.contextmanager
+def _leaves_no_trace(model, sample):
+    """Builds the model, then restores every variable a trial step can touch."""
+    x = repeat_rows(sample, 1)[0]
+    if not model.built:
+        model(x, training=False)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    saved = training_state.snapshot(training_state.state_variables(model))
+    known = {id(variable) for variable, _ in saved}
+    micro, retries = model._micro_batch_size, model.max_oom_retries
+    model.max_oom_retries = 0  # a trial's OOM is an answer, not a failure
+    try:
+        yield
+    finally:
+        training_state.restore(saved)
+        for metric in model.metrics:
+            if any(id(v) not in known for v in metric.variables):
+                metric.reset_state()
+        model._micro_batch_size, model.max_oom_retries = micro, retries
+
+
+def sample_rows(data):
+    """`(x, y, sample_weight)` rows from arrays or the first batch of a dataset."""
+    if isinstance(data, tf.data.Dataset):
+        data = next(iter(data))
+        return keras.utils.unpack_x_y_sample_weight(data)
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        return tuple(data) + (None,) * (3 - len(data))
+    raise TypeError(
+        "Argument `data` must be `(x, y)`, `(x, y, sample_weight)` or a batched "
+        f"`tf.data.Dataset`. Received: data of type {type(data).__name__}"
+    )
+
+
+def repeat_rows(sample, rows):
+    """The first `rows` rows of every array in `sample`, cycling if short."""
+    count = row_count(sample)
+    index = np.arange(rows) % count
+
+    def take(array):
+        if array is None:
+            return None
+        if isinstance(array, tf.Tensor):
+            return tf.gather(array, index)
+        return np.take(np.asarray(array), index, axis=0)
+
+    return tf.nest.map_structure(take, sample)
+
+
+def row_count(sample):
+    first = next(a for a in tf.nest.flatten(sample[0]) if a is not None)
+    return int(first.shape[0])
+
+
+def _cap(sample, max_micro_batch_size):
+    if max_micro_batch_size is None:
+        return row_count(sample)
+    return check_micro_batch_size(max_micro_batch_size, name="max_micro_batch_size")
+
+
+def _accumulating(model):
+    if isinstance(model, AccumulatingTrainStep):
+        checked = model
+    elif isinstance(model, keras.Model):
+        checked = accumulate(model, 1)
+    else:
+        raise TypeError(
+            "Argument `model` must be a compiled `keras.Model`. "
+            f"Received: model={model!r} (of type {type(model).__name__})"
+        )
+    if not checked.compiled:
+        raise ValueError(
+            "Argument `model` must be compiled before probing: call "
+            f"`model.compile(optimizer=..., loss=...)`. Received: model={model.name!r}"
+        )
+    return checked
+
+
+def _too_small_message(budget_bytes, trial):
+    peak = "ran out of memory" if trial.peak_bytes is None else f"peaked at {trial.peak_bytes:,} bytes"
+    return (
+        f"Argument `memory_budget` is smaller than one sample's training step: a "
+        f"step of micro-batches of 1 row {peak}, over the budget. Give a larger "
+        f"budget or a smaller model. Received: memory_budget={budget_bytes:,} bytes"
+    )

@@ -1,0 +1,86 @@
+"""A real out-of-memory error mid-run: shrink, restore, retry the same batch."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kadapt
+from helpers import OutOfMemoryAbove
+from helpers import max_relative_difference
+
+
+def _model(rows_that_fit, batch_norm=False, seed=0):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((5,))]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization())
+    if rows_that_fit is not None:
+        layers.append(OutOfMemoryAbove(rows_that_fit))
+    layers += [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"])
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(32, 5)).astype("float32"), rng.normal(size=(32, 3)).astype("float32")
+
+
+def _fit(model, epochs=2):
+    x, y = _data()
+    return model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, shuffle=False)
+
+
+def test_recovers_and_ends_with_the_full_batch_weights():
+    plain = _model(None)
+    plain_history = _fit(plain)
+    accumulated = kadapt.accumulate(_model(6), 8)
+    history = _fit(accumulated)
+    # Each OOM costs TensorFlow's allocator 10 s of retries: keep them few.
+    # 8 rows explode at step 0; 0.75 x 8 = 6 fits.
+    assert accumulated.oom_events == ((0, 8, 6),)
+    assert accumulated.micro_batch_size == 6
+    assert int(accumulated.optimizer.iterations) == 4  # no step lost or doubled
+    assert max_relative_difference(plain.get_weights(), accumulated.get_weights()) <= 1e-5
+    np.testing.assert_allclose(history.history["loss"], plain_history.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["mae"], plain_history.history["mae"], rtol=1e-5)
+
+
+def test_failed_attempts_leave_no_batch_norm_update_behind():
+    # BatchNorm sees micro-batches; the oracle is a run that used micro-batches
+    # of 6 from the start. Any update left by the failed attempt (8 rows
+    # passed BatchNorm before exploding) would show.
+    recovered = kadapt.accumulate(_model(6, batch_norm=True), 8)
+    _fit(recovered)
+    reference = kadapt.accumulate(_model(6, batch_norm=True), 6)
+    _fit(reference)
+    assert recovered.oom_events
+    for a, b in zip(reference.get_weights(), recovered.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_still_out_of_memory_at_one_row_raises_a_clear_error():
+    model = kadapt.accumulate(_model(0), 2)
+    with pytest.raises(kadapt.OutOfMemoryError, match=r"ran out of memory with micro_batch_size=1 after 1 retries"):
+        _fit(model, epochs=1)
+    assert int(model.optimizer.iterations) == 0
+    assert model.oom_events == ((0, 2, 1),)
+
+
+def test_retries_are_capped():
+    model = kadapt.accumulate(_model(0), 64, max_oom_retries=1)
+    with pytest.raises(kadapt.OutOfMemoryError, match=r"micro_batch_size=48 after 1 retries \(max_oom_retries=1\)"):
+        model.fit(*_data(), batch_size=32, verbose=0)
+
+
+def test_recovery_off_raises_the_original_error():
+    model = kadapt.accumulate(_model(5), 8, max_oom_retries=0)
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        _fit(model, epochs=1)
+
+
+def test_bad_retry_count():
+    with pytest.raises(ValueError, match=r"`max_oom_retries` must be an int >= 0. Received: max_oom_retries=-1"):
+        kadapt.accumulate(_model(None), 4, max_oom_retries=-1)
