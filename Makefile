@@ -38,6 +38,7 @@ test: install-test data
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation.py
+	$(PY) benchmarks/probe.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import math
 import time
 
 import keras
@@ -20,6 +21,7 @@ FIRST_TRIAL_ROWS = 16
 SECOND_TRIAL_FACTOR = 4
 MARGIN = 0.05  # of the room above the fixed memory, kept free
 MIN_GAIN = 0.05  # a further trial must promise 5% more rows
+TYPICAL_TRIALS = 4  # a spare trial before this looks above the line's answer
 MAX_TRIALS = 8  # reached only when out-of-memory errors force bisection
 PREFERENCES = ("largest", "fastest")
 
@@ -156,14 +158,29 @@ class MicroBatchSearch:
         if second not in {t.micro_batch_size for t in self.trials}:
             self.run(second)
         while len(self.trials) < MAX_TRIALS:
-            target, predicted = self.next_target(cap)
-            best = self.best_fitting()
-            # A verified size within MIN_GAIN of what the line still promises
-            # is the answer; bisection (no usable line) runs to the end.
-            if target <= best or (predicted and target < best * (1 + MIN_GAIN)):
+            size = self.next_size(cap)
+            if size is None:
                 break
-            self.run(target)
+            self.run(size)
         return self.best_fitting()
+
+    def next_size(self, cap):
+        """The next trial size, or `None` when the search is done."""
+        target, predicted = self.next_target(cap)
+        best = self.best_fitting()
+        if target > best and not (predicted and target < best * (1 + MIN_GAIN)):
+            return target
+        # The line promises under MIN_GAIN more. Real peaks are noisy and often
+        # concave, which a line through lower sizes under-predicts: with a
+        # trial to spare, look 2 x MIN_GAIN higher. Bisection runs to the end.
+        explore = min(self.upper_bound(cap), math.ceil(best * (1 + 2 * MIN_GAIN)))
+        if predicted and len(self.trials) < TYPICAL_TRIALS and explore > best:
+            return explore
+        return None
+
+    def upper_bound(self, cap):
+        failed = [t.micro_batch_size for t in self.trials if not t.fits]
+        return min(failed, default=cap + 1) - 1
 
     def second_size(self, first, cap):
         """A second size far enough from the first for a good slope.
@@ -180,8 +197,8 @@ class MicroBatchSearch:
 
     def next_target(self, cap):
         """The next size to try, and whether the memory model predicted it."""
-        failed = [t.micro_batch_size for t in self.trials if not t.fits]
-        upper = min(failed, default=cap + 1) - 1
+        failed = [t for t in self.trials if not t.fits]
+        upper = self.upper_bound(cap)
         memory_model = self.memory_model()
         if memory_model is not None:
             predicted = memory_model.largest_fitting(self.budget_bytes, MARGIN)

@@ -1,0 +1,142 @@
+"""The probe's choice against the exhaustively measured largest micro-batch,
+and its trial count against PyTorch Lightning's batch-size finder
+(`scale_batch_size(mode="binsearch")`: start at 2, double until a failure,
+then bisect), simulated on the same measured memory curve.
+
+Three models and budgets on this CPU. "Truly fits" is decided by real trial
+steps: a sweep every 32 rows, then bisection between the last size that fit
+and the first that did not. Each real trial is a fresh trace whose peak can
+differ by some percent from another trace of the same size, so the reference
+itself is a measurement.
+
+Run: `make install && .venv/bin/python benchmarks/probe.py`
+"""
+
+import functools
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kadapt  # noqa: E402
+from kadapt.batching import probe  # noqa: E402
+from kadapt.batching.memory_budget import device_budget  # noqa: E402
+
+CAP = 1024
+SWEEP_STEP = 32
+
+
+def small_cnn():
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10),
+    ], name="small_cnn")
+
+
+def wide_mlp():
+    return keras.Sequential([
+        keras.Input((784,)),
+        keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(10),
+    ], name="wide_mlp")
+
+
+def conv_bn():
+    layers = [keras.Input((32, 32, 3))]
+    for width in (32, 64, 128):
+        layers += [keras.layers.Conv2D(width, 3, padding="same", use_bias=False),
+                   keras.layers.BatchNormalization(), keras.layers.ReLU(), keras.layers.MaxPooling2D()]
+    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+    return keras.Sequential(layers, name="conv_bn")
+
+
+CASES = [(small_cnn, "64MiB"), (wide_mlp, "256MiB"), (conv_bn, "128MiB")]
+
+
+def compiled(build):
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return kadapt.accumulate(model, 1)
+
+
+def data_for(model):
+    rng = np.random.default_rng(0)
+    x = rng.random((2 * CAP, *model.model.inputs[0].shape[1:]), dtype=np.float32)
+    return x, rng.integers(0, 10, 2 * CAP), None
+
+
+def largest_truly_fitting(fits):
+    """Sweep every SWEEP_STEP rows, then bisect the bracket."""
+    sizes = list(range(SWEEP_STEP, CAP + 1, SWEEP_STEP))
+    low = 0
+    for size in sizes:
+        if not fits(size):
+            break
+        low = size
+    else:
+        return CAP
+    high = low + SWEEP_STEP  # first failing sweep size
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def lightning_binsearch(fits, initial=2):
+    """Trial count and result of Lightning's power-then-binary-search finder."""
+    trials, size, low = 0, initial, 0
+    while size <= CAP:
+        trials += 1
+        if not fits(size):
+            break
+        low, size = size, size * 2
+    else:
+        return CAP, trials
+    high = size
+    while high - low > 1:
+        middle = (low + high) // 2
+        trials += 1
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low, trials
+
+
+def measure_case(build, budget_text):
+    model = compiled(build)
+    sample = data_for(model)
+    budget = device_budget(budget_text)
+
+    @functools.cache
+    def fits(size):
+        with probe._leaves_no_trace(model, sample):
+            return probe.run_trial(model, sample, size, budget).fits
+
+    start = time.perf_counter()
+    result = kadapt.probe_micro_batch(model, sample[:2], memory_budget=budget_text, max_micro_batch_size=CAP)
+    probe_seconds = time.perf_counter() - start
+    truth = largest_truly_fitting(fits)
+    lightning_size, lightning_trials = lightning_binsearch(fits)
+    return {
+        "model": model.model.name, "budget": budget_text, "truth": truth,
+        "chosen": result.micro_batch_size, "trials": len(result.trials),
+        "probe_s": probe_seconds, "lightning": lightning_size, "lightning_trials": lightning_trials,
+    }
+
+
+def main():
+    print(f"{'model':10s} {'budget':>7s} {'largest':>8s} {'kadapt':>7s} {'ratio':>6s} {'trials':>7s} "
+          f"{'probe s':>8s} {'Lightning':>10s} {'trials':>7s}")
+    for build, budget in CASES:
+        row = measure_case(build, budget)
+        print(f"{row['model']:10s} {row['budget']:>7s} {row['truth']:8d} {row['chosen']:7d} "
+              f"{row['chosen'] / row['truth']:6.2f} {row['trials']:7d} {row['probe_s']:8.1f} "
+              f"{row['lightning']:10d} {row['lightning_trials']:7d}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

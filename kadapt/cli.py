@@ -1,0 +1,172 @@
+"""The `kadapt` command line. `kadapt probe` is also `tools/probe_gpu.py`."""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+BUILTIN_MODELS = ("small_cnn", "mlp")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="kadapt", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_probe_arguments(commands.add_parser("probe", help=probe_help()))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def probe_help():
+    return (
+        "List devices and their memory, then probe the largest micro-batch of a "
+        "model with real trial steps and print the plan for a logical batch."
+    )
+
+
+def add_probe_arguments(parser):
+    parser.add_argument("--model", default="small_cnn",
+                        help=f"a .keras file (loaded in safe mode) or one of {', '.join(BUILTIN_MODELS)}")
+    parser.add_argument("--input-shape", default="28,28,1",
+                        help="input shape of a built-in model, without the batch axis, e.g. 32,32,3")
+    parser.add_argument("--num-classes", type=int, default=10, help="classes of a built-in model")
+    parser.add_argument("--batch-size", type=int, default=512, help="the logical batch size to plan")
+    parser.add_argument("--memory-budget", default=None,
+                        help="simulate a smaller device, e.g. 2GiB (default: the device's)")
+    parser.add_argument("--prefer", choices=("largest", "fastest"), default="largest")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.set_defaults(run=run_probe)
+
+
+def run_probe(args):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+
+    import kadapt
+    from kadapt.batching import memory_budget
+
+    progress = sys.stderr if args.json else sys.stdout
+    devices = list_devices()
+    if not args.json:
+        print_devices(devices)
+    model = load_model(args)
+    rows = max(2 * args.batch_size, 2)
+    data = random_batch(model, rows, np.random.default_rng(0))
+
+    def on_trial(trial):
+        peak = "out of memory" if trial.peak_bytes is None else f"{trial.peak_bytes / 2**20:9.1f} MiB"
+        print(f"  trial micro-batch {trial.micro_batch_size:6d}: {peak}, "
+              f"{'fits' if trial.fits else 'does not fit'}", file=progress, flush=True)
+
+    budget = memory_budget.device_budget(args.memory_budget)
+    print(f"probing {model.name} on {budget.device}, budget {budget.bytes / 2**20:.1f} MiB "
+          f"({budget.source})", file=progress, flush=True)
+    result = kadapt.probe_micro_batch(
+        model, data, memory_budget=args.memory_budget, prefer=args.prefer,
+        max_micro_batch_size=args.batch_size, on_trial=on_trial,
+    )
+    plan = result.plan(args.batch_size)
+    if args.json:
+        print(json.dumps({"devices": devices, "probe": result.to_dict(),
+                          "plan": plan.__dict__}, indent=1))
+    else:
+        print_trials(result)
+        print(f"plan: {plan}")
+    return 0
+
+
+def list_devices():
+    """Devices with their total and used bytes, where TensorFlow can tell."""
+    import tensorflow as tf
+
+    from kadapt.batching import memory_budget
+
+    devices = []
+    for index, _ in enumerate(tf.config.list_physical_devices("GPU")):
+        name = f"GPU:{index}"
+        try:
+            total, source = memory_budget.gpu_capacity(name)
+        except ValueError:
+            total, source = None, "unknown"
+        used = tf.config.experimental.get_memory_info(name)["current"]
+        devices.append({"device": name, "total_bytes": total, "used_bytes": used, "source": source})
+    ram_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = memory_budget.available_ram()
+    devices.append({"device": "CPU:0", "total_bytes": ram_total,
+                    "used_bytes": ram_total - available, "source": "RAM"})
+    return devices
+
+
+def print_devices(devices):
+    print(f"{'device':8s} {'total MiB':>12s} {'used MiB':>12s}  source")
+    for d in devices:
+        total = "?" if d["total_bytes"] is None else f"{d['total_bytes'] / 2**20:.0f}"
+        print(f"{d['device']:8s} {total:>12s} {d['used_bytes'] / 2**20:12.0f}  {d['source']}")
+
+
+def print_trials(result):
+    print(f"{'micro-batch':>11s} {'peak MiB':>10s} {'samples/s':>10s}  fits")
+    for t in result.trials:
+        peak = "OOM" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:.1f}"
+        speed = "-" if t.samples_per_second is None else f"{t.samples_per_second:.0f}"
+        print(f"{t.micro_batch_size:11d} {peak:>10s} {speed:>10s}  {'yes' if t.fits else 'no'}")
+    print(f"chosen micro-batch: {result.micro_batch_size}")
+
+
+def load_model(args):
+    """A compiled model: a `.keras` file (safe mode) or a built-in."""
+    import keras
+
+    if args.model in BUILTIN_MODELS:
+        shape = parse_shape(args.input_shape)
+        model = builtin_model(args.model, shape, args.num_classes)
+    else:
+        path = Path(args.model)
+        if path.suffix != ".keras" or not path.is_file():
+            raise SystemExit(
+                f"kadapt probe: --model must be an existing .keras file or one of "
+                f"{', '.join(BUILTIN_MODELS)}. Received: --model={args.model}"
+            )
+        model = keras.models.load_model(path, safe_mode=True)
+    if not model.compiled:
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def parse_shape(text):
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) <= 0:
+        raise SystemExit(
+            f"kadapt probe: --input-shape must be positive ints separated by commas, "
+            f"e.g. 28,28,1. Received: --input-shape={text}"
+        )
+    return shape
+
+
+def builtin_model(name, input_shape, num_classes):
+    import keras
+
+    layers = [keras.Input(input_shape)]
+    if name == "small_cnn":
+        layers += [
+            keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        ]
+    layers += [keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+               keras.layers.Dense(num_classes)]
+    return keras.Sequential(layers, name=name)
+
+
+def random_batch(model, rows, rng):
+    """Inputs and integer labels shaped for `model` (trial data: content is irrelevant)."""
+    x = [rng.random((rows, *tensor.shape[1:]), dtype="float32") for tensor in model.inputs]
+    classes = int(model.outputs[0].shape[-1])
+    y = rng.integers(0, max(classes, 2), rows)
+    return (x[0] if len(x) == 1 else x), y
+
+
+if __name__ == "__main__":
+    sys.exit(main())

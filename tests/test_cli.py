@@ -1,0 +1,43 @@
+"""`kadapt probe` / tools/probe_gpu.py on the CPU."""
+
+import json
+
+import keras
+import pytest
+
+from kadapt import cli
+
+
+def test_probe_json_for_a_builtin(capsys):
+    code = cli.main(["probe", "--model", "mlp", "--input-shape", "20", "--batch-size", "64",
+                     "--memory-budget", "1GiB", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert code == 0
+    assert report["plan"]["logical_batch_size"] == 64
+    assert report["plan"]["micro_batch_size"] == report["probe"]["micro_batch_size"]
+    assert any(d["device"] == "CPU:0" and d["total_bytes"] > 0 for d in report["devices"])
+    assert "trial micro-batch" in captured.err  # progress lines go to stderr with --json
+
+
+def test_probe_table_for_a_keras_file(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4)])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    cli.main(["probe", "--model", str(path), "--batch-size", "32", "--memory-budget", "512MiB"])
+    out = capsys.readouterr().out
+    assert "micro-batch   peak MiB  samples/s  fits" in out
+    assert "plan: logical batch 32 = 1 micro-batch(es) of 32" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "missing.keras"], "--model must be an existing .keras file"),
+        (["--input-shape", "a,b"], "--input-shape must be positive ints"),
+        (["--input-shape", "0,3"], "Received: --input-shape=0,3"),
+    ],
+)
+def test_bad_arguments(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["probe", *argv])
