@@ -121,20 +121,23 @@ class AccumulatingTrainStep:
                 lambda: total,
             )
         gradients, loss = total
-        variables = self.trainable_variables
-        if variables and not self.optimizer.built:
-            self.optimizer.build(variables)  # outside the dependencies below
-        if variables:
-            # Nothing of the update (not even `iterations += 1`) may run before
-            # every micro-batch succeeded: a step that fails part-way (out of
-            # memory) must leave the weights and the optimizer untouched.
-            with tf.control_dependencies(gradients):
-                self.optimizer.apply(
-                    [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)],
-                    variables,
-                )
+        self._apply_once(gradients)
         self._track_loss(loss, batch_size)
         return self.get_metrics_result()
+
+    def _apply_once(self, gradients):
+        variables = self.trainable_variables
+        if not variables:
+            return
+        if not self.optimizer.built:
+            self.optimizer.build(variables)  # outside the dependencies below
+        # Nothing of the update (not even `iterations += 1`) may run before
+        # every micro-batch succeeded: a step that fails part-way (out of
+        # memory) must leave the weights and the optimizer untouched.
+        with tf.control_dependencies(gradients):
+            self.optimizer.apply(
+                [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)], variables
+            )
 
     def _accumulate_full(self, batch, batch_size, num_full, total):
         """Adds the full micro-batches 1 .. num_full - 1, one at a time."""
