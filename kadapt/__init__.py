@@ -1,6 +1,9 @@
 """kadapt: Keras training that adapts to the machine and to the run."""
 
+from kadapt import callbacks
 from kadapt import datasets
+from kadapt import optimizers
+from kadapt import schedules
 from kadapt import tuning
 from kadapt.batching import AccumulatingModel
 from kadapt.batching import AccumulatingTrainStep
@@ -13,5 +16,8 @@ from kadapt.batching import ProbeTrial
 from kadapt.batching import accumulate
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
+from kadapt.callbacks import MomentumScheduler
+from kadapt.schedules import CosineAnnealing
+from kadapt.schedules import CosineMomentum
 
 __version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""Keras callbacks."""
+
+from kadapt.callbacks.momentum_scheduler import MomentumScheduler

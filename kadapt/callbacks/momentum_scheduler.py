@@ -1,0 +1,56 @@
+"""`MomentumScheduler`: sets the optimizer's momentum from a schedule each step."""
+
+import keras
+
+
+class MomentumScheduler(keras.callbacks.Callback):
+    """Sets momentum to `schedule(step)` before every training step.
+
+    `step` is `optimizer.iterations` (logical steps, also under kadapt's
+    accumulation). The optimizer must keep momentum in a variable, as
+    `kadapt.optimizers.SGD` does; Keras' own SGD bakes it into the compiled
+    step, so changing it there would be silently ignored — that raises
+    instead.
+
+    Args:
+        schedule: Callable `step -> momentum`: a Python function or a kadapt
+            schedule such as `kadapt.CosineMomentum`.
+
+    Example:
+
+    ```python
+    optimizer = kadapt.optimizers.SGD(kadapt.CosineAnnealing(0.1, 1e-3, 1000), momentum=0.9)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, callbacks=[kadapt.MomentumScheduler(kadapt.CosineMomentum(0.95, 0.85, 1000))])
+    ```
+    """
+
+    def __init__(self, schedule):
+        super().__init__()
+        if not callable(schedule):
+            raise TypeError(
+                "Argument `schedule` must be a callable `step -> momentum`, e.g. "
+                f"kadapt.CosineMomentum(0.95, 0.85, total_steps). Received: schedule={schedule!r}"
+            )
+        self.schedule = schedule
+
+    def on_train_begin(self, logs=None):
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        if not isinstance(optimizer, _live_momentum_optimizers()):
+            raise TypeError(
+                "`MomentumScheduler` needs an optimizer whose momentum changes mid-fit; "
+                f"{type(optimizer).__name__} compiles it as a constant. Use "
+                "`kadapt.optimizers.SGD`. "
+                f"Received: optimizer={type(optimizer).__name__}"
+            )
+        self._optimizer = optimizer
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self._optimizer.iterations.numpy())
+        self._optimizer.momentum = float(self.schedule(step))
+
+
+def _live_momentum_optimizers():
+    from kadapt.optimizers.sgd import SGD
+
+    return (SGD,)

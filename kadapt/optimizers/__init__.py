@@ -1,0 +1,3 @@
+"""Optimizers whose hyperparameters can change during `fit`."""
+
+from kadapt.optimizers.sgd import SGD

@@ -1,0 +1,111 @@
+"""SGD whose momentum and learning-rate multiplier live in variables."""
+
+import keras
+from keras import ops
+
+from kadapt.schedules.validation import check_range
+
+
+@keras.saving.register_keras_serializable(package="kadapt")
+class SGD(keras.optimizers.Optimizer):
+    """Drop-in for `keras.optimizers.SGD` whose momentum can change mid-fit.
+
+    Keras 3's SGD compiles `momentum` into the training step as a Python
+    float: assigning `optimizer.momentum` in a callback is silently ignored.
+    Here `momentum` and `learning_rate_multiplier` are variables read by the
+    compiled step, so assigning either property takes effect at the next
+    step. The applied rate is `learning_rate(step) * learning_rate_multiplier`,
+    which also works when `learning_rate` is a schedule. The update is Keras'
+    (PyTorch's) heavy-ball form:
+
+        velocity = momentum * velocity - lr * gradient
+        w += velocity                              (nesterov=False)
+        w += momentum * velocity - lr * gradient   (nesterov=True)
+
+    Args:
+        learning_rate: Float or `LearningRateSchedule`. Defaults to `0.01`.
+        momentum: Float in [0, 1). Defaults to `0.0`.
+        nesterov: Bool. Nesterov momentum. Defaults to `False`.
+        learning_rate_multiplier: Positive float. Defaults to `1.0`.
+        **kwargs: Passed to `keras.optimizers.Optimizer` (`weight_decay`,
+            `clipnorm`, `use_ema`, `name`, ...). Weight decay is decoupled as in
+            Keras: w -= lr * weight_decay * w.
+
+    Example:
+
+    ```python
+    optimizer = kadapt.optimizers.SGD(0.1, momentum=0.9, nesterov=True)
+    optimizer.momentum = 0.95  # takes effect at the next step, even mid-fit
+    ```
+    """
+
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False,
+                 learning_rate_multiplier=1.0, name="SGD", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        check_range("momentum", momentum, low=0.0, high=1.0, high_open=True)
+        check_range("learning_rate_multiplier", learning_rate_multiplier, low=0.0, low_open=True)
+        self.nesterov = bool(nesterov)
+        self._momentum = self.add_variable(
+            shape=(), initializer=keras.initializers.Constant(momentum), name="momentum"
+        )
+        self._multiplier = self.add_variable(
+            shape=(), initializer=keras.initializers.Constant(learning_rate_multiplier),
+            name="learning_rate_multiplier",
+        )
+
+    @property
+    def momentum(self):
+        """The momentum variable; assign a float to change it live."""
+        return self._momentum
+
+    @momentum.setter
+    def momentum(self, value):
+        check_range("momentum", float(value), low=0.0, high=1.0, high_open=True)
+        self._momentum.assign(value)
+
+    @property
+    def learning_rate_multiplier(self):
+        """Multiplies the learning rate (or the schedule's value) at every step."""
+        return self._multiplier
+
+    @learning_rate_multiplier.setter
+    def learning_rate_multiplier(self, value):
+        check_range("learning_rate_multiplier", float(value), low=0.0, low_open=True)
+        self._multiplier.assign(value)
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        # Velocities always exist, so momentum can rise from 0 mid-run.
+        self._velocities = {
+            _key(v): self.add_variable_from_reference(v, "velocity") for v in variables
+        }
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        rate = ops.cast(learning_rate, dtype) * ops.cast(self._multiplier, dtype)
+        gradient = ops.cast(gradient, dtype)
+        momentum = ops.cast(self._momentum, dtype)
+        velocity = self._velocities[_key(variable)]
+        self.assign(velocity, momentum * velocity - rate * gradient)
+        if self.nesterov:
+            self.assign_add(variable, momentum * velocity - rate * gradient)
+        else:
+            self.assign_add(variable, velocity)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            momentum=float(ops.convert_to_numpy(self._momentum)),
+            nesterov=self.nesterov,
+            learning_rate_multiplier=float(ops.convert_to_numpy(self._multiplier)),
+        )
+        return config
+
+
+def _key(variable):
+    """The same key for a Keras variable and the backend variable it holds."""
+    if isinstance(variable, keras.Variable):
+        variable = variable.value
+    return variable.ref()

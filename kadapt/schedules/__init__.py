@@ -1,0 +1,4 @@
+"""Learning-rate and momentum schedules."""
+
+from kadapt.schedules.cosine_annealing import CosineAnnealing
+from kadapt.schedules.cosine_momentum import CosineMomentum
