@@ -62,7 +62,7 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
         return cls(model, **config)
 
 
-def accumulate(model, micro_batch_size, memory_budget=None, max_oom_retries=8):
+def accumulate(model, micro_batch_size, memory_budget=None, max_oom_retries=8, measure_noise=False):
     """Returns a model that trains `model` with gradient accumulation.
 
     Inside `fit`, every batch (the logical batch, B rows) is trained as
@@ -86,6 +86,8 @@ def accumulate(model, micro_batch_size, memory_budget=None, max_oom_retries=8):
         max_oom_retries: Non-negative int. Retries of one logical batch with a
             smaller micro-batch after running out of memory; 0 turns recovery
             off. Defaults to `8`.
+        measure_noise: Bool. Report the gradient noise scale as `noise_scale`
+            (see `kadapt.AccumulatingTrainStep`). Defaults to `False`.
 
     Returns:
         A `kadapt.AccumulatingWrapper` sharing `model`'s weights.
@@ -104,6 +106,7 @@ def accumulate(model, micro_batch_size, memory_budget=None, max_oom_retries=8):
         micro_batch_size,
         memory_budget=memory_budget,
         max_oom_retries=max_oom_retries,
+        measure_noise=measure_noise,
     )
     if model.compiled:
         config = keras.saving.deserialize_keras_object(model.get_compile_config())

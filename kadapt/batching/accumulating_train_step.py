@@ -6,6 +6,8 @@ import tensorflow as tf
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import micro_batches
 from kadapt.batching.memory_budget import parse_memory_size
+from kadapt.batching.micro_batches import batch_size_of as rows_of
+from kadapt.batching.noise_scale import NoiseScale
 from kadapt.batching.oom_recovery import RecoveringTrainFunction
 from kadapt.batching.validation import check_micro_batch_size
 from kadapt.batching.validation import check_non_negative_int
@@ -31,6 +33,12 @@ class AccumulatingTrainStep:
         max_oom_retries: Non-negative int. How many times one logical batch is
             retried with a smaller micro-batch after a `ResourceExhaustedError`
             before the error is raised; 0 turns recovery off. Defaults to `8`.
+        measure_noise: Bool. Estimate the gradient noise scale B_simple from
+            the micro-batch gradients of every step (one squared norm per
+            micro-batch) and report it as `noise_scale` in the logs and History
+            (see `kadapt.batching.noise_scale`). Needs >= 2 micro-batches per
+            step; steps with one leave the estimate unchanged. Defaults to
+            `False`.
         *args, **kwargs: Passed on to `keras.Model`.
 
     Example:
@@ -46,15 +54,20 @@ class AccumulatingTrainStep:
     ```
     """
 
-    def __init__(self, *args, micro_batch_size, memory_budget=None, max_oom_retries=8, **kwargs):
+    def __init__(self, *args, micro_batch_size, memory_budget=None, max_oom_retries=8,
+                 measure_noise=False, **kwargs):
         micro = None if micro_batch_size == AUTO else check_micro_batch_size(micro_batch_size)
         if memory_budget is not None:
             parse_memory_size(memory_budget)
         retries = check_non_negative_int(max_oom_retries, "max_oom_retries")
+        if not isinstance(measure_noise, bool):
+            raise TypeError(f"Argument `measure_noise` must be a bool. Received: measure_noise={measure_noise!r}")
         super().__init__(*args, **kwargs)
         self._micro_batch_size = micro
         self.memory_budget = memory_budget
         self.max_oom_retries = retries
+        self.measure_noise = measure_noise
+        self.noise_scale = NoiseScale() if measure_noise else None
         self.probe_result = None
         self._oom_events = []
 
@@ -80,6 +93,7 @@ class AccumulatingTrainStep:
             "micro_batch_size": self.micro_batch_size,
             "memory_budget": self.memory_budget,
             "max_oom_retries": self.max_oom_retries,
+            "measure_noise": self.measure_noise,
         }
 
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
@@ -89,11 +103,22 @@ class AccumulatingTrainStep:
                 "`model.compile(optimizer=..., loss=...)` first. "
                 f"Received: model={self.name!r}, which is not compiled."
             )
+        self._check_noise_batch(batch_size)
         if self._micro_batch_size is None:
             from kadapt.batching.auto_micro_batch import resolve_auto_micro_batch
 
             resolve_auto_micro_batch(self, x, y, batch_size, kwargs.get("sample_weight"))
         return super().fit(x, y, batch_size=batch_size, **kwargs)
+
+    def _check_noise_batch(self, batch_size):
+        micro = self._micro_batch_size
+        if self.measure_noise and batch_size is not None and micro is not None and batch_size <= micro:
+            raise ValueError(
+                "`measure_noise=True` compares micro-batch gradients, so it needs at "
+                f"least 2 micro-batches per step: use a `batch_size` above "
+                f"micro_batch_size={micro}, or a smaller micro-batch. "
+                f"Received: batch_size={batch_size}"
+            )
 
     def make_train_function(self, force=False):
         if self.train_function is None or force:
@@ -120,10 +145,21 @@ class AccumulatingTrainStep:
                 lambda: self._accumulate_tail(batch, batch_size, num_full, total),
                 lambda: total,
             )
-        gradients, loss = total
+        gradients, loss, noise = total
+        if self.measure_noise:
+            self._track_noise(gradients, noise, batch_size)
         self._apply_once(gradients)
         self._track_loss(loss, batch_size)
         return self.get_metrics_result()
+
+    def _track_noise(self, gradients, noise, batch_size):
+        """Feeds a = mean |g_i|^2, b = |g_B|^2, u = mean 1/n_i, v = 1/N."""
+        squared_norms, inverse_sizes, count = tf.unstack(noise)
+        scale = tf.cast(self.optimizer.scale_loss(tf.constant(1.0)), tf.float32)
+        full = tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradients]) / scale**2
+        self.noise_scale.update_state(
+            squared_norms / count, full, inverse_sizes / count, 1.0 / tf.cast(batch_size, tf.float32)
+        )
 
     def _apply_once(self, gradients):
         variables = self.trainable_variables
@@ -175,9 +211,7 @@ class AccumulatingTrainStep:
     def _micro_step(self, rows, batch_size):
         """Returns the float32 gradients and loss share of one micro-batch."""
         x, y, sample_weight = rows
-        share = tf.cast(micro_batches.batch_size_of(x), tf.float32) / tf.cast(
-            batch_size, tf.float32
-        )
+        share = tf.cast(rows_of(x), tf.float32) / tf.cast(batch_size, tf.float32)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             variables = self.trainable_variables
@@ -188,13 +222,24 @@ class AccumulatingTrainStep:
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, variables) if variables else []
         self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return [_dense_float32(g, v) for g, v in zip(gradients, variables)], loss
+        gradients = [_dense_float32(g, v) for g, v in zip(gradients, variables)]
+        return gradients, loss, self._noise_statistics(gradients, share, rows_of(x))
+
+    def _noise_statistics(self, gradients, share, rows):
+        """[|g_i|^2, 1/n_i, 1] for this micro-batch's mean gradient g_i (zeros
+        when not measuring). The summed gradients are of loss * share, scaled."""
+        if not self.measure_noise or not gradients:
+            return tf.zeros([3], tf.float32)
+        scale = tf.cast(self.optimizer.scale_loss(tf.constant(1.0)), tf.float32) * share
+        squared_norm = tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradients]) / scale**2
+        return tf.stack([squared_norm, 1.0 / tf.cast(rows, tf.float32), 1.0])
 
     @staticmethod
     def _add(total, step):
-        gradients, loss = total
-        step_gradients, step_loss = step
-        return [a + b for a, b in zip(gradients, step_gradients)], loss + step_loss
+        gradients, loss, noise = total
+        step_gradients, step_loss, step_noise = step
+        summed = [a + b for a, b in zip(gradients, step_gradients)]
+        return summed, loss + step_loss, noise + step_noise
 
     def _track_loss(self, loss, batch_size):
         # `compute_loss` divides by the replica count under tf.distribute;

@@ -1,0 +1,70 @@
+"""The gradient noise scale B_simple = tr(Sigma) / |G|^2, from micro-batches.
+
+McCandlish et al. (2018), "An Empirical Model of Large-Batch Training". A step
+of k micro-batches of n_i rows (N rows in all) gives k micro-batch mean
+gradients g_i and the logical batch's mean gradient g_B. With
+a = mean_i |g_i|^2, b = |g_B|^2, u = mean_i 1/n_i and v = 1/N,
+
+    E[a] = |G|^2 + tr(Sigma) * u,    E[b] = |G|^2 + tr(Sigma) * v,
+
+so   tr(Sigma) ~ (a - b) / (u - v)   and   |G|^2 ~ (b u - a v) / (u - v).
+
+For equal sizes m (u = 1/m, v = 1/(k m)) these are the paper's
+m k (a - b) / (k - 1) and (k b - a) / (k - 1). Both estimates are noisy and
+|G|^2 can come out negative, so B_simple is a ratio of exponential moving
+averages, EMA[tr(Sigma)] / EMA[|G|^2], never an average of ratios.
+"""
+
+import keras
+import tensorflow as tf
+
+from kadapt.schedules.validation import check_range
+
+
+@keras.saving.register_keras_serializable(package="kadapt")
+class NoiseScale(keras.metrics.Metric):
+    """Smoothed gradient noise scale, in samples; reported as `noise_scale`.
+
+    Keras resets metrics at the start of every epoch; this one keeps its
+    averages across epochs (a noise scale changes slowly, and a restart would
+    throw the smoothing away). `clear()` starts it over.
+
+    Args:
+        decay: Float in [0, 1). Weight of the past in each average. Defaults
+            to `0.99` (a horizon of about 100 steps). It is read when the train
+            step is traced: set `model.noise_scale.decay` before the first `fit`.
+        name: String. Defaults to `"noise_scale"`.
+    """
+
+    def __init__(self, decay=0.99, name="noise_scale", **kwargs):
+        super().__init__(name=name, **kwargs)
+        check_range("decay", decay, low=0.0, high=1.0, high_open=True)
+        self.decay = float(decay)
+        self.trace = self.add_variable(shape=(), initializer="zeros", name="trace")
+        self.squared_norm = self.add_variable(shape=(), initializer="zeros", name="squared_norm")
+
+    def update_state(self, a, b, u, v):
+        """Folds in one step's a, b, u, v (see the module docstring)."""
+        a, b, u, v = (tf.cast(t, tf.float32) for t in (a, b, u, v))
+        spread = u - v
+        valid = spread > 0  # at least two micro-batches
+        spread = tf.where(valid, spread, 1.0)
+        trace = (a - b) / spread
+        squared_norm = (b * u - a * v) / spread
+        keep = tf.where(valid, self.decay, 1.0)
+        self.trace.assign(keep * self.trace + (1 - keep) * trace)
+        self.squared_norm.assign(keep * self.squared_norm + (1 - keep) * squared_norm)
+
+    def result(self):
+        # The EMAs' bias corrections are equal and cancel in the ratio.
+        return tf.math.divide_no_nan(self.trace, self.squared_norm)
+
+    def reset_state(self):
+        pass  # kept across epochs; see the class docstring
+
+    def clear(self):
+        self.trace.assign(0.0)
+        self.squared_norm.assign(0.0)
+
+    def get_config(self):
+        return {"decay": self.decay, "name": self.name}
