@@ -8,9 +8,9 @@ class MomentumScheduler(keras.callbacks.Callback):
 
     `step` is `optimizer.iterations` (logical steps, also under kadapt's
     accumulation). The optimizer must keep momentum in a variable, as
-    `kadapt.optimizers.SGD` does; Keras' own SGD bakes it into the compiled
-    step, so changing it there would be silently ignored — that raises
-    instead.
+    `kadapt.optimizers.SGD` (momentum) and `kadapt.optimizers.Adam` (beta_1)
+    do; Keras' own optimizers bake it into the compiled step, so changing it
+    there would be silently ignored — that raises instead.
 
     Args:
         schedule: Callable `step -> momentum`: a Python function or a kadapt
@@ -40,7 +40,7 @@ class MomentumScheduler(keras.callbacks.Callback):
             raise TypeError(
                 "`MomentumScheduler` needs an optimizer whose momentum changes mid-fit; "
                 f"{type(optimizer).__name__} compiles it as a constant. Use "
-                "`kadapt.optimizers.SGD`. "
+                "`kadapt.optimizers.SGD` or `kadapt.optimizers.Adam`. "
                 f"Received: optimizer={type(optimizer).__name__}"
             )
         self._optimizer = optimizer
@@ -51,6 +51,7 @@ class MomentumScheduler(keras.callbacks.Callback):
 
 
 def _live_momentum_optimizers():
+    from kadapt.optimizers.adam import Adam
     from kadapt.optimizers.sgd import SGD
 
-    return (SGD,)
+    return (Adam, SGD)

@@ -3,11 +3,14 @@
 import keras
 from keras import ops
 
+from kadapt.optimizers.live_variables import LearningRateMultiplier
+from kadapt.optimizers.live_variables import scalar_variable
+from kadapt.optimizers.live_variables import slot_key
 from kadapt.schedules.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")
-class SGD(keras.optimizers.Optimizer):
+class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
     """Drop-in for `keras.optimizers.SGD` whose momentum can change mid-fit.
 
     Keras 3's SGD compiles `momentum` into the training step as a Python
@@ -43,15 +46,9 @@ class SGD(keras.optimizers.Optimizer):
                  learning_rate_multiplier=1.0, name="SGD", **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         check_range("momentum", momentum, low=0.0, high=1.0, high_open=True)
-        check_range("learning_rate_multiplier", learning_rate_multiplier, low=0.0, low_open=True)
         self.nesterov = bool(nesterov)
-        self._momentum = self.add_variable(
-            shape=(), initializer=keras.initializers.Constant(momentum), name="momentum"
-        )
-        self._multiplier = self.add_variable(
-            shape=(), initializer=keras.initializers.Constant(learning_rate_multiplier),
-            name="learning_rate_multiplier",
-        )
+        self._momentum = scalar_variable(self, "momentum", momentum)
+        self._init_multiplier(learning_rate_multiplier)
 
     @property
     def momentum(self):
@@ -63,31 +60,21 @@ class SGD(keras.optimizers.Optimizer):
         check_range("momentum", float(value), low=0.0, high=1.0, high_open=True)
         self._momentum.assign(value)
 
-    @property
-    def learning_rate_multiplier(self):
-        """Multiplies the learning rate (or the schedule's value) at every step."""
-        return self._multiplier
-
-    @learning_rate_multiplier.setter
-    def learning_rate_multiplier(self, value):
-        check_range("learning_rate_multiplier", float(value), low=0.0, low_open=True)
-        self._multiplier.assign(value)
-
     def build(self, variables):
         if self.built:
             return
         super().build(variables)
         # Velocities always exist, so momentum can rise from 0 mid-run.
         self._velocities = {
-            _key(v): self.add_variable_from_reference(v, "velocity") for v in variables
+            slot_key(v): self.add_variable_from_reference(v, "velocity") for v in variables
         }
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
-        rate = ops.cast(learning_rate, dtype) * ops.cast(self._multiplier, dtype)
+        rate = self._multiplied(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
         momentum = ops.cast(self._momentum, dtype)
-        velocity = self._velocities[_key(variable)]
+        velocity = self._velocities[slot_key(variable)]
         self.assign(velocity, momentum * velocity - rate * gradient)
         if self.nesterov:
             self.assign_add(variable, momentum * velocity - rate * gradient)
@@ -103,9 +90,3 @@ class SGD(keras.optimizers.Optimizer):
         )
         return config
 
-
-def _key(variable):
-    """The same key for a Keras variable and the backend variable it holds."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return variable.ref()

@@ -1,0 +1,42 @@
+"""What kadapt's optimizers share: hyperparameters kept in variables."""
+
+import keras
+
+from kadapt.schedules.validation import check_range
+
+
+def slot_key(variable):
+    """The same key for a Keras variable and the backend variable it holds
+    (`update_step` receives the latter)."""
+    if isinstance(variable, keras.Variable):
+        variable = variable.value
+    return variable.ref()
+
+
+def scalar_variable(optimizer, name, value):
+    """A float32 optimizer variable holding `value`, read by the compiled step."""
+    return optimizer.add_variable(
+        shape=(), initializer=keras.initializers.Constant(value), name=name
+    )
+
+
+class LearningRateMultiplier:
+    """Mixin: `learning_rate_multiplier`, a variable the update multiplies the
+    rate (or the schedule's value) by. Call `_init_multiplier` in `__init__`."""
+
+    def _init_multiplier(self, value):
+        check_range("learning_rate_multiplier", value, low=0.0, low_open=True)
+        self._multiplier = scalar_variable(self, "learning_rate_multiplier", value)
+
+    @property
+    def learning_rate_multiplier(self):
+        """Multiplies the learning rate (or the schedule's value) at every step."""
+        return self._multiplier
+
+    @learning_rate_multiplier.setter
+    def learning_rate_multiplier(self, value):
+        check_range("learning_rate_multiplier", float(value), low=0.0, low_open=True)
+        self._multiplier.assign(value)
+
+    def _multiplied(self, learning_rate, dtype):
+        return keras.ops.cast(learning_rate, dtype) * keras.ops.cast(self._multiplier, dtype)
