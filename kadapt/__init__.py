@@ -16,6 +16,7 @@ from kadapt.batching import ProbeTrial
 from kadapt.batching import accumulate
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
+from kadapt.callbacks import AdaptiveBatchSize
 from kadapt.callbacks import MomentumScheduler
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum

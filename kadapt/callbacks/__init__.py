@@ -1,3 +1,4 @@
 """Keras callbacks."""
 
+from kadapt.callbacks.adaptive_batch_size import AdaptiveBatchSize
 from kadapt.callbacks.momentum_scheduler import MomentumScheduler

@@ -1,0 +1,161 @@
+"""`AdaptiveBatchSize`: the logical batch that maximizes goodput, between epochs.
+
+Goodput (AdaptDL / Pollux) = throughput(B) x statistical efficiency(B):
+
+    throughput(B) = B / (alpha + beta * B)     (seconds per step, fitted)
+    efficiency(B) = (phi + B0) / (phi + B)      (phi: the gradient noise scale)
+
+alpha is what a step costs whatever its size (the optimizer update, Python,
+callbacks), beta the cost per row. Clean data (small phi) wants small batches,
+noisy data larger ones; the optimum is near sqrt(alpha * phi / beta).
+"""
+
+import math
+import time
+
+import keras
+import numpy as np
+
+from kadapt.batching.validation import check_micro_batch_size
+
+LR_SCALING = ("sqrt", "linear", "none")
+
+
+def goodput(batch_size, alpha, beta, noise_scale, reference):
+    """Samples of progress per second at `batch_size` (see the module docstring)."""
+    throughput = batch_size / (alpha + beta * batch_size)
+    return throughput * (noise_scale + reference) / (noise_scale + batch_size)
+
+
+def choose_batch_size(candidates, alpha, beta, noise_scale, reference):
+    """The candidate with the largest goodput."""
+    return max(candidates, key=lambda b: goodput(b, alpha, beta, max(noise_scale, 0.0), reference))
+
+
+class AdaptiveBatchSize(keras.callbacks.Callback):
+    """Chooses the logical batch size between epochs from the noise scale.
+
+    Needs a model built with `measure_noise=True` (`kadapt.accumulate`): the
+    micro-batch, and so the memory, stays as planned; only the number of
+    micro-batches per step changes. At the end of each epoch it fits seconds
+    per step = alpha + beta * B to the steps it timed, reads `noise_scale`,
+    and sets `batch_size` to the power of two in [min, max] with the best
+    goodput, rescaling the learning rate by `lr_scaling` ("sqrt": by
+    sqrt(B_new / B_old), the default; "linear"; or "none") through the
+    optimizer's `learning_rate_multiplier` (kadapt optimizers) or its float
+    learning rate.
+
+    Keras fixes the batch size of a running `fit` for array inputs, so train
+    one epoch per `fit` and pass the callback's current size:
+
+    ```python
+    adaptive = kadapt.AdaptiveBatchSize(64, 2048, initial_batch_size=128)
+    for epoch in range(10):
+        model.fit(x, y, batch_size=adaptive.batch_size, initial_epoch=epoch,
+                  epochs=epoch + 1, callbacks=[adaptive])
+    ```
+
+    Args:
+        min_batch_size: Positive int, above the model's micro-batch (the
+            noise scale needs two micro-batches per step).
+        max_batch_size: Int >= `min_batch_size`.
+        initial_batch_size: Int in [min, max], the B0 of the efficiency
+            formula. Defaults to `min_batch_size`.
+        lr_scaling: One of "sqrt", "linear", "none". Defaults to "sqrt".
+    """
+
+    def __init__(self, min_batch_size, max_batch_size, initial_batch_size=None, lr_scaling="sqrt"):
+        super().__init__()
+        low = check_micro_batch_size(min_batch_size, name="min_batch_size")
+        high = check_micro_batch_size(max_batch_size, name="max_batch_size")
+        if low > high:
+            raise ValueError(
+                "Argument `min_batch_size` must be <= `max_batch_size`. "
+                f"Received: min_batch_size={low}, max_batch_size={high}"
+            )
+        initial = low if initial_batch_size is None else check_micro_batch_size(
+            initial_batch_size, name="initial_batch_size")
+        if not low <= initial <= high:
+            raise ValueError(
+                f"Argument `initial_batch_size` must be in [{low}, {high}]. "
+                f"Received: initial_batch_size={initial}"
+            )
+        if lr_scaling not in LR_SCALING:
+            raise ValueError(f"Argument `lr_scaling` must be one of {LR_SCALING}. Received: lr_scaling={lr_scaling!r}")
+        self.min_batch_size, self.max_batch_size = low, high
+        self.reference = self.batch_size = initial
+        self.lr_scaling = lr_scaling
+        self.step_times = []  # (batch size, seconds per step)
+        self.choices = []  # (epoch, noise scale, batch size chosen)
+
+    def candidates(self):
+        powers = [2**k for k in range(64) if self.min_batch_size <= 2**k <= self.max_batch_size]
+        return sorted({self.min_batch_size, self.max_batch_size, *powers})
+
+    def on_train_begin(self, logs=None):
+        if not getattr(self.model, "measure_noise", False):
+            raise ValueError(
+                "`AdaptiveBatchSize` reads the gradient noise scale: build the model with "
+                "`kadapt.accumulate(model, micro_batch_size, measure_noise=True)`. "
+                f"Received: model={self.model.name!r} without measure_noise"
+            )
+        micro = self.model.micro_batch_size
+        if isinstance(micro, int) and self.min_batch_size <= micro:
+            raise ValueError(
+                "Argument `min_batch_size` must exceed the micro-batch (two micro-batches "
+                f"per step). Received: min_batch_size={self.min_batch_size}, micro_batch_size={micro}"
+            )
+        self._first_batch = True
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        seconds = time.perf_counter() - self._started
+        if self._first_batch:  # includes tracing
+            self._first_batch = False
+            return
+        self.step_times.append((self.batch_size, seconds))
+
+    def on_epoch_end(self, epoch, logs=None):
+        noise_scale = float(self.model.noise_scale.result())
+        alpha, beta = self.step_cost()
+        chosen = choose_batch_size(self.candidates(), alpha, beta, noise_scale, self.reference)
+        self.choices.append((epoch, noise_scale, chosen))
+        if chosen != self.batch_size:
+            self._rescale_learning_rate(chosen / self.batch_size)
+            self.batch_size = chosen
+
+    def step_cost(self):
+        """(alpha, beta) of seconds per step = alpha + beta * B, from the timed steps."""
+        sizes = np.array([b for b, _ in self.step_times], dtype=float)
+        seconds = np.array([s for _, s in self.step_times], dtype=float)
+        if len(set(sizes)) >= 2:
+            beta, alpha = np.polyfit(sizes, seconds, 1)
+            if alpha > 0 and beta > 0:
+                return float(alpha), float(beta)
+        # One size seen (or a degenerate fit): split the time evenly between
+        # the fixed and the per-row part until a second size is measured.
+        per_step = float(np.median(seconds)) if len(seconds) else 1.0
+        size = float(np.median(sizes)) if len(sizes) else float(self.batch_size)
+        return per_step / 2, per_step / (2 * size)
+
+    def _rescale_learning_rate(self, ratio):
+        factor = {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[self.lr_scaling]
+        if factor == 1.0:
+            return
+        optimizer = self.model.optimizer
+        if hasattr(optimizer, "learning_rate_multiplier"):
+            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
+            optimizer.learning_rate_multiplier = current * factor
+            return
+        try:
+            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+            optimizer.learning_rate = current * factor
+        except TypeError as error:
+            raise TypeError(
+                "`AdaptiveBatchSize` rescales the learning rate, which Keras forbids for an "
+                "optimizer holding a schedule: use a kadapt optimizer (its "
+                "`learning_rate_multiplier`) or `lr_scaling='none'`. "
+                f"Received: optimizer={type(optimizer).__name__}"
+            ) from error
