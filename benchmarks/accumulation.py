@@ -27,18 +27,7 @@ MICRO = 128
 
 def small_cnn():
     keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(32, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
+    return kadapt.models.small_cnn()
 
 
 def compiled(model, **kwargs):

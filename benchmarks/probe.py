@@ -29,15 +29,6 @@ CAP = 1024
 SWEEP_STEP = 32
 
 
-def small_cnn():
-    return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10),
-    ], name="small_cnn")
-
-
 def wide_mlp():
     return keras.Sequential([
         keras.Input((784,)),
@@ -55,7 +46,7 @@ def conv_bn():
     return keras.Sequential(layers, name="conv_bn")
 
 
-CASES = [(small_cnn, "64MiB"), (wide_mlp, "256MiB"), (conv_bn, "128MiB")]
+CASES = [(kadapt.models.small_cnn, "64MiB"), (wide_mlp, "256MiB"), (conv_bn, "128MiB")]
 
 
 def compiled(build):
@@ -113,7 +104,7 @@ def measure_case(build, budget_text):
 
     @functools.cache
     def fits(size):
-        with probe._leaves_no_trace(model, sample):
+        with probe.leaves_no_trace(model, sample):
             return probe.run_trial(model, sample, size, budget).fits
 
     start = time.perf_counter()

@@ -16,27 +16,12 @@ EPOCHS = 3
 LEARNING_RATE = 3e-3  # Adam; a larger batch takes a somewhat larger step
 
 
-def small_cnn():
-    return keras.Sequential(
-        [
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(32, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
-
-
 def main():
     (x_train, y_train), (x_test, y_test) = kadapt.datasets.fashion_mnist()
     x_train = x_train[..., None].astype("float32") / 255.0
     x_test = x_test[..., None].astype("float32") / 255.0
 
-    model = kadapt.accumulate(small_cnn(), micro_batch_size="auto", memory_budget=MEMORY_BUDGET)
+    model = kadapt.accumulate(kadapt.models.small_cnn(), micro_batch_size="auto", memory_budget=MEMORY_BUDGET)
     model.compile(
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -2,6 +2,7 @@
 
 from kadapt import callbacks
 from kadapt import datasets
+from kadapt import models
 from kadapt import optimizers
 from kadapt import schedules
 from kadapt import tuning

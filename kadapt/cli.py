@@ -149,15 +149,15 @@ def parse_shape(text):
 def builtin_model(name, input_shape, num_classes):
     import keras
 
-    layers = [keras.Input(input_shape)]
+    from kadapt.models import small_cnn
+
     if name == "small_cnn":
-        layers += [
-            keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        ]
-    layers += [keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
-               keras.layers.Dense(num_classes)]
-    return keras.Sequential(layers, name=name)
+        return small_cnn(input_shape, num_classes)
+    return keras.Sequential(
+        [keras.Input(input_shape), keras.layers.Flatten(),
+         keras.layers.Dense(128, activation="relu"), keras.layers.Dense(num_classes)],
+        name=name,
+    )
 
 
 def random_batch(model, rows, rng):

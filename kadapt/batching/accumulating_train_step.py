@@ -9,8 +9,8 @@ from kadapt.batching.memory_budget import parse_memory_size
 from kadapt.batching.micro_batches import batch_size_of as rows_of
 from kadapt.batching.noise_scale import NoiseScale
 from kadapt.batching.oom_recovery import RecoveringTrainFunction
-from kadapt.batching.validation import check_micro_batch_size
-from kadapt.batching.validation import check_non_negative_int
+from kadapt.validation import check_micro_batch_size
+from kadapt.validation import check_non_negative_int
 
 AUTO = "auto"
 

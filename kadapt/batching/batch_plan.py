@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from kadapt.batching.validation import check_micro_batch_size
+from kadapt.validation import check_micro_batch_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ averages, EMA[tr(Sigma)] / EMA[|G|^2], never an average of ratios.
 import keras
 import tensorflow as tf
 
-from kadapt.schedules.validation import check_range
+from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")

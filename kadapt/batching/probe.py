@@ -15,7 +15,7 @@ from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
 from kadapt.batching.batch_plan import plan_batch
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
-from kadapt.batching.validation import check_micro_batch_size
+from kadapt.validation import check_micro_batch_size
 
 FIRST_TRIAL_ROWS = 16
 SECOND_TRIAL_FACTOR = 4
@@ -129,7 +129,7 @@ def probe_micro_batch(
         return trial
 
     search = MicroBatchSearch(runner, budget.bytes)
-    with _leaves_no_trace(model, sample):
+    with leaves_no_trace(model, sample):
         chosen = search.largest(cap)
         if prefer == "fastest":
             chosen = search.fastest(chosen)
@@ -262,7 +262,7 @@ def resident_bytes(model):
 
 
 @contextlib.contextmanager
-def _leaves_no_trace(model, sample):
+def leaves_no_trace(model, sample):
     """Builds the model, then restores every variable a trial step can touch."""
     x = repeat_rows(sample, 1)[0]
     if not model.built:

@@ -16,7 +16,7 @@ import time
 import keras
 import numpy as np
 
-from kadapt.batching.validation import check_micro_batch_size
+from kadapt.validation import check_micro_batch_size
 
 LR_SCALING = ("sqrt", "linear", "none")
 

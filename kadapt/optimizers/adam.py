@@ -6,7 +6,7 @@ from keras import ops
 from kadapt.optimizers.live_variables import LearningRateMultiplier
 from kadapt.optimizers.live_variables import scalar_variable
 from kadapt.optimizers.live_variables import slot_key
-from kadapt.schedules.validation import check_range
+from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")

@@ -2,7 +2,7 @@
 
 import keras
 
-from kadapt.schedules.validation import check_range
+from kadapt.validation import check_range
 
 
 def slot_key(variable):

@@ -2,7 +2,7 @@
 
 import keras
 
-from kadapt.schedules.validation import check_range
+from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")

@@ -3,7 +3,7 @@
 import keras
 
 from kadapt.schedules.cosine_annealing import CosineAnnealing
-from kadapt.schedules.validation import check_range
+from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")

@@ -3,7 +3,7 @@
 import keras_tuner
 
 from kadapt.batching.accumulate import accumulate
-from kadapt.batching.validation import check_micro_batch_size
+from kadapt.validation import check_micro_batch_size
 
 
 class AccumulatingHyperModel(keras_tuner.HyperModel):

@@ -1,0 +1,3 @@
+"""Model builders."""
+
+from kadapt.models.small_cnn import small_cnn
