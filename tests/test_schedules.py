@@ -50,3 +50,69 @@ def test_cosine_momentum_mirrors_the_learning_rate():
 def test_bad_schedule_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         kadapt.CosineAnnealing(**kwargs)
+
+
+def _restarts_closed_form(step, lr_max, lr_min, total, warmup, restarts, length_multiplier, peak_multiplier):
+    if step < warmup:
+        return lr_max * step / warmup
+    if step >= total:
+        return lr_min
+    lengths = [length_multiplier**i for i in range(restarts + 1)]
+    first = (total - warmup) / sum(lengths)
+    t, cycle = step - warmup, 0
+    while t >= first * lengths[cycle]:
+        t -= first * lengths[cycle]
+        cycle += 1
+    cosine = 0.5 * (1 + np.cos(np.pi * t / (first * lengths[cycle])))
+    return lr_min + (lr_max - lr_min) * peak_multiplier**cycle * cosine
+
+
+@pytest.mark.parametrize(
+    "warmup, restarts, length_multiplier, peak_multiplier",
+    [(0, 2, 2.0, 1.0), (10, 2, 2.0, 0.5), (5, 3, 1.0, 0.8)],
+)
+def test_cosine_annealing_with_restarts_matches_the_formula(warmup, restarts, length_multiplier, peak_multiplier):
+    schedule = kadapt.CosineAnnealing(
+        0.4, 0.01, 150, warmup_steps=warmup, restarts=restarts,
+        cycle_length_multiplier=length_multiplier, peak_multiplier=peak_multiplier,
+    )
+    for step in [0, 3, 9, 11, 17, 31, 33, 47, 61, 79, 101, 123, 149, 150, 400]:
+        expected = _restarts_closed_form(step, 0.4, 0.01, 150, warmup, restarts, length_multiplier, peak_multiplier)
+        assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-7), step
+
+
+def test_cosine_annealing_restarts_at_the_cycle_starts():
+    schedule = kadapt.CosineAnnealing(1.0, 0.0, 70, restarts=2)  # cycles of 10, 20 and 40 steps
+    assert [round(float(schedule(step)), 4) for step in (9, 11, 29, 31, 69, 70)] == [
+        pytest.approx(0.5 * (1 + np.cos(np.pi * 9 / 10)), abs=1e-4),
+        pytest.approx(0.5 * (1 + np.cos(np.pi * 1 / 20)), abs=1e-4),
+        pytest.approx(0.5 * (1 + np.cos(np.pi * 19 / 20)), abs=1e-4),
+        pytest.approx(0.5 * (1 + np.cos(np.pi * 1 / 40)), abs=1e-4),
+        pytest.approx(0.5 * (1 + np.cos(np.pi * 39 / 40)), abs=1e-4),
+        0.0,
+    ]
+
+
+def test_cosine_annealing_with_restarts_serializes_exactly():
+    schedule = kadapt.CosineAnnealing(0.4, 0.01, 150, warmup_steps=10, restarts=2,
+                                      cycle_length_multiplier=1.5, peak_multiplier=0.5)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert restored.get_config() == schedule.get_config() == {
+        "lr_max": 0.4, "lr_min": 0.01, "total_steps": 150, "warmup_steps": 10, "restarts": 2,
+        "cycle_length_multiplier": 1.5, "peak_multiplier": 0.5, "name": "CosineAnnealing",
+    }
+    assert float(restored(77)) == pytest.approx(float(schedule(77)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(restarts=-1), ValueError, r"`restarts` must be in \[0, None\]. Received: restarts=-1"),
+        (dict(restarts=1.5), TypeError, r"`restarts` must be an int. Received: restarts=1.5"),
+        (dict(restarts=1, cycle_length_multiplier=0.0), ValueError, r"Received: cycle_length_multiplier=0.0"),
+        (dict(restarts=1, peak_multiplier=1.5), ValueError, r"`peak_multiplier` must be in \(0.0, 1.0\]. Received: peak_multiplier=1.5"),
+    ],
+)
+def test_bad_restart_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        kadapt.CosineAnnealing(0.1, 0.0, 100, **kwargs)
