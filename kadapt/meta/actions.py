@@ -1,0 +1,89 @@
+"""The adjustments the meta-model chooses between, and how they reach an optimizer.
+
+An action either multiplies the learning rate (in both directions: Keras'
+`ReduceLROnPlateau` can only lower it) or sets the momentum (`beta_1` for
+Adam). Index 2 keeps everything as it is. Learning-rate changes go through the
+optimizer's live `learning_rate_multiplier` when it has one (kadapt's `SGD` and
+`Adam`; this also works under a schedule), else through a float
+`learning_rate`. Momentum changes need a live-momentum kadapt optimizer.
+"""
+
+import keras
+import numpy as np
+
+ACTIONS = (
+    {"learning_rate_multiplier": 0.1},
+    {"learning_rate_multiplier": 0.3},
+    {},
+    {"learning_rate_multiplier": 3.0},
+    {"learning_rate_multiplier": 10.0},
+    {"momentum": 0.5},
+    {"momentum": 0.95},
+)
+KEEP = 2
+MOMENTUM_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "momentum" in action)
+
+
+def describe(action):
+    """A short text for logs, e.g. `"lr x0.3"` or `"momentum 0.95"` or `"keep"`."""
+    parts = []
+    if "learning_rate_multiplier" in action:
+        parts.append(f"lr x{action['learning_rate_multiplier']:g}")
+    if "momentum" in action:
+        parts.append(f"momentum {action['momentum']:g}")
+    return ", ".join(parts) or "keep"
+
+
+def has_live_momentum(optimizer):
+    """Whether `optimizer.momentum` is a variable the compiled step reads."""
+    return isinstance(getattr(optimizer, "momentum", None), keras.Variable)
+
+
+def can_adjust_learning_rate(optimizer):
+    """A live multiplier, or a float learning rate that Keras lets us set."""
+    if hasattr(optimizer, "learning_rate_multiplier"):
+        return True
+    return not isinstance(
+        getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule
+    )
+
+
+def allowed_mask(optimizer):
+    """Boolean mask over `ACTIONS`: what this optimizer can take live."""
+    mask = np.ones(len(ACTIONS), bool)
+    if not has_live_momentum(optimizer):
+        mask[list(MOMENTUM_ACTIONS)] = False
+    if not can_adjust_learning_rate(optimizer):
+        mask[[i for i, a in enumerate(ACTIONS) if "learning_rate_multiplier" in a]] = False
+    return mask
+
+
+def current_momentum(optimizer):
+    """Momentum (or `beta_1`) as a float; `0.0` for optimizers without one."""
+    for name in ("momentum", "beta_1"):
+        value = getattr(optimizer, name, None)
+        if value is not None:
+            return float(keras.ops.convert_to_numpy(value))
+    return 0.0
+
+
+def applied_learning_rate(optimizer):
+    """The rate the next step applies: schedule(step) (or the float) times the multiplier."""
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    multiplier = getattr(optimizer, "learning_rate_multiplier", None)
+    if multiplier is not None:
+        rate *= float(keras.ops.convert_to_numpy(multiplier))
+    return rate
+
+
+def apply(optimizer, action):
+    """Applies one action to a live optimizer."""
+    if "learning_rate_multiplier" in action:
+        factor = action["learning_rate_multiplier"]
+        if hasattr(optimizer, "learning_rate_multiplier"):
+            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
+            optimizer.learning_rate_multiplier = current * factor
+        else:
+            optimizer.learning_rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate)) * factor
+    if "momentum" in action:
+        optimizer.momentum = action["momentum"]

@@ -1,0 +1,236 @@
+"""Collects adjustment records by branching lookahead.
+
+Each task trains along a main line. At every decision point the collector
+snapshots the weights and the optimizer, tries each candidate action of
+`kadapt.meta.actions.ACTIONS` for `horizon` steps on the same batches (common
+random numbers make the candidates comparable), stores one record per
+candidate and restores. The main line then continues from the end of the best
+candidate's branch (or, with probability `explore`, of "keep"), so later
+windows also show runs that have been adjusted — as they will be in use. When
+an observation is non-finite, the decision point comes at once and every
+branch starts from the last good state: the meta-model learns what to do after
+a rollback, which is what `MetaAdjuster` does on divergence.
+
+The score of a candidate is log(val_loss after / val_loss before), clipped to
+[-5, 5]; a diverged branch scores 5. Lower is better.
+"""
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+
+from kadapt.meta import actions as action_lib
+from kadapt.meta.adjustment_record import AdjustmentRecord
+from kadapt.meta.features import FeatureHistory
+from kadapt.meta.features import Observation
+
+DIVERGED_SCORE = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionConfig:
+    """How a task is run and branched.
+
+    Args:
+        total_steps: Int. Main-line optimizer steps per task. Defaults to `400`.
+        observe_every: Int. Steps between observations. Defaults to `10`.
+        horizon: Int. Steps each candidate runs; also the spacing of decision
+            points. Defaults to `50`.
+        explore: Float in [0, 1]. Probability of continuing with "keep"
+            instead of the best candidate. Defaults to `0.3`.
+    """
+
+    total_steps: int = 400
+    observe_every: int = 10
+    horizon: int = 50
+    explore: float = 0.3
+
+
+def collect(store, tasks, config=CollectionConfig(), seed=0, progress=True):
+    """Runs `tasks`, branching at decision points, and appends records to `store`.
+
+    A task's records are appended in one transaction when the task ends, and a
+    task whose records are already in the store is skipped, so an interrupted
+    collection resumes where it stopped without recomputing anything.
+
+    Args:
+        store: `kadapt.meta.RecordStore`.
+        tasks: Iterable of `kadapt.meta.tasks.Task`.
+        config: `CollectionConfig`.
+        seed: Int. Seeds the exploration choices.
+        progress: Bool. Shows a Keras progress bar. Defaults to `True`.
+
+    Returns:
+        The number of records appended.
+
+    Example:
+
+    ```python
+    from kadapt.meta import RecordStore, collect, tasks
+    store = RecordStore("records.sqlite")
+    collect(store, [tasks.make_task("digits", seed) for seed in range(10)])
+    ```
+    """
+    tasks = list(tasks)
+    bar = keras.utils.Progbar(len(tasks), unit_name="task") if progress else None
+    appended = 0
+    for index, task in enumerate(tasks):
+        if not store.contains(task.name):
+            records = TaskRun(task, config, np.random.default_rng([seed, index])).run()
+            store.append_many(records)
+            appended += len(records)
+        if bar is not None:
+            bar.update(index + 1, values=[("records", store.count())], finalize=index + 1 == len(tasks))
+    return appended
+
+
+class TaskRun:
+    """One task's main line with its branches."""
+
+    def __init__(self, task, config, rng):
+        self.task, self.config, self.rng = task, config, rng
+        self.model = task.build()
+        self.batches = BatchStream(task.data[0], task.data[1], task.batch_size, task.seed)
+        self.history = FeatureHistory()
+        self.step = 0
+        self.last_good = None
+        self.records = []
+
+    def run(self):
+        x_val, y_val = self.task.data[2], self.task.data[3]
+        initial = float(self.model.evaluate(x_val, y_val, verbose=0))
+        self.last_good = Snapshot.take(self.model, self.batches, 0, initial)
+        self.train(self.config.observe_every * 2, self.history)
+        while self.step < self.config.total_steps and self.decide():
+            pass
+        return self.records
+
+    def decide(self):
+        """Branches once; returns whether the main line can go on."""
+        rollback = self.history.window()[-1, 10] > 0
+        base = self.last_good if rollback else Snapshot.take(
+            self.model, self.batches, self.step, self.history.last_val_loss)
+        window, before = self.history.window(), base.val_loss
+        branches = [self.branch(base, i) for i in np.flatnonzero(action_lib.allowed_mask(self.model.optimizer))]
+        for action_index, branch in branches:
+            self.records.append(self.record(window, base, action_index, branch, before, rollback))
+        chosen = self.choose(branches)
+        if chosen is None:
+            return False
+        chosen["end"].restore(self.model, self.batches)
+        self.step, self.history, self.last_good = chosen["end"].step, chosen["history"], chosen["end"]
+        return True
+
+    def branch(self, base, action_index):
+        base.restore(self.model, self.batches)
+        self.step = base.step
+        hyperparameters = self.hyperparameters()
+        action_lib.apply(self.model.optimizer, action_lib.ACTIONS[action_index])
+        history = _copy_history(self.history)
+        finite = self.train(self.config.horizon, history)
+        end = Snapshot.take(self.model, self.batches, self.step, history.last_val_loss) if finite else None
+        return action_index, {"history": history, "end": end, "val_loss": history.last_val_loss,
+                              "train_loss": history.last_loss, "hyperparameters": hyperparameters}
+
+    def choose(self, branches):
+        finite = [(i, b) for i, b in branches if b["end"] is not None]
+        if not finite:
+            return None
+        keep = dict(finite).get(action_lib.KEEP)
+        if keep is not None and self.rng.random() < self.config.explore:
+            return keep
+        return min(finite, key=lambda pair: pair[1]["val_loss"])[1]
+
+    def train(self, steps, history):
+        """Trains `steps` steps, observing into `history`; False on non-finite."""
+        losses = []
+        for _ in range(steps):
+            x, y = self.batches.next()
+            losses.append(float(self.model.train_on_batch(x, y)))
+            self.step += 1
+            if self.step % self.config.observe_every == 0:
+                if not self.observe(np.mean(losses), history):
+                    return False
+                losses = []
+        return True
+
+    def observe(self, loss, history):
+        x_val, y_val = self.task.data[2], self.task.data[3]
+        val_loss = float(self.model.test_on_batch(x_val, y_val))
+        weights = np.concatenate([np.ravel(w) for w in self.model.get_weights()])
+        optimizer = self.model.optimizer
+        history.observe(Observation(
+            step=self.step, loss=float(loss), val_loss=val_loss,
+            learning_rate=action_lib.applied_learning_rate(optimizer),
+            momentum=action_lib.current_momentum(optimizer), weights=weights,
+            budget_used=min(self.step / self.config.total_steps, 1.0)))
+        finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(weights)))
+        if finite and history is self.history:
+            self.last_good = Snapshot.take(self.model, self.batches, self.step, val_loss)
+        return finite
+
+    def hyperparameters(self):
+        optimizer = self.model.optimizer
+        return {"optimizer": self.task.optimizer, "batch_size": self.task.batch_size,
+                "learning_rate": action_lib.applied_learning_rate(optimizer),
+                "momentum": action_lib.current_momentum(optimizer)}
+
+    def record(self, window, base, action_index, branch, before, rollback):
+        after = branch["val_loss"]
+        diverged = branch["end"] is None
+        score = DIVERGED_SCORE if diverged else float(np.clip(math.log(after / before), -5.0, 5.0))
+        return AdjustmentRecord(
+            run_id=self.task.name, task=self.task.name, family=self.task.family, step=base.step,
+            features=window, hyperparameters=branch["hyperparameters"],
+            adjustment={"action": int(action_index), **action_lib.ACTIONS[action_index],
+                        "rollback": bool(rollback)},
+            outcome={"val_loss_before": before, "val_loss_after": None if diverged else after,
+                     "train_loss_after": None if diverged else branch["train_loss"],
+                     "diverged": diverged, "horizon": self.config.horizon, "score": score})
+
+
+def _copy_history(history):
+    import copy
+
+    return copy.deepcopy(history)
+
+
+class BatchStream:
+    """Shuffled mini-batches, reproducible from a position (epoch, index)."""
+
+    def __init__(self, x, y, batch_size, seed):
+        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
+        self.batches_per_epoch = max(len(x) // batch_size, 1)
+        self.position = 0
+
+    def next(self):
+        epoch, index = divmod(self.position, self.batches_per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.x))
+        rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+        self.position += 1
+        return self.x[rows], self.y[rows]
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Weights, optimizer state and batch position at one step."""
+
+    weights: list
+    optimizer: list
+    position: int
+    step: int
+    val_loss: float = float("nan")
+
+    @classmethod
+    def take(cls, model, batches, step, val_loss=float("nan")):
+        return cls([v.numpy() for v in model.variables],
+                   [v.numpy() for v in model.optimizer.variables], batches.position, step, val_loss)
+
+    def restore(self, model, batches):
+        for variable, value in zip(model.variables, self.weights, strict=True):
+            variable.assign(value)
+        for variable, value in zip(model.optimizer.variables, self.optimizer, strict=True):
+            variable.assign(value)
+        batches.position = self.position

@@ -1,0 +1,204 @@
+"""The meta-model's input: one fixed, normalized feature vector per observation.
+
+This module is the single owner of the features. The record collector and the
+`MetaAdjuster` both build windows with `FeatureHistory`, so a meta-model is
+always fed exactly what it was trained on; `FEATURE_SPEC` travels inside every
+saved meta-model and is checked when one is loaded.
+
+An observation is taken every few optimizer steps (or at an epoch end). Each
+row of a window is, for observation t with training loss L_t, validation loss
+V_t (L_t when there is none) and the run's first observation's L_0, V_0:
+
+| # | name                | value                                               |
+|---|---------------------|-----------------------------------------------------|
+| 0 | `train_loss`        | log(L_t / L_0), clipped to [-10, 10]                |
+| 1 | `val_loss`          | log(V_t / V_0), clipped to [-10, 10]                |
+| 2 | `train_slope`       | least-squares slope of log L over the last 4 obs.   |
+| 3 | `train_variability` | std of log L over the last 4 observations           |
+| 4 | `val_slope`         | least-squares slope of log V over the last 4 obs.   |
+| 5 | `log_learning_rate` | log10(applied learning rate) / 4                    |
+| 6 | `momentum`          | momentum (SGD) or beta_1 (Adam); 0 when absent      |
+| 7 | `update_size`       | log10(|w_t - w_prev| / |w_t|) / 4                   |
+| 8 | `update_cosine`     | cosine of the last two weight updates               |
+| 9 | `budget_used`       | fraction of the planned steps done                  |
+| 10| `nonfinite`         | 1 when the loss or the weights are NaN/Inf          |
+| 11| `above_best`        | log(V_t / min V so far), clipped to [0, 10]         |
+
+Slopes are per observation and clipped to [-5, 5]. The update features stand
+in for the gradient norm and the consecutive-gradient cosine: they come from
+the weights the callback can read, with no extra backward pass. Non-finite
+values become 0 with the `nonfinite` flag set. A window holds the last
+`WINDOW` observations; a short history is padded at the front with its first
+row.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+FEATURE_VERSION = 1
+WINDOW = 8
+SLOPE_SPAN = 4
+FEATURE_NAMES = (
+    "train_loss",
+    "val_loss",
+    "train_slope",
+    "train_variability",
+    "val_slope",
+    "log_learning_rate",
+    "momentum",
+    "update_size",
+    "update_cosine",
+    "budget_used",
+    "nonfinite",
+    "above_best",
+)
+FEATURE_SPEC = {"version": FEATURE_VERSION, "window": WINDOW, "names": list(FEATURE_NAMES)}
+_LOG_CLIP = 10.0
+_SLOPE_CLIP = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What the run looked like at one step.
+
+    Args:
+        step: Int. Optimizer steps done.
+        loss: Float. Training loss (recent mean).
+        val_loss: Float or `None`. Validation loss, when measured.
+        learning_rate: Float. The learning rate the optimizer applies now.
+        momentum: Float. Momentum or Adam's `beta_1`; `0.0` when absent.
+        weights: 1-D float array. The trainable weights, flattened.
+        budget_used: Float in [0, 1]. Fraction of the planned steps done.
+    """
+
+    step: int
+    loss: float
+    val_loss: float | None
+    learning_rate: float
+    momentum: float
+    weights: np.ndarray
+    budget_used: float
+
+
+class FeatureHistory:
+    """Turns a run's observations into `(WINDOW, len(FEATURE_NAMES))` windows.
+
+    Example:
+
+    ```python
+    history = FeatureHistory()
+    history.observe(Observation(step=10, loss=2.3, val_loss=2.2, learning_rate=0.1,
+                                momentum=0.9, weights=flat_weights, budget_used=0.1))
+    window = history.window()  # float32, shape (8, 12)
+    ```
+    """
+
+    def __init__(self):
+        self._rows = []
+        self._train = []
+        self._val = []
+        self._previous_weights = None
+        self._previous_update = None
+        self._first = None
+        self.last_loss = float("nan")
+        self.last_val_loss = float("nan")
+
+    def __len__(self):
+        return len(self._rows)
+
+    def observe(self, observation):
+        """Adds one observation's feature row."""
+        val_loss = observation.loss if observation.val_loss is None else observation.val_loss
+        self.last_loss, self.last_val_loss = float(observation.loss), float(val_loss)
+        finite_losses = _finite(observation.loss) and _finite(val_loss)
+        if self._first is None and finite_losses:
+            self._first = (float(observation.loss), float(val_loss))
+        first_train, first_val = self._first or (1.0, 1.0)
+        self._train.append(_log_ratio(observation.loss, first_train))
+        self._val.append(_log_ratio(val_loss, first_val))
+        size, cosine, finite_weights = self._update_stats(observation.weights)
+        row = [
+            self._train[-1],
+            self._val[-1],
+            _slope(self._train),
+            _variability(self._train),
+            _slope(self._val),
+            _log10(observation.learning_rate) / 4.0,
+            observation.momentum,
+            size,
+            cosine,
+            observation.budget_used,
+            0.0 if finite_losses and finite_weights else 1.0,
+            _above_best(self._val),
+        ]
+        self._rows.append(np.nan_to_num(np.asarray(row, "float32"), nan=0.0, posinf=0.0, neginf=0.0))
+
+    def window(self):
+        """The last `WINDOW` rows, front-padded with the first row."""
+        if not self._rows:
+            raise ValueError("FeatureHistory.window() needs at least one observation.")
+        rows = self._rows[-WINDOW:]
+        rows = [rows[0]] * (WINDOW - len(rows)) + rows
+        return np.stack(rows).astype("float32")
+
+    def _update_stats(self, weights):
+        weights = np.asarray(weights, "float64")
+        finite = bool(np.all(np.isfinite(weights)))
+        size, cosine = -3.0, 0.0  # no update seen yet: "tiny", "unrelated"
+        if finite and self._previous_weights is not None:
+            update = weights - self._previous_weights
+            norm = float(np.linalg.norm(update))
+            size = _log10(norm / max(float(np.linalg.norm(weights)), 1e-12)) / 4.0
+            if self._previous_update is not None:
+                cosine = _cosine(update, self._previous_update)
+            self._previous_update = update
+        if finite:
+            self._previous_weights = weights
+        return size, cosine, finite
+
+
+def _finite(value):
+    return value is not None and math.isfinite(float(value))
+
+
+def _log_ratio(value, reference):
+    if not _finite(value) or value <= 0 or reference <= 0:
+        return float("nan")
+    return float(np.clip(math.log(value / reference), -_LOG_CLIP, _LOG_CLIP))
+
+
+def _log10(value):
+    return math.log10(value) if _finite(value) and value > 0 else -3.0 * 4.0
+
+
+def _recent_finite(values):
+    recent = np.asarray(values[-SLOPE_SPAN:], "float64")
+    return recent[np.isfinite(recent)]
+
+
+def _slope(values):
+    recent = _recent_finite(values)
+    if len(recent) < 2:
+        return 0.0
+    steps = np.arange(len(recent), dtype="float64")
+    return float(np.clip(np.polyfit(steps, recent, 1)[0], -_SLOPE_CLIP, _SLOPE_CLIP))
+
+
+def _variability(values):
+    recent = _recent_finite(values)
+    return float(np.clip(np.std(recent), 0.0, _SLOPE_CLIP)) if len(recent) else 0.0
+
+
+def _above_best(values):
+    finite = np.asarray(values, "float64")
+    finite = finite[np.isfinite(finite)]
+    if not len(finite) or not math.isfinite(values[-1]):
+        return _LOG_CLIP
+    return float(np.clip(values[-1] - finite.min(), 0.0, _LOG_CLIP))
+
+
+def _cosine(a, b):
+    denominator = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.dot(a, b) / denominator) if denominator > 0 else 0.0

@@ -1,0 +1,122 @@
+"""`train_meta_model`: KerasTuner search with a split by task family, then a report and a file."""
+
+import json
+from pathlib import Path
+
+import keras
+import keras_tuner
+import numpy as np
+
+from kadapt.meta.hyper_model import MetaHyperModel
+from kadapt.meta.meta_model import decision_data
+from kadapt.meta.meta_model import evaluate_policies
+
+BATCH_SIZE = 64
+PATIENCE = 5
+
+
+def train_meta_model(store, directory, output=None, *, validation_families=None, max_trials=8,
+                     epochs=40, seed=0, verbose=0):
+    """Searches the meta-model's architecture on a store's records and saves the best.
+
+    The search (`keras_tuner.RandomSearch` over `MetaHyperModel`, objective
+    `val_loss`) validates on whole task families the training part never
+    contains. The report then holds each family out in turn: a model with the
+    best hyperparameters is trained on the other families and judged on it
+    (accuracy: it picks the best candidate; regret: score lost against the
+    best), beside always-keep and the rule baseline. The saved model is
+    trained on every family for the median early-stopped epoch count.
+
+    Args:
+        store: `kadapt.meta.RecordStore` (or any iterable of records).
+        directory: Path. KerasTuner's working directory.
+        output: Path or `None`. Where to save the `.keras` model; its report
+            goes beside it as `.json`. Defaults to `None` (not saved).
+        validation_families: Sequence of strings or `None`. Families for the
+            search's validation; defaults to one family picked by `seed`.
+        max_trials: Int. KerasTuner trials. Defaults to `8`.
+        epochs: Int. Most epochs per fit (early stopping on `val_loss`).
+        seed: Int. Makes the search and the training reproducible.
+        verbose: Int. Keras verbosity. Defaults to `0`.
+
+    Returns:
+        `(model, report)`.
+    """
+    data = decision_data(iter(store))
+    families = sorted(set(data.families.tolist()))
+    validation_families = _validation_families(families, validation_families, seed)
+    held_out = np.isin(data.families, validation_families)
+    keras.utils.set_random_seed(seed)
+    tuner = keras_tuner.RandomSearch(MetaHyperModel(), objective="val_loss", max_trials=max_trials,
+                                     seed=seed, directory=str(directory), project_name="meta_model",
+                                     overwrite=True)
+    train, validation = data.subset(~held_out), data.subset(held_out)
+    tuner.search(train.x, train.targets(), validation_data=(validation.x, validation.targets()),
+                 epochs=epochs, batch_size=BATCH_SIZE, callbacks=[_early_stopping()], verbose=verbose)
+    hyperparameters = tuner.get_best_hyperparameters(1)[0]
+    per_family, stopped = _leave_one_family_out(data, families, hyperparameters, epochs, seed)
+    model = _fit(data, hyperparameters, int(np.median(stopped)), seed)
+    report = {"records": _count(store), "decisions": len(data), "families": families,
+              "search_validation_families": list(validation_families),
+              "hyperparameters": hyperparameters.values, "epochs": int(np.median(stopped)),
+              "held_out": per_family, "mean": _mean_report(per_family)}
+    if output is not None:
+        _save(model, report, Path(output))
+    return model, report
+
+
+def _validation_families(families, requested, seed):
+    if len(families) < 2:
+        raise ValueError(f"Training a meta-model needs records from at least 2 task families (the "
+                         f"validation split is by family). The store has {families}. Collect more.")
+    if requested is None:
+        return [families[np.random.default_rng(seed).integers(len(families))]]
+    unknown = sorted(set(requested) - set(families))
+    if unknown or len(set(requested)) >= len(families):
+        raise ValueError(f"Argument `validation_families` must name some, not all, of the store's "
+                         f"families {families}. Received: validation_families={list(requested)}")
+    return list(requested)
+
+
+def _early_stopping():
+    return keras.callbacks.EarlyStopping(patience=PATIENCE, restore_best_weights=True)
+
+
+def _leave_one_family_out(data, families, hyperparameters, epochs, seed):
+    report, stopped = {}, []
+    for family in families:
+        mask = data.families == family
+        train, test = data.subset(~mask), data.subset(mask)
+        keras.utils.set_random_seed(seed)
+        model = MetaHyperModel().build(hyperparameters)
+        order = np.random.default_rng(seed).permutation(len(train))
+        stopper = _early_stopping()
+        model.fit(train.x[order], train.targets()[order], validation_split=0.15, epochs=epochs,
+                  batch_size=BATCH_SIZE, callbacks=[stopper], verbose=0)
+        stopped.append(max(stopper.best_epoch + 1, 1) if stopper.stopped_epoch else epochs)
+        report[family] = {"decisions": int(mask.sum()), **evaluate_policies(test, model)}
+    return report, stopped
+
+
+def _fit(data, hyperparameters, epochs, seed):
+    keras.utils.set_random_seed(seed)
+    model = MetaHyperModel().build(hyperparameters)
+    order = np.random.default_rng(seed).permutation(len(data))
+    model.fit(data.x[order], data.targets()[order], epochs=epochs, batch_size=BATCH_SIZE, verbose=0)
+    return model
+
+
+def _mean_report(per_family):
+    policies = next(iter(per_family.values())).keys() - {"decisions"}
+    return {policy: {metric: float(np.mean([f[policy][metric] for f in per_family.values()]))
+                     for metric in ("accuracy", "regret")} for policy in sorted(policies)}
+
+
+def _count(store):
+    return store.count() if hasattr(store, "count") else sum(1 for _ in store)
+
+
+def _save(model, report, output):
+    output.parent.mkdir(parents=True, exist_ok=True)
+    model.save(output)
+    output.with_suffix(".json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
