@@ -1,30 +1,20 @@
-"""The `kadapt` command line. `kadapt probe` is also `tools/probe_gpu.py`."""
+"""`kadapt probe` (also `tools/probe_gpu.py`): list devices and their memory,
+then probe the largest micro-batch of a model with real trial steps and print
+the plan for a logical batch."""
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
-BUILTIN_MODELS = ("small_cnn", "mlp")
+from kadapt.run.config import MODEL_NAMES as BUILTIN_MODELS
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="kadapt", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_probe_arguments(commands.add_parser("probe", help=probe_help()))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
-def probe_help():
-    return (
-        "List devices and their memory, then probe the largest micro-batch of a "
-        "model with real trial steps and print the plan for a logical batch."
+def add_probe_arguments(subparsers):
+    parser = subparsers.add_parser(
+        "probe", description=__doc__,
+        help="probe the largest micro-batch that fits in memory and print the batch plan",
     )
-
-
-def add_probe_arguments(parser):
     parser.add_argument("--model", default="small_cnn",
                         help=f"a .keras file (loaded in safe mode) or one of {', '.join(BUILTIN_MODELS)}")
     parser.add_argument("--input-shape", default="28,28,1",
@@ -147,17 +137,9 @@ def parse_shape(text):
 
 
 def builtin_model(name, input_shape, num_classes):
-    import keras
+    from kadapt.run.networks import build_model
 
-    from kadapt.models import small_cnn
-
-    if name == "small_cnn":
-        return small_cnn(input_shape, num_classes)
-    return keras.Sequential(
-        [keras.Input(input_shape), keras.layers.Flatten(),
-         keras.layers.Dense(128, activation="relu"), keras.layers.Dense(num_classes)],
-        name=name,
-    )
+    return build_model(name, input_shape, num_classes)
 
 
 def random_batch(model, rows, rng):
@@ -166,7 +148,3 @@ def random_batch(model, rows, rng):
     classes = int(model.outputs[0].shape[-1])
     y = rng.integers(0, max(classes, 2), rows)
     return (x[0] if len(x) == 1 else x), y
-
-
-if __name__ == "__main__":
-    sys.exit(main())

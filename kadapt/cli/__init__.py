@@ -1,0 +1,43 @@
+"""The `kadapt` command line: one module per command, each adding its parser
+with `add_<command>_arguments(subparsers)` and its `run` function.
+
+A mistake in the user's input (`kadapt.run.UsageError`, a bad flag) ends the
+command with one line, `kadapt: error: ...`, and a non-zero exit status.
+"""
+
+import argparse
+import sys
+
+from kadapt.cli.predict import add_predict_arguments
+from kadapt.cli.probe import add_probe_arguments
+from kadapt.cli.report import add_report_arguments
+from kadapt.cli.train import add_train_arguments
+from kadapt.run.errors import UsageError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Reports a bad command line in one line, like every other user error."""
+
+    def error(self, message):
+        raise SystemExit(f"kadapt: error: {message} (see: {self.prog} --help)")
+
+
+def build_parser():
+    parser = ArgumentParser(prog="kadapt", description="Keras training that adapts to the machine and to the run.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_train_arguments(commands)
+    add_report_arguments(commands)
+    add_predict_arguments(commands)
+    add_probe_arguments(commands)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        raise SystemExit(f"kadapt: error: {error}") from None
+    except KeyboardInterrupt:
+        print(f"kadapt: interrupted ({args.command})", file=sys.stderr)
+        return 130

@@ -1,0 +1,64 @@
+"""`kadapt predict RUN_DIR --data ...`: classify rows with a run's saved model."""
+
+import numpy as np
+
+from kadapt.run import RunDirectory
+from kadapt.run import UsageError
+from kadapt.run import run_directory as files
+from kadapt.run.data import load_inputs
+
+PREDICT_BATCH_SIZE = 256
+
+
+def add_predict_arguments(subparsers):
+    parser = subparsers.add_parser("predict", description=__doc__, help="classify rows with a run's saved model")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `kadapt train`")
+    parser.add_argument("--data", required=True,
+                        help="fashion_mnist or digits (their test rows), or a .npz with x_test[, y_test] or x[, y]")
+    parser.add_argument("--output", help="write the predicted classes to this .npy file")
+    parser.set_defaults(run=run_predict)
+
+
+def run_predict(args):
+    if args.output is not None and not args.output.endswith(".npy"):
+        raise UsageError(f"--output must name a .npy file. Received: --output={args.output}")
+    directory = RunDirectory(args.run_dir)
+    model = _load_model(directory)
+    seed = (directory.read_json(files.CONFIG) or {}).get("options", {}).get("seed", 0)
+    x, y = load_inputs(args.data, seed)
+    _check_shape(model, x, args.data)
+    classes = np.argmax(model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0), axis=-1)
+    print(f"predicted {len(classes)} rows of {args.data} with {directory / files.MODEL}")
+    if y is not None:
+        print(f"accuracy {np.mean(classes == y):.4f} ({int(np.sum(classes == y))} of {len(y)} right)")
+    if args.output is not None:
+        _save(args.output, classes)
+        print(f"predicted classes written to {args.output}")
+    else:
+        counts = np.bincount(classes, minlength=int(model.outputs[0].shape[-1]))
+        print("rows per predicted class: " + ", ".join(f"{c}: {n}" for c, n in enumerate(counts)))
+    return 0
+
+
+def _load_model(directory):
+    import keras
+
+    import kadapt  # noqa: F401 - registers kadapt's optimizer and schedules for loading
+
+    path = directory / files.MODEL
+    if not path.is_file():
+        raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")
+    return keras.saving.load_model(path, safe_mode=True)
+
+
+def _check_shape(model, x, spec):
+    expected = tuple(model.inputs[0].shape[1:])
+    if tuple(x.shape[1:]) != expected:
+        raise UsageError(f"--data {spec} has rows of shape {tuple(x.shape[1:])}; the model takes {expected}.")
+
+
+def _save(path, classes):
+    try:
+        np.save(path, classes)
+    except OSError as error:
+        raise UsageError(f"--output {path} cannot be written: {error.strerror or error}.") from None

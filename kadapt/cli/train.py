@@ -1,0 +1,77 @@
+"""`kadapt train`: the whole adaptive pipeline on a data set, into a run directory."""
+
+import sys
+import time
+from pathlib import Path
+
+from kadapt.run import RunConfig
+from kadapt.run import UsageError
+from kadapt.run import start_run
+from kadapt.run import train
+from kadapt.run.config import AUGMENT_SETTINGS
+from kadapt.run.config import MODEL_NAMES
+
+DEFAULTS = RunConfig(data="fashion_mnist")
+
+
+def add_train_arguments(subparsers):
+    parser = subparsers.add_parser(
+        "train", description=__doc__ + _STAGES,
+        help="probe, plan, train with accumulation, cosine LR and momentum, evaluate, save",
+    )
+    add = parser.add_argument
+    add("--data", help="fashion_mnist, digits (scikit-learn 8x8), or a .npz with x_train, y_train, x_test, y_test")
+    add("--model", choices=MODEL_NAMES, help=f"the network (default: {DEFAULTS.model})")
+    add("--batch-size", type=int, help=f"logical batch: rows per optimizer step (default: {DEFAULTS.batch_size})")
+    add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
+    add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
+    add("--learning-rate", type=float, help=f"peak of the cosine learning rate (default: {DEFAULTS.learning_rate})")
+    add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: off)")
+    add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
+    add("--augment", choices=AUGMENT_SETTINGS, help="augment images with kadapt.augment (default: auto)")
+    add("--validation-split", type=float,
+        help=f"fraction of training rows held out, the last ones (default: {DEFAULTS.validation_split})")
+    add("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")
+    add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")
+    add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
+    add("--out", help="the run directory (default: runs/DATA-MODEL-TIME)")
+    add("--overwrite", action="store_true", help="replace an existing run directory")
+    add("--resume", action="store_true", help="continue an interrupted run in --out from its last epoch")
+    parser.set_defaults(run=run_train)
+
+
+_STAGES = """
+
+Stages: probe the largest micro-batch that fits (--memory-budget), plan the
+logical batch as micro-batches, train with exact in-step gradient
+accumulation, SGD with a cosine learning rate and a cosine momentum,
+augmentation and the MetaAdjuster when available, then evaluate on the test
+rows and save model.keras, history, per-step log, plots and TensorBoard logs.
+"""
+
+_OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "learning_rate", "meta",
+            "target_accuracy", "augment", "validation_split", "seed", "max_steps", "train_rows")
+
+
+def run_train(args):
+    out = args.out or _default_out(args)
+    run = start_run({name: getattr(args, name) for name in _OPTIONS}, out,
+                    overwrite=args.overwrite, resume=args.resume)
+    try:
+        train(run, echo=_echo)
+    except KeyboardInterrupt:
+        print(f"kadapt: interrupted: {out} keeps what finished; continue with "
+              f"`kadapt train --resume --out {out}`", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _default_out(args):
+    if args.resume:
+        raise UsageError("--resume needs --out, the run directory to continue.")
+    data = Path(args.data or "data").stem
+    return f"runs/{data}-{args.model or DEFAULTS.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _echo(line):
+    print(line, flush=True)

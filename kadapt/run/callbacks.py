@@ -1,0 +1,64 @@
+"""The callbacks of a `kadapt train` run, in the order they must run."""
+
+import keras
+
+from kadapt.callbacks import MomentumScheduler
+from kadapt.run import run_directory as files
+from kadapt.run.errors import UsageError
+from kadapt.run.history_writer import HistoryWriter
+from kadapt.run.step_logger import StepLogger
+from kadapt.run.stopping import StopAtStep
+from kadapt.run.stopping import StopAtTarget
+from kadapt.schedules import CosineMomentum
+
+
+def training_callbacks(run, optimizer, steps):
+    """Backup first (it restores weights before the others look at them);
+    momentum set before the step logger reads it; the step logger before the
+    MetaAdjuster changes anything at batch end.
+
+    Args:
+        run: `Run`. Its config, directory and data.
+        optimizer: The kadapt SGD being trained.
+        steps: Dict with `total_steps` and `warmup_steps`.
+    """
+    config, directory = run.config, run.directory
+    momentum = CosineMomentum(
+        config.momentum_max, config.momentum_min, steps["total_steps"], steps["warmup_steps"]
+    )
+    callbacks = [
+        keras.callbacks.BackupAndRestore(backup_dir=str(directory / files.BACKUP)),
+        MomentumScheduler(momentum),
+        StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
+        meta_adjuster(run),
+        HistoryWriter(directory / files.HISTORY),
+        keras.callbacks.TensorBoard(log_dir=str(directory / files.TENSORBOARD), write_graph=False),
+    ]
+    if config.target_accuracy is not None:
+        callbacks.append(StopAtTarget(config.target_accuracy))
+    if config.max_steps is not None:
+        callbacks.append(StopAtStep(config.max_steps))
+    return [c for c in callbacks if c is not None]
+
+
+def meta_adjuster(run):
+    """`kadapt.meta.MetaAdjuster` writing to the run directory, or `None` for `--meta off`."""
+    (run.directory / files.META_DECISIONS).touch()
+    if run.config.meta == "off":
+        return None
+    monitor = "val_loss" if len(run.data.x_val) else "loss"
+    return meta_adjuster_class()(
+        meta_model=run.config.meta, monitor=monitor, check_every="epoch",
+        log_dir=str(run.directory.path),
+    )
+
+
+def meta_adjuster_class():
+    """`kadapt.meta.MetaAdjuster`, or a `UsageError` when this kadapt lacks it."""
+    try:
+        from kadapt.meta import MetaAdjuster
+    except ImportError:
+        raise UsageError(
+            "--meta needs kadapt.meta.MetaAdjuster, which this kadapt version lacks: use --meta off."
+        ) from None
+    return MetaAdjuster

@@ -1,0 +1,149 @@
+"""`RunConfig`: what a `kadapt train` run was asked to do, defaults filled in.
+
+Options the user did not give are `None` on the way in, so a resumed run can
+tell a changed option from a default one.
+"""
+
+import dataclasses
+import math
+from pathlib import Path
+
+from kadapt.batching.memory_budget import parse_memory_size
+from kadapt.run.errors import UsageError
+
+MODEL_NAMES = ("small_cnn", "fast_resnet", "mlp")
+DATA_NAMES = ("fashion_mnist", "digits")
+META_SETTINGS = ("default", "off")
+AUGMENT_SETTINGS = ("auto", "on", "off")
+# Options that only say how to run, not what: they may differ on `--resume`.
+HOW_TO_RUN = ("out", "overwrite", "resume")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The options of one run (constructor arguments only; results go to `run.json`)."""
+
+    data: str
+    model: str = "small_cnn"
+    batch_size: int = 512
+    memory_budget: str | None = None
+    epochs: int = 10
+    learning_rate: float = 0.05  # peak of the cosine; SGD with Nesterov momentum
+    min_learning_rate_ratio: float = 0.01  # lr_min = ratio * learning_rate
+    warmup_fraction: float = 0.05  # of all steps
+    momentum_max: float = 0.95
+    momentum_min: float = 0.85
+    weight_decay: float = 5e-4  # decoupled, Keras semantics: w -= lr * wd * w
+    validation_split: float = 0.1
+    meta: str = "off"
+    target_accuracy: float | None = None
+    augment: str = "auto"
+    seed: int = 0
+    max_steps: int | None = None
+    train_rows: int | None = None
+
+    def __post_init__(self):
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("epochs", self.epochs)
+        _optional_positive_int("max_steps", self.max_steps)
+        _optional_positive_int("train_rows", self.train_rows)
+        _choice("model", self.model, MODEL_NAMES)
+        _choice("augment", self.augment, AUGMENT_SETTINGS)
+        _meta(self.meta)
+        _fraction("validation_split", self.validation_split, high=0.5)
+        _memory_budget(self.memory_budget)
+        if self.learning_rate <= 0:
+            raise UsageError(f"--learning-rate must be positive. Received: --learning-rate={self.learning_rate}")
+        if self.target_accuracy is not None:
+            _target(self.target_accuracy, self.validation_split)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def resolve_config(options, saved=None):
+    """The `RunConfig` of `options` (a dict; `None` = not given).
+
+    With `saved` (the config of the run being resumed) the saved values
+    stand; a given option that differs from them is an error, because the
+    learning-rate schedule and the backup belong to the saved run.
+    """
+    given = {k: v for k, v in options.items() if v is not None and k not in HOW_TO_RUN}
+    if saved is None:
+        if "data" not in given:
+            raise UsageError("--data is required: fashion_mnist, digits, or a .npz file.")
+        return RunConfig(**given)
+    changed = sorted(k for k, v in given.items() if saved.get(k) != v)
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')}={given[k]} (saved: {saved.get(k)})" for k in changed)
+        raise UsageError(
+            f"--resume continues the run as it was configured; these options differ: {flags}. "
+            "Drop them, or start a new run with --overwrite or another --out."
+        )
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig(**{k: v for k, v in saved.items() if k in known})
+
+
+def schedule_steps(config, train_rows):
+    """`(steps_per_epoch, total_steps, warmup_steps)` for `train_rows` rows."""
+    steps_per_epoch = math.ceil(train_rows / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    warmup_steps = min(int(config.warmup_fraction * total_steps), total_steps - 1)
+    return steps_per_epoch, total_steps, warmup_steps
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"{_flag(name)} must be a positive integer. Received: {_flag(name)}={value}")
+
+
+def _optional_positive_int(name, value):
+    if value is not None:
+        _positive_int(name, value)
+
+
+def _choice(name, value, choices):
+    if value not in choices:
+        raise UsageError(
+            f"{_flag(name)} must be one of {', '.join(choices)}. Received: {_flag(name)}={value}"
+        )
+
+
+def _meta(value):
+    if value in META_SETTINGS:
+        return
+    if not str(value).endswith(".keras") or not Path(value).is_file():
+        raise UsageError(
+            f"--meta must be default, off, or an existing .keras meta-model file. Received: --meta={value}"
+        )
+
+
+def _fraction(name, value, high):
+    if not 0 <= value <= high:
+        raise UsageError(f"{_flag(name)} must be in [0, {high}]. Received: {_flag(name)}={value}")
+
+
+def _memory_budget(value):
+    if value is None:
+        return
+    try:
+        parse_memory_size(value)
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"--memory-budget must be a size such as 2GiB or 512MB. Received: --memory-budget={value}"
+        ) from None
+
+
+def _target(value, validation_split):
+    if not 0 < value <= 1:
+        raise UsageError(f"--target-accuracy must be in (0, 1]. Received: --target-accuracy={value}")
+    if validation_split == 0:
+        raise UsageError(
+            "--target-accuracy is checked on the validation rows: use a --validation-split above 0."
+        )
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")

@@ -1,0 +1,54 @@
+"""The networks `kadapt train` and `kadapt probe` build by name."""
+
+import keras
+
+from kadapt.models import small_cnn
+from kadapt.run.errors import UsageError
+
+IMAGE_MODELS = ("small_cnn", "fast_resnet")
+
+
+def build_model(name, input_shape, num_classes):
+    """A fresh, uncompiled model that outputs logits.
+
+    Args:
+        name: String. `"small_cnn"`, `"fast_resnet"` (images) or `"mlp"` (any input).
+        input_shape: Tuple. One row's shape.
+        num_classes: Int. Output logits.
+    """
+    if name in IMAGE_MODELS and len(input_shape) != 3:
+        raise UsageError(
+            f"--model {name} needs images (height, width, channels); the data rows have shape "
+            f"{tuple(input_shape)}. Use --model mlp."
+        )
+    try:
+        return _builder(name)(tuple(input_shape), num_classes)
+    except ValueError as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise UsageError(
+            f"--model {name} cannot take inputs of shape {tuple(input_shape)} ({first_line}). "
+            "Use larger images or --model mlp."
+        ) from None
+
+
+def mlp(input_shape, num_classes, name="mlp"):
+    """Flatten-Dense(128, relu)-Dense(num_classes), logits out."""
+    return keras.Sequential(
+        [keras.Input(input_shape), keras.layers.Flatten(),
+         keras.layers.Dense(128, activation="relu"), keras.layers.Dense(num_classes)],
+        name=name,
+    )
+
+
+def _builder(name):
+    if name == "mlp":
+        return mlp
+    if name == "small_cnn":
+        return small_cnn
+    if name == "fast_resnet":
+        try:
+            from kadapt.models import fast_resnet
+        except ImportError:
+            raise UsageError("--model fast_resnet is not available in this kadapt version.") from None
+        return fast_resnet
+    raise UsageError(f"--model must be one of small_cnn, fast_resnet, mlp. Received: --model={name}")

@@ -1,0 +1,128 @@
+"""`RunDirectory`: the files of one `kadapt train` run, and their rules.
+
+Layout: `config.json` (the resolved config), `run.json` (status and results),
+`history.json` (Keras History, per epoch), `steps.jsonl` (per optimizer step),
+`meta_decisions.jsonl` (MetaAdjuster decisions), `probe.json` (the probe
+table), `model.keras`, `training.png`, `probe.png`, `tensorboard/` and
+`backup/` (Keras `BackupAndRestore`, while a run is unfinished).
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from kadapt.run.errors import UsageError
+
+CONFIG = "config.json"
+RUN = "run.json"
+HISTORY = "history.json"
+STEPS = "steps.jsonl"
+META_DECISIONS = "meta_decisions.jsonl"
+PROBE = "probe.json"
+MODEL = "model.keras"
+TRAINING_PLOT = "training.png"
+PROBE_PLOT = "probe.png"
+TENSORBOARD = "tensorboard"
+BACKUP = "backup"
+
+
+class RunDirectory:
+    """A run directory at `path` (it need not exist yet).
+
+    Args:
+        path: String or `Path`.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def __truediv__(self, name):
+        return self.path / name
+
+    def check_new_run(self, overwrite=False, resume=False):
+        """Raises `UsageError` unless a run may start (or resume) here; writes nothing."""
+        if overwrite and resume:
+            raise UsageError("--overwrite and --resume exclude each other: pick one.")
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"--out {self.path} exists and is not a directory.")
+        if resume:
+            return self._check_resumable()
+        if self.path.exists() and any(self.path.iterdir()):
+            if not overwrite:
+                raise UsageError(
+                    f"--out {self.path} already exists: pass --overwrite to replace it, "
+                    "or --resume to continue it."
+                )
+            if not (self / CONFIG).is_file():
+                raise UsageError(
+                    f"--out {self.path} is not empty and holds no {CONFIG}: it is not a kadapt "
+                    "run directory, so --overwrite will not delete it."
+                )
+        self._check_writable()
+
+    def create(self, overwrite=False):
+        """Makes the directory (emptied first with `overwrite`)."""
+        try:
+            if overwrite and self.path.exists():
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--out {self.path} cannot be written: {error.strerror or error}.") from None
+
+    def read_json(self, name, default=None):
+        path = self / name
+        if not path.is_file():
+            return default
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            raise UsageError(f"{path} is not valid JSON.") from None
+
+    def write_json(self, name, value):
+        """Writes `name` atomically: an interrupted run never leaves half a file."""
+        temporary = self / f".{name}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps(value, indent=1, default=_plain) + "\n")
+        os.replace(temporary, self / name)
+
+    def update_run(self, **fields):
+        """Merges `fields` into `run.json`."""
+        self.write_json(RUN, {**self.read_json(RUN, {}), **fields})
+
+    def read_jsonl(self, name):
+        """The JSON objects of a `.jsonl` file, one a line (none when it is missing)."""
+        path = self / name
+        if not path.is_file():
+            return []
+        records = []
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise UsageError(f"{path} line {number} is not JSON.") from None
+        return records
+
+    def _check_resumable(self):
+        if not (self / CONFIG).is_file():
+            raise UsageError(f"--resume: {self.path} holds no {CONFIG}, so there is no run to resume.")
+        status = self.read_json(RUN, {}).get("status")
+        if status == "completed":
+            raise UsageError(
+                f"--resume: the run in {self.path} has completed; use --overwrite to train it again."
+            )
+
+    def _check_writable(self):
+        ancestor = self.path.absolute()
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {self.path} cannot be created: {ancestor} is not a writable directory.")
+
+
+def _plain(value):
+    """JSON for NumPy scalars and arrays."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
