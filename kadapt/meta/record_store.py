@@ -53,19 +53,21 @@ class RecordStore:
 
     Each append is one transaction in SQLite's WAL mode, so parallel
     collectors (KerasTuner trials, `multiprocessing` workers) append at once
-    without losing records, and a writer killed mid-append loses at most what
-    it had not committed. Records at one decision point are unique by
-    (run_id, step, adjustment); a resumed collector skips decision points with
-    `contains(run_id, step)` when it appends each one with `append_many`.
+    without losing records, and a writer killed mid-append loses only what it
+    had not committed. Records are unique by (run_id, step, adjustment). A
+    collector that appends each run's (or decision point's) records with one
+    `append_many` resumes by skipping what `contains(run_id)` (or
+    `contains(run_id, step)`) finds.
 
     Opening a path that does not exist creates the store. A file that is not
     a kadapt record store of schema version `SCHEMA_VERSION` raises
     `RecordStoreError` and is left unchanged.
 
-    Each process opens its own connection on first use (SQLite connections
-    must not cross `fork()`), so a store may be passed to child processes,
-    forked or spawned. `close()` releases this process's connection; the
-    store reopens on next use.
+    Every call opens its own SQLite connection and closes it before
+    returning: a connection open in a process that forks makes SQLite lose the
+    child's commits, so the store holds none between calls and may be passed
+    to forked or spawned processes. Do not fork while iterating over it.
+    `close()` marks the store closed; later calls raise `ValueError`.
 
     Args:
         path: str or path-like. The store file.
@@ -74,8 +76,8 @@ class RecordStore:
 
     ```python
     with RecordStore("records.sqlite") as store:
-        if not store.contains("run-0", 100):
-            store.append_many(records_of_the_decision_point)
+        if not store.contains("run-0"):
+            store.append_many(records_of_the_run)
         print(len(store), store.families())
         store.export_jsonl("records.jsonl")
     ```
@@ -88,20 +90,11 @@ class RecordStore:
                 f"Received: path={path!r} (of type {type(path).__name__})"
             )
         self.path = pathlib.Path(path).absolute()
-        self._connection = None
-        self._pid = None
-        self._inherited = []
-        self._connection_for_this_process()
+        self._closed = False
+        _create_or_check(self.path)
 
     def __repr__(self):
         return f"RecordStore({str(self.path)!r})"
-
-    def __getstate__(self):
-        return {"path": self.path}
-
-    def __setstate__(self, state):
-        self.path = state["path"]
-        self._connection, self._pid, self._inherited = None, None, []
 
     def __enter__(self):
         return self
@@ -110,10 +103,8 @@ class RecordStore:
         self.close()
 
     def close(self):
-        """Closes this process's connection."""
-        if self._connection is not None and self._pid == os.getpid():
-            self._connection.close()
-        self._connection, self._pid = None, None
+        """Marks the store closed; the file stays as it is."""
+        self._closed = True
 
     def append(self, record):
         """Appends one `AdjustmentRecord` in one transaction."""
@@ -121,7 +112,6 @@ class RecordStore:
 
     def append_many(self, records):
         """Appends an iterable of `AdjustmentRecord`s in one transaction: all or none."""
-        records = list(records)
         self._insert(
             [
                 (f"records[{index}]", _to_row(_checked_record(f"records[{index}]", record)))
@@ -129,34 +119,34 @@ class RecordStore:
             ]
         )
 
-    def contains(self, run_id, step):
-        """Returns whether any record of decision point (`run_id`, `step`) is stored."""
+    def contains(self, run_id, step=None):
+        """Returns whether a record of run `run_id` (at `step`, if given) is stored."""
         if not isinstance(run_id, str):
             raise TypeError(f"Argument `run_id` must be a str. Received: run_id={run_id!r}")
+        if step is None:
+            query = "SELECT 1 FROM records WHERE run_id = ? LIMIT 1"
+            return bool(self._fetch_all(query, (run_id,)))
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-            raise TypeError(f"Argument `step` must be an int. Received: step={step!r}")
+            raise TypeError(f"Argument `step` must be an int or None. Received: step={step!r}")
         query = "SELECT 1 FROM records WHERE run_id = ? AND step = ? LIMIT 1"
-        return self._query(query, (run_id, int(step))).fetchone() is not None
+        return bool(self._fetch_all(query, (run_id, int(step))))
 
     def count(self):
         """Returns the number of records."""
-        return self._query("SELECT COUNT(*) FROM records").fetchone()[0]
+        return self._fetch_all("SELECT COUNT(*) FROM records")[0][0]
 
     def __len__(self):
         return self.count()
 
     def __iter__(self):
         """Yields the records in the order they were appended."""
-        cursor = self._query(_SELECT)
-        try:
-            for row in cursor:
+        with self._connect() as connection:
+            for row in connection.execute(_SELECT):
                 yield _from_row(row)
-        finally:
-            cursor.close()
 
     def families(self):
         """Returns the sorted list of distinct task families."""
-        rows = self._query("SELECT DISTINCT family FROM records ORDER BY family")
+        rows = self._fetch_all("SELECT DISTINCT family FROM records ORDER BY family")
         return [family for (family,) in rows]
 
     def export_jsonl(self, path):
@@ -179,30 +169,28 @@ class RecordStore:
         self._insert(rows)
         return len(rows)
 
-    def _query(self, query, parameters=()):
-        return self._connection_for_this_process().execute(query, parameters)
+    @contextlib.contextmanager
+    def _connect(self):
+        if self._closed:
+            raise ValueError(f"{self!r} is closed.")
+        with contextlib.closing(_connect(self.path, "rw")) as connection:
+            yield connection
+
+    def _fetch_all(self, query, parameters=()):
+        with self._connect() as connection:
+            return connection.execute(query, parameters).fetchall()
 
     def _insert(self, labelled_rows):
-        with _write_transaction(self._connection_for_this_process()) as connection:
+        with self._connect() as connection, _write_transaction(connection):
             for label, row in labelled_rows:
                 try:
                     connection.execute(_INSERT, row)
                 except sqlite3.IntegrityError as error:
                     raise ValueError(
                         f"{label} is already in {self.path}: run_id={row[0]!r}, step={row[3]}, "
-                        f"adjustment={row[8]}. A resumed collector skips stored decision "
-                        "points with `contains(run_id, step)`."
+                        f"adjustment={row[8]}. A resumed collector skips stored runs with "
+                        "`contains(run_id)` or decision points with `contains(run_id, step)`."
                     ) from error
-
-    def _connection_for_this_process(self):
-        if self._pid != os.getpid():
-            if self._connection is not None:
-                # SQLite forbids using, even closing, a connection inherited through
-                # fork(); keep it referenced so this process never closes it.
-                self._inherited.append(self._connection)
-            self._connection = _open(self.path)
-            self._pid = os.getpid()
-        return self._connection
 
 
 def _checked_record(name, record):
@@ -214,14 +202,11 @@ def _checked_record(name, record):
     return record
 
 
-def _open(path):
-    """Returns a connection to the store at `path`, creating it if the file does not exist."""
+def _create_or_check(path):
+    """Creates the store at `path` if the file does not exist, else checks it is one."""
     if path.exists():
         _check_existing(path)
-    connection = sqlite3.connect(
-        path.as_uri(), uri=True, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None
-    )
-    try:
+    with contextlib.closing(_connect(path, "rwc")) as connection:
         _use_wal(connection, path)
         with _write_transaction(connection):
             if not _has_schema(connection, path):
@@ -231,10 +216,18 @@ def _open(path):
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
                     [("format", FORMAT), ("schema_version", SCHEMA_VERSION)],
                 )
-    except BaseException:
-        connection.close()
-        raise
-    return connection
+
+
+def _connect(path, mode):
+    try:
+        return sqlite3.connect(
+            f"{path.as_uri()}?mode={mode}",
+            uri=True,
+            timeout=BUSY_TIMEOUT_SECONDS,
+            isolation_level=None,
+        )
+    except sqlite3.OperationalError as error:
+        raise RecordStoreError(f"{path} cannot be opened ({error}).") from error
 
 
 def _check_existing(path):
@@ -246,8 +239,7 @@ def _check_existing(path):
     if header != _SQLITE_HEADER:
         raise RecordStoreError(f"{path} is not a kadapt record store: it is not an SQLite file.")
     try:
-        connection = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_SECONDS)
-        with contextlib.closing(connection):
+        with contextlib.closing(_connect(path, "ro")) as connection:
             _has_schema(connection, path)
     except sqlite3.DatabaseError as error:
         raise RecordStoreError(
