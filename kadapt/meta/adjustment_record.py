@@ -93,9 +93,8 @@ class AdjustmentRecord:
     def to_dict(self):
         """Returns the record as plain JSON values; NaN features become `None`."""
         data = {name: _plain(name, getattr(self, name)) for name in _FIELDS if name != "features"}
-        data["features"] = [
-            [None if math.isnan(value) else value for value in row] for row in self.features.tolist()
-        ]
+        rows = self.features.tolist()
+        data["features"] = [[None if math.isnan(value) else value for value in row] for row in rows]
         return data
 
     @classmethod
@@ -162,7 +161,9 @@ def _plain(name, value):
     """Returns a copy of `value` made of plain JSON types, or raises naming argument `name`."""
     if isinstance(value, dict):
         if not all(isinstance(key, str) for key in value):
-            raise TypeError(f"Argument `{name}` must have str keys only. Received: {name}={value!r}")
+            raise TypeError(
+                f"Argument `{name}` must have str keys only. Received: {name}={value!r}"
+            )
         return {key: _plain(name, item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(name, item) for item in value]
