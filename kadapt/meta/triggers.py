@@ -1,0 +1,92 @@
+"""When to consult the meta-model: rules over the current and recent losses.
+
+`Trigger.update(loss)` takes one observation of the monitored loss and returns
+the reason to act now, or `None`:
+
+- `"divergence"`: the loss is NaN/Inf or above `explode_factor` × the best so far.
+- `"plateau"`: the best has not improved by `min_delta` (relative) for
+  `patience` observations.
+- `"oscillation"`: the last `patience` + 1 differences alternate in sign and
+  the net change is smaller than the swings.
+- `"slow_progress"`: it improves, but by less than `slow_fraction` of the loss
+  over `patience` observations.
+
+After an adjustment it waits `cooldown` observations before it fires again,
+except for divergence, which always fires.
+"""
+
+import math
+
+import numpy as np
+
+from kadapt.validation import check_non_negative_int
+from kadapt.validation import check_range
+
+
+class Trigger:
+    """Decides from a loss history when an adjustment is called for.
+
+    Args:
+        patience: Int >= 2. Observations a plateau, oscillation or slow trend
+            must last. Defaults to `3`.
+        cooldown: Int >= 0. Observations to wait after an adjustment.
+            Defaults to `2`.
+        min_delta: Float >= 0. Relative improvement that counts. Defaults to `1e-3`.
+        slow_fraction: Float >= 0. Improvement over `patience` observations
+            below which progress is "slow". Defaults to `0.05`.
+        explode_factor: Float > 1. Defaults to `3.0`.
+
+    Example:
+
+    ```python
+    trigger = Trigger(patience=3)
+    reasons = [trigger.update(loss) for loss in [1.0, 1.0, 1.0, 1.0]]
+    # [None, None, None, "plateau"]
+    ```
+    """
+
+    def __init__(self, patience=3, cooldown=2, min_delta=1e-3, slow_fraction=0.05, explode_factor=3.0):
+        check_range("patience", patience, low=2, integer=True)
+        check_non_negative_int(cooldown, "cooldown")
+        check_range("min_delta", min_delta, low=0.0)
+        check_range("slow_fraction", slow_fraction, low=0.0)
+        check_range("explode_factor", explode_factor, low=1.0, low_open=True)
+        self.patience, self.cooldown, self.min_delta = int(patience), int(cooldown), min_delta
+        self.slow_fraction, self.explode_factor = slow_fraction, explode_factor
+        self.losses = []
+        self.best = math.inf
+        self.since_best = 0
+        self.wait = 0
+
+    def update(self, loss):
+        """Adds one observation; returns the trigger name or `None`."""
+        loss = float(loss)
+        if not math.isfinite(loss) or loss > self.explode_factor * self.best:
+            return "divergence"
+        self.losses.append(loss)
+        if loss < self.best * (1 - self.min_delta):
+            self.best, self.since_best = loss, 0
+        else:
+            self.since_best += 1
+        if self.wait > 0:
+            self.wait -= 1
+            return None
+        return self._trend()
+
+    def adjusted(self):
+        """Call after an adjustment: restarts the patience and the cooldown."""
+        self.wait, self.since_best = self.cooldown, 0
+        self.losses = self.losses[-1:]
+
+    def _trend(self):
+        if self.since_best >= self.patience:
+            return "plateau"
+        if len(self.losses) <= self.patience:
+            return None
+        recent = np.asarray(self.losses[-(self.patience + 1):])
+        steps = np.diff(recent)
+        if np.all(steps[1:] * steps[:-1] < 0) and abs(recent[-1] - recent[0]) < np.abs(steps).max():
+            return "oscillation"
+        if 0 < recent[0] - recent[-1] < self.slow_fraction * recent[0]:
+            return "slow_progress"
+        return None

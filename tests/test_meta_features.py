@@ -1,0 +1,109 @@
+"""The meta-model's features and triggers against hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.features import WINDOW
+from kadapt.meta.features import FeatureHistory
+from kadapt.meta.features import Observation
+from kadapt.meta.triggers import Trigger
+
+COLUMN = {name: index for index, name in enumerate(FEATURE_NAMES)}
+
+
+def observe(history, step, loss, weights, val_loss=None, learning_rate=0.1):
+    history.observe(Observation(step=step, loss=loss, val_loss=val_loss, learning_rate=learning_rate,
+                                momentum=0.9, weights=np.asarray(weights, "float64"), budget_used=step / 100))
+
+
+def test_window_is_front_padded_with_the_first_row():
+    history = FeatureHistory()
+    observe(history, 10, 2.0, [1.0, 0.0])
+    observe(history, 20, 1.0, [1.0, 1.0])
+    window = history.window()
+    assert window.shape == (WINDOW, len(FEATURE_NAMES)) and window.dtype == np.float32
+    np.testing.assert_array_equal(window[:-1], np.repeat(window[:1], WINDOW - 1, axis=0))
+
+
+def test_rows_match_closed_forms():
+    history = FeatureHistory()
+    losses = [4.0, 2.0, 1.5, 1.0, 0.8]
+    weights = [[1.0, 0.0], [2.0, 0.0], [1.0, 0.0], [1.0, 3.0], [1.0, 4.0]]
+    for step, (loss, w) in enumerate(zip(losses, weights, strict=True)):
+        observe(history, step, loss, w, val_loss=2 * loss, learning_rate=1e-2)
+    row = dict(zip(FEATURE_NAMES, history.window()[-1]))
+    logs = np.log(np.asarray(losses) / losses[0])
+    assert row["train_loss"] == pytest.approx(math.log(0.8 / 4.0), rel=1e-6)
+    assert row["val_loss"] == pytest.approx(math.log(1.6 / 8.0), rel=1e-6)
+    assert row["train_slope"] == pytest.approx(np.polyfit(np.arange(4), logs[-4:], 1)[0], rel=1e-5)
+    assert row["train_variability"] == pytest.approx(np.std(logs[-4:]), rel=1e-5)
+    assert row["log_learning_rate"] == pytest.approx(-0.5)
+    assert row["momentum"] == pytest.approx(0.9)
+    assert row["update_size"] == pytest.approx(math.log10(1 / math.hypot(1, 4)) / 4, rel=1e-5)
+    assert row["update_cosine"] == pytest.approx(1.0)  # (0, 3) then (0, 1)
+    assert row["budget_used"] == pytest.approx(0.04)
+    assert row["nonfinite"] == 0 and row["above_best"] == 0
+
+
+def test_reversed_update_has_cosine_minus_one():
+    history = FeatureHistory()
+    for step, w in enumerate([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]):
+        observe(history, step, 1.0, w)
+    assert history.window()[-1, COLUMN["update_cosine"]] == pytest.approx(-1.0)
+
+
+def test_nonfinite_loss_is_flagged_and_zeroed():
+    history = FeatureHistory()
+    observe(history, 1, 1.0, [1.0])
+    observe(history, 2, float("nan"), [float("nan")])
+    row = history.window()[-1]
+    assert row[COLUMN["nonfinite"]] == 1.0
+    assert row[COLUMN["above_best"]] == 10.0
+    assert np.all(np.isfinite(row))
+
+
+def test_window_needs_an_observation():
+    with pytest.raises(ValueError, match="needs at least one observation"):
+        FeatureHistory().window()
+
+
+def fire(trigger, losses):
+    return [trigger.update(loss) for loss in losses]
+
+
+def test_plateau_fires_after_patience_observations():
+    assert fire(Trigger(patience=3), [1.0, 1.0, 1.0, 1.0]) == [None, None, None, "plateau"]
+
+
+def test_divergence_on_nan_and_on_explosion():
+    assert fire(Trigger(), [1.0, math.nan]) == [None, "divergence"]
+    assert fire(Trigger(explode_factor=3.0), [1.0, 0.5, 1.6]) == [None, None, "divergence"]
+
+
+def test_oscillation_and_slow_progress():
+    assert fire(Trigger(patience=3), [1.0, 0.5, 0.9, 0.4, 0.8])[-1] == "oscillation"
+    assert fire(Trigger(patience=3, slow_fraction=0.05), [1.0, 0.99, 0.98, 0.97])[-1] == "slow_progress"
+    assert fire(Trigger(patience=3), [1.0, 0.8, 0.6, 0.4, 0.2]) == [None] * 5
+
+
+def test_cooldown_holds_back_all_but_divergence():
+    trigger = Trigger(patience=2, cooldown=2)
+    assert fire(trigger, [1.0, 1.0, 1.0]) == [None, None, "plateau"]
+    trigger.adjusted()
+    assert fire(trigger, [1.0, 1.0, math.inf]) == [None, None, "divergence"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"patience": 1}, r"Argument `patience` must be in \[2, None\]. Received: patience=1"),
+        ({"cooldown": -1}, r"Argument `cooldown` must be an int >= 0. Received: cooldown=-1"),
+        ({"explode_factor": 1.0}, r"Argument `explode_factor` must be in \(1.0, None\]"),
+    ],
+)
+def test_bad_trigger_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Trigger(**kwargs)
