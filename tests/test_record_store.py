@@ -196,6 +196,29 @@ def test_processes_appending_at_once_lose_nothing(tmp_path):
     assert keys == {(f"worker-{i}", step) for i in range(4) for step in range(50)}
 
 
+def _append_around_the_parent_closing(store, appended, closed):
+    store.append(_record(step=1))
+    appended.set()
+    closed.wait(timeout=30)
+    store.append(_record(step=2))
+
+
+def test_child_commits_survive_the_parent_closing_its_store(tmp_path):
+    # A connection open in the parent at fork() would make SQLite delete the WAL
+    # under the child when the parent closes it, losing the child's next commit.
+    store = RecordStore(tmp_path / "records.sqlite")
+    store.append(_record(step=0))
+    appended, closed = FORK.Event(), FORK.Event()
+    child = FORK.Process(target=_append_around_the_parent_closing, args=(store, appended, closed))
+    child.start()
+    appended.wait(timeout=30)
+    store.close()
+    closed.set()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert RecordStore(tmp_path / "records.sqlite").count() == 3
+
+
 def _die_inside_a_transaction(path):
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("PRAGMA cache_size = 1")  # spill the uncommitted pages into the WAL
