@@ -58,3 +58,19 @@ class OutOfMemoryAbove(keras.layers.Layer):
             return inputs + tf.reduce_sum(tf.random.uniform([2**36])) * 0.0
 
         return tf.cond(tf.shape(inputs)[0] > self.rows, explode, lambda: inputs)
+
+
+def constant_meta_model(action_index, confidence_logit=10.0):
+    """A meta-model (with the MetaSpec) that always prefers `action_index`."""
+    from kadapt.meta.actions import ACTIONS
+    from kadapt.meta.features import FEATURE_NAMES
+    from kadapt.meta.features import WINDOW
+    from kadapt.meta.meta_model import MetaSpec
+
+    bias = np.zeros(len(ACTIONS), "float32")
+    bias[action_index] = confidence_logit
+    inputs = keras.Input((WINDOW, len(FEATURE_NAMES)))
+    hidden = keras.layers.Flatten()(MetaSpec()(inputs))
+    logits = keras.layers.Dense(len(ACTIONS), kernel_initializer="zeros",
+                                bias_initializer=keras.initializers.Constant(bias))(hidden)
+    return keras.Model(inputs, keras.layers.Softmax()(logits))
