@@ -6,6 +6,7 @@ import os
 import pickle
 import signal
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,12 @@ from kadapt.meta.record_store import RecordStoreError
 
 # Fork, not spawn: a spawned child would import TensorFlow again through kadapt.
 FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    """Replaces conftest's per-test Keras reset, which these Keras-free tests do not need."""
+    yield
 
 
 def _record(run_id="run-0", step=0, family="digits", multiplier=0.3, features=None):
@@ -188,6 +195,7 @@ def test_processes_appending_at_once_lose_nothing(tmp_path):
     start.set()
     while any(worker.is_alive() for worker in workers):
         assert store.count() <= 200  # the parent reads while the children write
+        time.sleep(0.01)
     for worker in workers:
         worker.join(timeout=60)
     assert [worker.exitcode for worker in workers] == [0, 0, 0, 0]
