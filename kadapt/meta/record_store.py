@@ -75,10 +75,15 @@ class RecordStore:
     Example:
 
     ```python
+    record = AdjustmentRecord(
+        run_id="run-0", task="digits/mlp/sgd/lr=0.5", family="digits", step=100,
+        features=np.zeros((8, 4)), hyperparameters={"learning_rate": 0.5},
+        adjustment={"learning_rate_multiplier": 0.3}, outcome={"diverged": False},
+    )
     with RecordStore("records.sqlite") as store:
         if not store.contains("run-0"):
-            store.append_many(records_of_the_run)
-        print(len(store), store.families())
+            store.append_many([record])  # all records of the run at once
+        print(len(store), store.families())  # 1 ['digits']
         store.export_jsonl("records.jsonl")
     ```
     """
