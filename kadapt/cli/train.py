@@ -35,8 +35,10 @@ def add_train_arguments(subparsers):
     add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")
     add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
     add("--out", help="the run directory (default: runs/DATA-MODEL-TIME)")
-    add("--overwrite", action="store_true", help="replace an existing run directory")
-    add("--resume", action="store_true", help="continue an interrupted run in --out from its last epoch")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    existing.add_argument("--resume", action="store_true",
+                          help="continue the interrupted run in --out from its last finished epoch")
     parser.set_defaults(run=run_train)
 
 

@@ -58,6 +58,8 @@ def plot_probe(probe, path):
     axis.axhline(budget, color="black", linestyle="--", label=f"budget {budget:.0f} MiB")
     axis.axvline(probe["micro_batch_size"], color="tab:blue", linestyle=":",
                  label=f"chosen micro-batch {probe['micro_batch_size']}")
+    axis.set_xlim(left=0)
+    axis.set_ylim(bottom=0)
     axis.set_xlabel("micro-batch size (rows)")
     axis.set_ylabel("peak memory (MiB)")
     axis.set_title(f"memory probe on {probe['budget']['device']}")

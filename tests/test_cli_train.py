@@ -1,0 +1,304 @@
+"""`kadapt train`, `report` and `predict` driven as a user drives them: in a
+subprocess, on a tiny `.npz`, a few steps; bad input in-process (one line,
+no traceback). One trained run directory is shared by the module."""
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from matplotlib import image
+
+from kadapt import cli
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# TensorFlow's C++ logging writes these to stderr at import, whatever the log level.
+TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl|To enable the following)")
+TINY = ["--model", "small_cnn", "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off"]
+
+
+def kadapt(*args, cwd, wait=True):
+    command = [sys.executable, "-m", "kadapt.cli", *map(str, args)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if not wait:
+        return subprocess.Popen(command, cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=240)
+
+
+def user_lines(stderr):
+    return [line for line in stderr.splitlines() if line.strip() and not TF_LOG_LINE.match(line)]
+
+
+def write_tiny_npz(path, train_rows=64, test_rows=32, side=12, seed=0):
+    """Two classes: is the top half of the image brighter than the bottom?"""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (train_rows + test_rows, side, side), dtype=np.uint8)
+    y = (x[:, : side // 2].mean((1, 2)) > x[:, side // 2 :].mean((1, 2))).astype(np.int64)
+    np.savez(path, x_train=x[:train_rows], y_train=y[:train_rows],
+             x_test=x[train_rows:], y_test=y[train_rows:])
+    return path
+
+
+def cosine(step, total, high, low):
+    """The closed form: low + (high - low) * (1 + cos(pi * step / total)) / 2."""
+    return low + (high - low) * (1 + math.cos(math.pi * min(step, total) / total)) / 2
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli_train")
+    write_tiny_npz(folder / "tiny.npz")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(workdir):
+    """A 2-epoch run: 58 training rows (6 held out), batches of 16 -> 8 steps."""
+    result = kadapt("train", "--data", "tiny.npz", *TINY, "--epochs", "2", "--out", "runs/tiny",
+                    cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, workdir / "runs" / "tiny"
+
+
+def test_train_writes_every_file_of_the_run_directory(trained):
+    _, run = trained
+    for name in ("config.json", "run.json", "history.json", "steps.jsonl", "meta_decisions.jsonl",
+                 "probe.json", "model.keras", "training.png", "probe.png"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard" / "train").iterdir())
+    assert not (run / "backup").exists()  # BackupAndRestore cleans up after a finished run
+    assert (run / "meta_decisions.jsonl").read_text() == ""  # --meta off
+
+
+def test_config_run_history_and_probe_records(trained):
+    _, run = trained
+    config = json.loads((run / "config.json").read_text())
+    assert config["options"]["batch_size"] == 16 and config["options"]["data"] == "tiny.npz"
+    assert config["resolved"]["data"]["train_rows"] == 58
+    assert config["resolved"]["total_steps"] == 8
+    assert config["resolved"]["plan"]["micro_batch_size"] == json.loads((run / "probe.json").read_text())["micro_batch_size"]
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "completed" and record["steps_completed"] == 8
+    assert 0.0 <= record["test_accuracy"] <= 1.0
+    history = json.loads((run / "history.json").read_text())
+    assert history["epoch"] == [0, 1]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history)
+
+
+def test_steps_log_the_applied_cosine_rate_and_momentum(trained):
+    _, run = trained
+    steps = read_jsonl(run / "steps.jsonl")
+    assert [s["step"] for s in steps] == list(range(8))
+    for s in steps:  # no warmup at 8 steps; multiplier 1
+        assert s["learning_rate"] == pytest.approx(cosine(s["step"], 8, 0.05, 0.0005), rel=1e-5)
+        assert s["momentum"] == pytest.approx(0.95 - 0.10 * cosine(s["step"], 8, 1.0, 0.0), abs=1e-6)
+
+
+def test_step_losses_average_to_the_epoch_loss(trained):
+    _, run = trained
+    steps = read_jsonl(run / "steps.jsonl")
+    history = json.loads((run / "history.json").read_text())
+    rows = [16, 16, 16, 10]  # 58 rows in batches of 16
+    first_epoch = [s["loss"] for s in steps if s["epoch"] == 0]
+    assert np.average(first_epoch, weights=rows) == pytest.approx(history["loss"][0], rel=1e-4)
+
+
+def test_plots_are_valid_png_images(trained):
+    _, run = trained
+    for name in ("training.png", "probe.png"):
+        path = run / name
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        pixels = image.imread(path)
+        assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+        assert pixels.std() > 0  # something was drawn
+
+
+def test_train_prints_probe_trials_progress_and_the_result(trained):
+    result, _ = trained
+    assert re.search(r"trial micro-batch +\d+: .*fits", result.stdout)
+    assert "plan: logical batch 16" in result.stdout
+    assert "Epoch 2/2" in result.stdout
+    assert re.search(r"test accuracy \d\.\d{4}", result.stdout)
+    assert "training.png" in result.stdout and "probe.png" in result.stdout
+
+
+# `report` and `predict` run in-process: each subprocess costs a TensorFlow import.
+def test_predict_agrees_with_the_evaluation_and_writes_classes(trained, capsys, monkeypatch):
+    _, run = trained
+    workdir = run.parent.parent
+    monkeypatch.chdir(workdir)
+    assert cli.main(["predict", str(run), "--data", "tiny.npz", "--output", "classes.npy"]) == 0
+    accuracy = json.loads((run / "run.json").read_text())["test_accuracy"]
+    assert f"accuracy {accuracy:.4f}" in capsys.readouterr().out
+    classes = np.load(workdir / "classes.npy")
+    assert classes.shape == (32,) and set(classes.tolist()) <= {0, 1}
+
+
+def test_report_redraws_the_plots_and_prints_a_summary(trained, capsys):
+    _, run = trained
+    (run / "training.png").unlink()
+    assert cli.main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert (run / "training.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert re.search(r"status +completed", out)
+    assert re.search(r"batch plan +logical batch 16", out)
+    assert re.search(r"test accuracy +\d\.\d{4}", out)
+
+
+def test_an_existing_run_directory_is_refused_in_one_line(trained):
+    _, run = trained
+    result = kadapt("train", "--data", "tiny.npz", *TINY, "--out", "runs/tiny", cwd=run.parent.parent)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert user_lines(result.stderr) == [
+        "kadapt: error: --out runs/tiny already exists: pass --overwrite to replace it, "
+        "or --resume to continue it."
+    ]
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"  # untouched
+
+
+def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
+    run = workdir / "runs" / "interrupted"
+    args = ["--data", "tiny.npz", *TINY, "--epochs", "10", "--out", run]
+    process = kadapt("train", *args, cwd=workdir, wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline and not _epochs_done(run):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr[-3000:]
+    assert user_lines(stderr)[-1].startswith("kadapt: interrupted: ")
+    assert "Traceback" not in stderr
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    assert (run / "config.json").is_file() and (run / "backup").is_dir()
+    done = _epochs_done(run)
+    assert done == list(range(len(done))) and len(done) < 10
+    read_jsonl(run / "steps.jsonl")  # every line whole
+
+    result = kadapt("train", "--resume", "--out", run, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _epochs_done(run) == list(range(10))
+    steps = read_jsonl(run / "steps.jsonl")
+    assert [s["step"] for s in steps] == list(range(40))  # 4 steps per epoch, none twice
+    total, warmup = 40, 2
+    for s in steps[warmup:]:  # the schedule continued from the restored step
+        assert s["learning_rate"] == pytest.approx(
+            cosine(s["step"] - warmup, total - warmup, 0.05, 0.0005), rel=1e-4)
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+
+
+def _epochs_done(run):
+    try:
+        return json.loads((run / "history.json").read_text())["epoch"]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def test_digits_with_an_mlp_and_max_steps(tmp_path):
+    out = tmp_path / "digits"
+    assert cli.main(["train", "--data", "digits", "--model", "mlp", "--batch-size", "64",
+                     "--max-steps", "3", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["resolved"]["data"]["input_shape"] == [8, 8, 1]
+    assert config["resolved"]["total_steps"] == 3
+    assert json.loads((out / "run.json").read_text())["steps_completed"] == 3
+    assert len(read_jsonl(out / "steps.jsonl")) == 3
+
+
+def _npz(tmp_path, name, **arrays):
+    path = tmp_path / name
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--data", "cifar99"], "--data must be one of fashion_mnist, digits or a .npz file"),
+        (["--data", "digits", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
+        (["--data", "missing.npz"], "--data missing.npz does not exist."),
+        (["--data", "digits", "--batch-size", "0"], "--batch-size must be a positive integer. Received: --batch-size=0"),
+        (["--data", "digits", "--batch-size", "-3"], "--batch-size must be a positive integer. Received: --batch-size=-3"),
+        (["--data", "digits", "--batch-size", "many"], "argument --batch-size: invalid int value: 'many'"),
+        (["--data", "digits", "--memory-budget", "lots"], "--memory-budget must be a size such as 2GiB"),
+        (["--data", "digits", "--model", "small_cnn"], "--model small_cnn cannot take inputs of shape (8, 8, 1)"),
+        (["--data", "digits", "--overwrite", "--resume"], "argument --resume: not allowed with argument --overwrite"),
+        (["--resume"], "--resume needs --out"),
+        ([], "--data is required"),
+    ],
+)
+def test_bad_arguments_end_in_one_line(argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", *argv])
+    text = str(raised.value)
+    assert text.startswith("kadapt: error: ") and "\n" not in text
+    assert message in text
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"x_train": np.zeros((4, 3))}, "lacks y_train, x_test, y_test"),
+        ({"x_train": np.array([None] * 4), "y_train": np.zeros(4, int), "x_test": np.zeros((2, 3)),
+          "y_test": np.zeros(2, int)}, "is not a readable .npz of numeric arrays"),
+        ({"x_train": np.zeros((4, 3)), "y_train": np.zeros(5, int), "x_test": np.zeros((2, 3)),
+          "y_test": np.zeros(2, int)}, "labels must be 4 integer classes"),
+        ({"x_train": np.zeros((4, 3)), "y_train": np.zeros(4), "x_test": np.zeros((2, 3)),
+          "y_test": np.zeros(2, int)}, "labels must be 4 integer classes >= 0"),
+    ],
+    ids=["missing keys", "object array", "row mismatch", "float labels"],
+)
+def test_malformed_npz_ends_in_one_line(arrays, message, tmp_path):
+    path = _npz(tmp_path, "bad.npz", **arrays)
+    with pytest.raises(SystemExit, match=re.escape(message)) as raised:
+        cli.main(["train", "--data", path, "--model", "mlp", "--out", str(tmp_path / "run")])
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_file_that_is_not_an_npz_ends_in_one_line(tmp_path):
+    path = tmp_path / "text.npz"
+    path.write_text("x_train,y_train\n1,2\n")
+    with pytest.raises(SystemExit, match="is not a readable .npz"):
+        cli.main(["train", "--data", str(path), "--model", "mlp", "--out", str(tmp_path / "run")])
+
+
+def test_an_unwritable_output_directory_ends_in_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit, match=r"--out .*a_file/run cannot be created: .*a_file is not a writable directory"):
+        cli.main(["train", "--data", "digits", "--model", "mlp", "--out", str(tmp_path / "a_file" / "run")])
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match="it is not a kadapt run directory, so --overwrite will not delete it"):
+        cli.main(["train", "--data", "digits", "--model", "mlp", "--out", str(tmp_path), "--overwrite"])
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_resume_refuses_changed_options(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"options": {"data": "digits", "model": "mlp", "epochs": 3}}))
+    with pytest.raises(SystemExit, match=r"these options differ: --epochs=5 \(saved: 3\)"):
+        cli.main(["train", "--resume", "--out", str(out), "--epochs", "5"])
+
+
+def test_report_and_predict_of_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(SystemExit, match="holds no config.json: it is not a kadapt run directory"):
+        cli.main(["report", str(tmp_path)])
+    with pytest.raises(SystemExit, match="holds no model.keras"):
+        cli.main(["predict", str(tmp_path), "--data", "digits"])
