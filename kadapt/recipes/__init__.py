@@ -1,0 +1,6 @@
+"""One-call training recipes and inference helpers."""
+
+from kadapt.recipes.fast_fit import FastFitConfig
+from kadapt.recipes.fast_fit import fast_fit
+from kadapt.recipes.inference import predict_with_flips
+from kadapt.recipes.piecewise_linear import PiecewiseLinear

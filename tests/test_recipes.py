@@ -1,0 +1,99 @@
+"""kadapt.recipes: fast_fit end to end (a few steps), flip TTA, save/load, PiecewiseLinear."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kadapt
+from kadapt.recipes import FastFitConfig
+from kadapt.recipes import PiecewiseLinear
+from kadapt.recipes import fast_fit
+from kadapt.recipes import predict_with_flips
+
+TINY = FastFitConfig(widths=(4, 8), residual_stages=(0,), bias_lr_multiplier=4.0, warmup_fraction=0.25)
+ROWS, EPOCHS, BATCH = 32, 2, 16
+STEPS = EPOCHS * ROWS // BATCH
+
+
+def _data(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(rows, 8, 8)).astype("uint8"), rng.integers(0, 3, size=rows)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    x, y = _data()
+    return fast_fit(x, y, validation_data=_data(8, seed=1), epochs=EPOCHS, batch_size=BATCH, config=TINY, seed=0)
+
+
+def test_fast_fit_trains_every_step_with_the_cosine_schedules(trained):
+    assert int(trained.optimizer.iterations.numpy()) == STEPS
+    assert len(trained.history.history["val_loss"]) == EPOCHS
+    last_momentum = kadapt.CosineMomentum(0.95, 0.85, STEPS, warmup_steps=1)(STEPS - 1)
+    assert float(trained.optimizer.momentum.numpy()) == pytest.approx(float(last_momentum))
+
+
+def test_flip_tta_is_the_mean_of_the_model_on_x_and_mirrored_x(trained):
+    x = _data(6, seed=2)[0].astype("float32")[..., None]
+    expected = (trained.predict(x, verbose=0) + trained.predict(x[:, :, ::-1], verbose=0)) / 2
+    np.testing.assert_allclose(predict_with_flips(trained, x[..., 0]), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(predict_with_flips(trained, x, flip=False), trained.predict(x, verbose=0))
+
+
+def test_trained_model_round_trips_through_a_keras_file_in_safe_mode(trained, tmp_path):
+    x = _data(6, seed=2)[0]
+    trained.save(tmp_path / "fast.keras")
+    restored = keras.saving.load_model(tmp_path / "fast.keras", safe_mode=True)
+    np.testing.assert_allclose(predict_with_flips(restored, x), predict_with_flips(trained, x), rtol=1e-6, atol=1e-6)
+    assert isinstance(restored.optimizer, kadapt.optimizers.SGD)
+
+
+def test_fast_fit_from_a_dataset_with_the_triangular_schedule():
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x[..., None], y)).batch(BATCH)
+    config = FastFitConfig(**{**TINY.__dict__, "schedule": "triangular", "whitening": False, "ema_momentum": 0.5})
+    model = fast_fit(dataset, epochs=EPOCHS, config=config, num_classes=3, seed=0)
+    assert int(model.optimizer.iterations.numpy()) == STEPS
+    assert float(model.optimizer.momentum.numpy()) == pytest.approx(0.9)
+    assert model.optimizer.use_ema and model.output_shape == (None, 3)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(num_classes=None), r"`num_classes` is required with a dataset of int labels"),
+        (dict(num_classes=3, repeat=True), r"`x` must be a finite dataset of known length"),
+    ],
+)
+def test_fast_fit_rejects_unusable_datasets(arguments, message):
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    if arguments.pop("repeat", False):
+        dataset = dataset.repeat()
+    with pytest.raises(ValueError, match=message):
+        fast_fit(dataset, config=TINY, **arguments)
+
+
+def test_config_rejects_an_unknown_schedule():
+    with pytest.raises(ValueError, match=r"`schedule` must be 'cosine' or 'triangular'. Received: schedule='linear'"):
+        FastFitConfig(schedule="linear")
+
+
+def test_piecewise_linear_matches_numpy_interp_and_serializes():
+    schedule = PiecewiseLinear([0, 10, 40, 50], [0.0, 0.4, 0.1, 0.0])
+    steps = [0, 3, 10, 11, 25, 40, 47, 50, 80]
+    expected = np.interp(steps, [0, 10, 40, 50], [0.0, 0.4, 0.1, 0.0])
+    np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-6, atol=1e-8)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert restored.get_config() == schedule.get_config() == {
+        "boundaries": [0, 10, 40, 50], "values": [0.0, 0.4, 0.1, 0.0], "name": "PiecewiseLinear"}
+
+
+@pytest.mark.parametrize(
+    "boundaries, values, message",
+    [([0], [0.1], r"same length >= 2"), ([0, 5], [0.1], r"same length >= 2"), ([0, 5, 5], [0.1, 0.2, 0.0], r"`boundaries` must be increasing")],
+)
+def test_piecewise_linear_rejects_bad_knots(boundaries, values, message):
+    with pytest.raises(ValueError, match=message):
+        PiecewiseLinear(boundaries, values)
