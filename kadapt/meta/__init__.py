@@ -3,6 +3,7 @@
 from kadapt.meta import actions
 from kadapt.meta import features
 from kadapt.meta import tasks
+from kadapt.meta.adjuster import MetaAdjuster
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.collect import CollectionConfig
 from kadapt.meta.collect import collect
@@ -12,3 +13,4 @@ from kadapt.meta.meta_model import load_meta_model
 from kadapt.meta.record_store import RecordStore
 from kadapt.meta.record_store import RecordStoreError
 from kadapt.meta.train import train_meta_model
+from kadapt.meta.triggers import Trigger

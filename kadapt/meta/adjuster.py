@@ -1,0 +1,274 @@
+"""`MetaAdjuster`: the meta-model adjusts the live optimizer inside `model.fit`."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from kadapt.meta import actions as action_lib
+from kadapt.meta.features import FeatureHistory
+from kadapt.meta.features import Observation
+from kadapt.meta.meta_model import check_spec
+from kadapt.meta.meta_model import choose
+from kadapt.meta.meta_model import load_meta_model
+from kadapt.meta.triggers import Trigger
+from kadapt.validation import check_micro_batch_size
+
+DECISIONS_FILE = "meta_decisions.jsonl"
+# A rollback restores weights and optimizer slots, not the channels the adjuster itself moves.
+_LIVE_HYPERPARAMETERS = {"learning_rate", "learning_rate_multiplier", "momentum", "beta_1"}
+# After a rollback only these may follow: the step that diverged must not be retried as it was.
+_REDUCTIONS = np.array([a.get("learning_rate_multiplier", 1.0) < 1.0 for a in action_lib.ACTIONS])
+
+
+class MetaAdjuster(keras.callbacks.Callback):
+    """Watches the loss and lets a meta-model adjust the learning rate and momentum mid-fit.
+
+    At every observation (each epoch end, or every `check_every` steps) it
+    adds a row to the run's feature history (`kadapt.meta.features`). When
+    `target` is reached it stops training. Otherwise, when its `Trigger`
+    fires — plateau, oscillation, slow progress or divergence — it feeds the
+    last window to the meta-model and applies the action it picks:
+
+    - the learning rate is multiplied (×0.1 … ×10, both directions) through the
+      optimizer's live `learning_rate_multiplier` (kadapt `SGD`/`Adam`; works
+      under a schedule) or, for a stock Keras optimizer, by setting its float
+      `learning_rate` — exactly where `ReduceLROnPlateau` would act;
+    - the momentum (`beta_1` for Adam) is set, with a live-momentum optimizer.
+
+    On divergence (NaN/Inf, or an exploding loss) it first restores the last
+    good weights and optimizer state, and then may only lower the learning
+    rate. A run never ends on non-finite weights.
+
+    Each decision goes to `decisions`, to `log_dir/meta_decisions.jsonl`, and
+    (as `meta_*` entries of the epoch logs) to History and to a TensorBoard
+    callback placed after this one. In step mode observations use the
+    training loss; validation losses enter at epoch ends.
+
+    Args:
+        meta_model: `"default"`, the path of a `.keras` meta-model, or a loaded
+            one. Defaults to `"default"`.
+        monitor: String. The loss or metric of the logs to watch and compare
+            with `target`. Defaults to `"val_loss"`.
+        target: Float or `None`. Stop when `monitor` reaches it. Defaults to `None`.
+        mode: `"min"`, `"max"` or `"auto"` (max for accuracy-like names).
+        check_every: `"epoch"` or a positive int of steps. Defaults to `"epoch"`.
+        trigger: `kadapt.meta.Trigger` or `None` (its defaults).
+        log_dir: Path or `None`. Where `meta_decisions.jsonl` is written.
+        verbose: Int. 1 prints each decision. Defaults to `1`.
+
+    Example:
+
+    ```python
+    model.compile(optimizer=kadapt.optimizers.SGD(0.5, momentum=0.9), loss=...)
+    model.fit(x, y, validation_split=0.2, epochs=20,
+              callbacks=[kadapt.MetaAdjuster(target=0.1, log_dir="runs/a")])
+    ```
+    """
+
+    def __init__(self, meta_model="default", monitor="val_loss", target=None, mode="auto",
+                 check_every="epoch", trigger=None, log_dir=None, verbose=1):
+        super().__init__()
+        self.meta_model = _load(meta_model)
+        self.monitor, self.target = _check_monitor(monitor), _check_target(target)
+        self.mode = _check_mode(mode, monitor)
+        self.check_every = check_every if check_every == "epoch" else check_micro_batch_size(
+            check_every, "check_every")
+        if trigger is not None and not isinstance(trigger, Trigger):
+            raise TypeError(f"Argument `trigger` must be a kadapt.meta.Trigger or None. Received: trigger={trigger!r}")
+        self._trigger_template = trigger or Trigger()
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.verbose = verbose
+        self.decisions = []
+
+    def __deepcopy__(self, memo):
+        # KerasTuner deep-copies callbacks per trial: share the (read-only) meta-model.
+        clone = copy.copy(self)
+        clone._trigger_template = copy.deepcopy(self._trigger_template, memo)
+        clone.decisions = []
+        return clone
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        self._allowed = action_lib.allowed_mask(optimizer)
+        if not self._allowed[[i for i in range(len(self._allowed)) if i != action_lib.KEEP]].any():
+            raise ValueError(
+                f"MetaAdjuster cannot change anything on optimizer {type(optimizer).__name__}: its "
+                "learning rate is a schedule without a live multiplier and its momentum is a "
+                "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
+                "and momentum), or a float learning rate.")
+        self.history = FeatureHistory()
+        self.trigger = copy.deepcopy(self._trigger_template)
+        self.decisions, self._step = [], 0
+        if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
+            optimizer.build(self.model.trainable_variables)
+        self._last_good = self._pending = self._snapshot()
+        self._epoch_decisions, self._interval_start = 0, (0, 0.0)
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            (self.log_dir / DECISIONS_FILE).touch()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.check_every == "epoch" or not logs or "loss" not in logs:
+            return
+        self._step = int(self.model.optimizer.iterations.numpy())
+        if self._step % self.check_every:
+            return
+        seen = batch + 1
+        total = float(logs["loss"]) * seen
+        start_seen, start_total = self._interval_start
+        self._interval_start = (seen, total)
+        loss = (total - start_total) / max(seen - start_seen, 1)
+        self._observe(loss, None, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        self._step = int(self.model.optimizer.iterations.numpy())
+        if self.monitor not in logs:
+            raise ValueError(
+                f"MetaAdjuster monitors `{self.monitor}`, which is not in the epoch logs "
+                f"({sorted(logs)}). Pass validation data to fit, or monitor one of those.")
+        loss = float(logs.get("loss", math.nan))
+        if self.check_every == "epoch" or not _finite(loss):
+            self._observe(loss, logs.get("val_loss"), logs)
+        self._check_target(float(logs[self.monitor]))
+        optimizer = self.model.optimizer
+        logs["meta_learning_rate"] = action_lib.applied_learning_rate(optimizer)
+        logs["meta_momentum"] = action_lib.current_momentum(optimizer)
+        logs["meta_adjustments"] = self._epoch_decisions
+
+    def on_train_end(self, logs=None):
+        if not _all_finite(self.model.variables):
+            self._restore(self._last_good)
+
+    def _watched(self, logs, loss):
+        """The value the trigger follows: the monitored loss, or (for an
+        accuracy-like monitor) the validation or training loss."""
+        name = self.monitor if self.mode == "min" else "val_loss"
+        value = logs.get(name)
+        return loss if value is None else float(value)
+
+    def _observe(self, loss, val_loss, logs):
+        weights = np.concatenate([np.ravel(v.numpy()) for v in self.model.trainable_variables])
+        finite = _finite(loss) and bool(np.all(np.isfinite(weights)))
+        self.history.observe(self._observation(loss, val_loss, weights))
+        reason = self.trigger.update(self._watched(logs, loss) if finite else math.nan)
+        if reason == "divergence":
+            self._restore(self._last_good)
+            self._pending = self._last_good
+        elif finite:
+            # The loss of an observation was measured before its last updates, so the weights
+            # now are confirmed good only by the next observation.
+            self._last_good, self._pending = self._pending, self._snapshot()
+        if reason is not None:
+            self._decide(reason)
+
+    def _observation(self, loss, val_loss, weights):
+        optimizer = self.model.optimizer
+        return Observation(step=self._step, loss=loss, val_loss=None if val_loss is None else float(val_loss),
+                           learning_rate=action_lib.applied_learning_rate(optimizer),
+                           momentum=action_lib.current_momentum(optimizer), weights=weights,
+                           budget_used=self._budget_used())
+
+    def _budget_used(self):
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        if epochs and steps:
+            return min(self._step / (epochs * steps), 1.0)
+        return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
+
+    def _decide(self, reason):
+        allowed = self._allowed & _REDUCTIONS if reason == "divergence" else self._allowed
+        window = self.history.window()
+        index, confidence, _ = choose(self.meta_model, window, allowed)
+        action = action_lib.ACTIONS[index]
+        action_lib.apply(self.model.optimizer, action)
+        self.trigger.adjusted()
+        self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
+                   "adjustment": dict(action), "action": action_lib.describe(action),
+                   "confidence": round(confidence, 4), "rollback": reason == "divergence",
+                   "features": _summary(window),
+                   "learning_rate": action_lib.applied_learning_rate(self.model.optimizer),
+                   "momentum": action_lib.current_momentum(self.model.optimizer)})
+
+    def _check_target(self, value):
+        if self.target is None or not _finite(value):
+            return
+        if (value <= self.target) if self.mode == "min" else (value >= self.target):
+            self.model.stop_training = True
+            self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "target",
+                       "adjustment": {}, "action": "stop", "confidence": 1.0, "rollback": False,
+                       "features": {self.monitor: value}})
+
+    def _log(self, decision):
+        self.decisions.append(decision)
+        self._epoch_decisions += 1
+        if self.log_dir is not None:
+            with open(self.log_dir / DECISIONS_FILE, "a") as file:
+                file.write(json.dumps(decision) + "\n")
+        if self.verbose:
+            print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']} "
+                  f"(confidence {decision['confidence']:.2f})", flush=True)
+
+    def _snapshot(self):
+        return ([v.numpy() for v in self.model.variables],
+                [v.numpy() for v in self.model.optimizer.variables])
+
+    def _restore(self, snapshot):
+        weights, optimizer_state = snapshot
+        for variable, value in zip(self.model.variables, weights, strict=True):
+            variable.assign(value)
+        for variable, value in zip(self.model.optimizer.variables, optimizer_state, strict=True):
+            if variable.name not in _LIVE_HYPERPARAMETERS:
+                variable.assign(value)
+
+
+def _load(meta_model):
+    if isinstance(meta_model, keras.Model):
+        check_spec(meta_model)
+        return meta_model
+    if isinstance(meta_model, (str, Path)):
+        return load_meta_model(meta_model)
+    raise TypeError(f"Argument `meta_model` must be \"default\", a .keras path or a keras.Model. "
+                    f"Received: meta_model={meta_model!r}")
+
+
+def _check_monitor(monitor):
+    if not isinstance(monitor, str) or not monitor:
+        raise TypeError(f"Argument `monitor` must be a log name such as \"val_loss\". Received: monitor={monitor!r}")
+    return monitor
+
+
+def _check_target(target):
+    if target is None:
+        return None
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target):
+        raise TypeError(f"Argument `target` must be a finite number or None. Received: target={target!r}")
+    return float(target)
+
+
+def _check_mode(mode, monitor):
+    if mode not in ("auto", "min", "max"):
+        raise ValueError(f"Argument `mode` must be \"auto\", \"min\" or \"max\". Received: mode={mode!r}")
+    if mode != "auto":
+        return mode
+    return "max" if monitor.endswith(("acc", "accuracy", "auc")) else "min"
+
+
+def _finite(value):
+    return value is not None and math.isfinite(float(value))
+
+
+def _all_finite(variables):
+    return all(bool(np.all(np.isfinite(v.numpy()))) for v in variables)
+
+
+def _summary(window):
+    from kadapt.meta.features import FEATURE_NAMES
+
+    return {name: round(float(value), 4) for name, value in zip(FEATURE_NAMES, window[-1])}

@@ -1,0 +1,167 @@
+"""MetaAdjuster inside model.fit, proven by the weights against a NumPy oracle."""
+
+import json
+import math
+
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+from helpers import constant_meta_model
+
+import kadapt
+from kadapt.meta import MetaAdjuster
+from kadapt.meta import MetaSpec
+from kadapt.meta import Trigger
+
+LR_UP, LR_DOWN_10, MOMENTUM_HIGH = 3, 0, 6  # indices into kadapt.meta.actions.ACTIONS
+ROWS = 8
+
+
+def regression_data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(ROWS, 3)).astype("float32")
+    return x, (x @ np.array([[1.0], [-2.0], [0.5]]) + 0.1).astype("float32")
+
+
+def linear_model(optimizer, accumulate=False):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(
+        1, use_bias=False, kernel_initializer=keras.initializers.Constant(0.2))])
+    if accumulate:
+        model = kadapt.accumulate(model, micro_batch_size=3)
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def fires_once_at_step_3():
+    """Never "improves" after the first loss, so with patience 2 it fires at the third
+    observation; after that the patience restarts and the fit ends before it fires again."""
+    return Trigger(patience=2, cooldown=0, min_delta=0.99)
+
+
+def numpy_descent(x, y, rates, momenta):
+    w, velocity = np.full((3, 1), 0.2), np.zeros((3, 1))
+    for rate, momentum in zip(rates, momenta, strict=True):
+        gradient = 2.0 / len(x) * x.T @ (x @ w - y)
+        velocity = momentum * velocity - rate * gradient
+        w = w + velocity
+    return w
+
+
+def fit(model, adjuster, epochs=4):
+    x, y = regression_data()
+    return model.fit(x, y, batch_size=ROWS, epochs=epochs, shuffle=False, verbose=0, callbacks=[adjuster])
+
+
+def cosine(step, lr_max=0.05, lr_min=0.01, total_steps=4):
+    return lr_min + 0.5 * (lr_max - lr_min) * (1 + math.cos(math.pi * step / total_steps))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_learning_rate_multiplier_reaches_the_compiled_step_under_a_schedule(accumulate):
+    schedule = kadapt.CosineAnnealing(lr_max=0.05, lr_min=0.01, total_steps=4)
+    model = linear_model(kadapt.optimizers.SGD(schedule), accumulate)
+    adjuster = MetaAdjuster(constant_meta_model(LR_UP), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster)
+    x, y = regression_data()
+    rates = [cosine(t) * (3.0 if t == 3 else 1.0) for t in range(4)]
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * 4), rtol=1e-5)
+    assert [d["step"] for d in adjuster.decisions] == [3]
+    assert adjuster.decisions[0]["trigger"] == "plateau"
+
+
+def test_stock_keras_optimizer_gets_its_float_learning_rate_set():
+    model = linear_model(keras.optimizers.SGD(0.01))
+    adjuster = MetaAdjuster(constant_meta_model(LR_UP), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster)
+    x, y = regression_data()
+    np.testing.assert_allclose(model.get_weights()[0],
+                               numpy_descent(x, y, [0.01, 0.01, 0.01, 0.03], [0.0] * 4), rtol=1e-5)
+
+
+def test_momentum_reaches_the_compiled_step():
+    model = linear_model(kadapt.optimizers.SGD(0.01, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(MOMENTUM_HIGH), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster)
+    x, y = regression_data()
+    np.testing.assert_allclose(model.get_weights()[0],
+                               numpy_descent(x, y, [0.01] * 4, [0.0, 0.0, 0.0, 0.95]), rtol=1e-5)
+
+
+def test_a_diverging_run_is_rolled_back_and_its_learning_rate_lowered(tmp_path):
+    x, y = regression_data()
+    constant = linear_model(kadapt.optimizers.SGD(10.0))
+    constant.fit(x, y, batch_size=ROWS, epochs=60, shuffle=False, verbose=0)
+    assert not np.all(np.isfinite(constant.get_weights()[0]))  # the setting really diverges
+
+    model = linear_model(kadapt.optimizers.SGD(10.0))
+    # The meta-model prefers raising the LR; after a rollback only reductions are allowed.
+    adjuster = MetaAdjuster(constant_meta_model(4), monitor="loss", check_every=1, log_dir=tmp_path, verbose=0)
+    history = fit(model, adjuster, epochs=60)
+    divergences = [d for d in adjuster.decisions if d["trigger"] == "divergence"]
+    assert divergences and all(d["adjustment"]["learning_rate_multiplier"] < 1 for d in divergences)
+    assert np.all(np.isfinite(model.get_weights()[0]))
+    assert history.history["loss"][-1] < 0.02  # from 2.4; the no-bias fit cannot go below ~0.01
+    lines = (tmp_path / "meta_decisions.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == json.loads(json.dumps(adjuster.decisions))
+
+
+def test_target_stops_training_and_logs_reach_history():
+    model = linear_model(kadapt.optimizers.SGD(0.01))
+    adjuster = MetaAdjuster(constant_meta_model(2), monitor="loss", target=1e9, verbose=0)
+    history = fit(model, adjuster, epochs=5)
+    assert len(history.history["loss"]) == 1
+    assert adjuster.decisions[-1]["trigger"] == "target"
+    assert history.history["meta_learning_rate"] == [pytest.approx(0.01)]
+    assert history.history["meta_adjustments"] == [1]
+
+
+def test_inside_a_keras_tuner_search(tmp_path):
+    x, y = regression_data()
+
+    def build(hp):
+        return linear_model(kadapt.optimizers.SGD(hp.Choice("learning_rate", [0.01, 0.02])))
+
+    tuner = keras_tuner.RandomSearch(build, objective="val_loss", max_trials=2, directory=tmp_path, seed=0)
+    adjuster = MetaAdjuster(constant_meta_model(LR_UP), trigger=Trigger(patience=2, cooldown=0), verbose=0)
+    tuner.search(x, y, validation_data=(x, y), epochs=4, callbacks=[adjuster], verbose=0)
+    assert len(tuner.oracle.trials) == 2
+
+
+def test_unknown_meta_model():
+    with pytest.raises(ValueError, match=r"must be \"default\" or the path of an existing \.keras file\. "
+                                         r"Received: meta_model='nope'"):
+        MetaAdjuster("nope")
+
+
+def test_meta_model_file_without_feature_spec(tmp_path):
+    path = tmp_path / "plain.keras"
+    keras.Sequential([keras.Input((8, 12)), keras.layers.Flatten(), keras.layers.Dense(7)]).save(path)
+    with pytest.raises(ValueError, match="has no feature spec"):
+        MetaAdjuster(str(path))
+
+
+def test_meta_model_file_with_another_feature_spec(tmp_path):
+    path = tmp_path / "other.keras"
+    inputs = keras.Input((8, 12))
+    outputs = keras.layers.Dense(7)(keras.layers.Flatten()(MetaSpec(spec={"format": 0})(inputs)))
+    keras.Model(inputs, outputs).save(path)
+    with pytest.raises(ValueError, match="was trained on different features or actions"):
+        MetaAdjuster(str(path))
+
+
+def test_optimizer_that_cannot_change_live_fails_at_fit_start():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
+    model = linear_model(keras.optimizers.SGD(schedule))
+    before = model.get_weights()[0].copy()
+    with pytest.raises(ValueError, match="MetaAdjuster cannot change anything on optimizer SGD"):
+        fit(model, MetaAdjuster(constant_meta_model(2), monitor="loss", verbose=0))
+    np.testing.assert_array_equal(model.get_weights()[0], before)
+
+
+def test_missing_monitor_names_the_logs():
+    with pytest.raises(ValueError, match=r"monitors `val_loss`, which is not in the epoch logs \(\['loss'\]\)"):
+        fit(linear_model(kadapt.optimizers.SGD(0.01)), MetaAdjuster(constant_meta_model(2), verbose=0))
