@@ -42,7 +42,8 @@ def train_meta_model(store, directory, output=None, *, validation_families=None,
     Returns:
         `(model, report)`.
     """
-    data = decision_data(iter(store))
+    records = list(store)
+    data = decision_data(records)
     families = sorted(set(data.families.tolist()))
     validation_families = _validation_families(families, validation_families, seed)
     held_out = np.isin(data.families, validation_families)
@@ -56,7 +57,7 @@ def train_meta_model(store, directory, output=None, *, validation_families=None,
     hyperparameters = tuner.get_best_hyperparameters(1)[0]
     per_family, stopped = _leave_one_family_out(data, families, hyperparameters, epochs, seed)
     model = _fit(data, hyperparameters, int(np.median(stopped)), seed)
-    report = {"records": _count(store), "decisions": len(data), "families": families,
+    report = {"records": len(records), "decisions": len(data), "families": families,
               "search_validation_families": list(validation_families),
               "hyperparameters": hyperparameters.values, "epochs": int(np.median(stopped)),
               "held_out": per_family, "mean": _mean_report(per_family)}
@@ -110,10 +111,6 @@ def _mean_report(per_family):
     policies = next(iter(per_family.values())).keys() - {"decisions"}
     return {policy: {metric: float(np.mean([f[policy][metric] for f in per_family.values()]))
                      for metric in ("accuracy", "regret")} for policy in sorted(policies)}
-
-
-def _count(store):
-    return store.count() if hasattr(store, "count") else sum(1 for _ in store)
 
 
 def _save(model, report, output):
