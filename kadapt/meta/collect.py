@@ -27,6 +27,7 @@ from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
 
 DIVERGED_SCORE = 5.0
+_TINY_LOSS = 1e-8  # a validation loss can reach 0.0 in float32 on an easy task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ def collect(store, tasks, config=CollectionConfig(), seed=0, progress=True):
     ```
     """
     tasks = list(tasks)
-    bar = keras.utils.Progbar(len(tasks), unit_name="task") if progress else None
+    bar = keras.utils.Progbar(len(tasks), unit_name="task", stateful_metrics=["records"]) if progress else None
     appended = 0
     for index, task in enumerate(tasks):
         if not store.contains(task.name):
@@ -180,7 +181,8 @@ class TaskRun:
     def record(self, window, base, action_index, branch, before, rollback):
         after = branch["val_loss"]
         diverged = branch["end"] is None
-        score = DIVERGED_SCORE if diverged else float(np.clip(math.log(after / before), -5.0, 5.0))
+        score = DIVERGED_SCORE if diverged else float(
+            np.clip(math.log((after + _TINY_LOSS) / (before + _TINY_LOSS)), -5.0, 5.0))
         return AdjustmentRecord(
             run_id=self.task.name, task=self.task.name, family=self.task.family, step=base.step,
             features=window, hyperparameters=branch["hyperparameters"],
