@@ -8,6 +8,7 @@ command with one line, `kadapt: error: ...`, and a non-zero exit status.
 import argparse
 import sys
 
+from kadapt.cli.meta import add_meta_arguments
 from kadapt.cli.predict import add_predict_arguments
 from kadapt.cli.probe import add_probe_arguments
 from kadapt.cli.report import add_report_arguments
@@ -29,6 +30,7 @@ def build_parser():
     add_report_arguments(commands)
     add_predict_arguments(commands)
     add_probe_arguments(commands)
+    add_meta_arguments(commands)
     return parser
 
 

@@ -1,0 +1,92 @@
+"""`kadapt meta collect|train|eval`: the meta-model pipeline from the command line."""
+
+import json
+
+from kadapt.run.errors import UsageError
+
+
+def add_meta_arguments(subparsers):
+    parser = subparsers.add_parser("meta", description=__doc__, help="collect records, train or judge a meta-model")
+    commands = parser.add_subparsers(dest="meta_command", required=True)
+    collect = commands.add_parser("collect", help="branching-lookahead records into a store (resumable)")
+    _store_argument(collect)
+    collect.add_argument("--families", default=None, help="comma-separated task families (default: the training families)")
+    collect.add_argument("--tasks-per-family", type=int, default=50)
+    collect.add_argument("--seed", type=int, default=0)
+    collect.set_defaults(run=run_collect)
+    train = commands.add_parser("train", help="KerasTuner search, split by task family; saves a .keras model")
+    _store_argument(train)
+    train.add_argument("--output", required=True, help="where to save the .keras meta-model (report beside it)")
+    train.add_argument("--max-trials", type=int, default=8)
+    train.add_argument("--epochs", type=int, default=40)
+    train.add_argument("--seed", type=int, default=0)
+    train.set_defaults(run=run_train)
+    evaluate = commands.add_parser("eval", help="accuracy and regret of a meta-model per task family")
+    _store_argument(evaluate)
+    evaluate.add_argument("--meta-model", default="default", help="\"default\" or a .keras path")
+    evaluate.set_defaults(run=run_eval)
+
+
+def _store_argument(parser):
+    parser.add_argument("--store", required=True, help="an SQLite record store (created if missing)")
+
+
+def _open_store(path):
+    from kadapt.meta import RecordStore
+
+    try:
+        return RecordStore(path)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def run_collect(args):
+    from kadapt.meta import collect
+    from kadapt.meta import tasks
+
+    families = tasks.TRAINING_FAMILIES if args.families is None else tuple(args.families.split(","))
+    if args.tasks_per_family <= 0:
+        raise UsageError(f"--tasks-per-family must be a positive int. Received: {args.tasks_per_family}")
+    try:
+        task_list = [tasks.make_task(f, seed) for seed in range(args.tasks_per_family) for f in families]
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    store = _open_store(args.store)
+    appended = collect(store, task_list, seed=args.seed)
+    print(f"{appended} records appended; {store.count()} in {args.store}")
+    return 0
+
+
+def run_train(args):
+    from pathlib import Path
+
+    from kadapt.meta import train_meta_model
+
+    store = _open_store(args.store)
+    try:
+        _, report = train_meta_model(store, Path(args.output).parent / "tuner", args.output,
+                                     max_trials=args.max_trials, epochs=args.epochs, seed=args.seed)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print(json.dumps(report["mean"], indent=1))
+    print(f"saved {args.output} (report: {Path(args.output).with_suffix('.json')})")
+    return 0
+
+
+def run_eval(args):
+    from kadapt.meta.meta_model import decision_data
+    from kadapt.meta.meta_model import evaluate_policies
+    from kadapt.meta.meta_model import load_meta_model
+
+    try:
+        model = load_meta_model(args.meta_model)
+        data = decision_data(list(_open_store(args.store)))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print(f"{'family':<16}{'decisions':>10}  " + "  ".join(f"{p + ' acc/regret':>22}" for p in ("meta_model", "keep", "rule")))
+    for family in sorted(set(data.families.tolist())):
+        subset = data.subset(data.families == family)
+        report = evaluate_policies(subset, model)
+        cells = "  ".join(f"{report[p]['accuracy']:>12.2f} / {report[p]['regret']:<7.3f}" for p in ("meta_model", "keep", "rule"))
+        print(f"{family:<16}{len(subset):>10}  {cells}")
+    return 0
