@@ -2,6 +2,7 @@
 
 from kadapt import callbacks
 from kadapt import datasets
+from kadapt import meta
 from kadapt import models
 from kadapt import optimizers
 from kadapt import schedules
@@ -19,6 +20,7 @@ from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
 from kadapt.callbacks import AdaptiveBatchSize
 from kadapt.callbacks import MomentumScheduler
+from kadapt.meta import MetaAdjuster
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
 
