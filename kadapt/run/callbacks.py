@@ -23,6 +23,7 @@ def training_callbacks(run, optimizer, steps):
         steps: Dict with `total_steps` and `warmup_steps`.
     """
     config, directory = run.config, run.directory
+    (directory / files.META_DECISIONS).touch()  # empty with --meta off
     momentum = CosineMomentum(
         config.momentum_max, config.momentum_min, steps["total_steps"], steps["warmup_steps"]
     )
@@ -30,7 +31,7 @@ def training_callbacks(run, optimizer, steps):
         keras.callbacks.BackupAndRestore(backup_dir=str(directory / files.BACKUP)),
         MomentumScheduler(momentum),
         StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
-        meta_adjuster(run),
+        run.meta_adjuster,
         HistoryWriter(directory / files.HISTORY),
         keras.callbacks.TensorBoard(log_dir=str(directory / files.TENSORBOARD), write_graph=False),
     ]
@@ -41,24 +42,23 @@ def training_callbacks(run, optimizer, steps):
     return [c for c in callbacks if c is not None]
 
 
-def meta_adjuster(run):
-    """`kadapt.meta.MetaAdjuster` writing to the run directory, or `None` for `--meta off`."""
-    (run.directory / files.META_DECISIONS).touch()
-    if run.config.meta == "off":
+def meta_adjuster(config, directory, data):
+    """`kadapt.meta.MetaAdjuster` logging to `directory`, or `None` for `--meta off`.
+
+    Built before the run starts, so a meta-model that cannot be loaded is a
+    `UsageError` before anything is written.
+    """
+    if config.meta == "off":
         return None
-    monitor = "val_loss" if len(run.data.x_val) else "loss"
-    return meta_adjuster_class()(
-        meta_model=run.config.meta, monitor=monitor, check_every="epoch",
-        log_dir=str(run.directory.path),
-    )
-
-
-def meta_adjuster_class():
-    """`kadapt.meta.MetaAdjuster`, or a `UsageError` when this kadapt lacks it."""
     try:
         from kadapt.meta import MetaAdjuster
     except ImportError:
         raise UsageError(
             "--meta needs kadapt.meta.MetaAdjuster, which this kadapt version lacks: use --meta off."
         ) from None
-    return MetaAdjuster
+    monitor = "val_loss" if len(data.x_val) else "loss"
+    try:
+        return MetaAdjuster(meta_model=config.meta, monitor=monitor, check_every="epoch",
+                            log_dir=str(directory.path))
+    except (ValueError, TypeError, OSError) as error:
+        raise UsageError(f"--meta {config.meta}: {' '.join(str(error).split())}") from None

@@ -20,7 +20,7 @@ from kadapt.batching.memory_budget import device_budget
 from kadapt.optimizers import SGD
 from kadapt.run import run_directory as files
 from kadapt.run.augmentation import augmentation_pipeline
-from kadapt.run.callbacks import meta_adjuster_class
+from kadapt.run.callbacks import meta_adjuster
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
@@ -35,12 +35,14 @@ from kadapt.schedules import CosineAnnealing
 
 @dataclasses.dataclass
 class Run:
-    """What `start_run` prepared: the config, directory, data and network."""
+    """What `start_run` prepared: the config, directory, data, network and
+    MetaAdjuster (`None` with `--meta off`)."""
 
     config: object
     directory: RunDirectory
     data: object
     model: object
+    meta_adjuster: object
     resume: bool
 
 
@@ -51,13 +53,12 @@ def start_run(options, out, overwrite=False, resume=False):
     directory.check_new_run(overwrite, resume)
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
-    if config.meta != "off":
-        meta_adjuster_class()
     data = load_data(config)
     keras.utils.set_random_seed(config.seed)
     model = build_model(config.model, data.input_shape, data.num_classes)
+    adjuster = meta_adjuster(config, directory, data)
     directory.create(overwrite)
-    return Run(config, directory, data, model, resume)
+    return Run(config, directory, data, model, adjuster, resume)
 
 
 def train(run, echo=print):
