@@ -24,7 +24,7 @@ from kadapt.meta.meta_model import TEMPERATURE
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
 
-TINY = CollectionConfig(total_steps=30, observe_every=5, horizon=10, explore=0.0)
+TINY = CollectionConfig(total_epochs=4, horizon_epochs=1, explore=0.0)  # iris: 3 steps per epoch
 
 
 def record(run_id, step, action, score, family="a", window=None):
@@ -39,7 +39,7 @@ def test_collect_branches_every_action_and_resumes(tmp_path):
     task = tasks.make_task("iris", 0, learning_rate=0.01, optimizer="sgd")
     appended = collect(store, [task], TINY, progress=False)
     steps = sorted({r.step for r in store})
-    assert steps == [10, 20] and appended == store.count() == 2 * len(ACTIONS)
+    assert steps == [6, 9] and appended == store.count() == 2 * len(ACTIONS)
     assert collect(store, [task], TINY, progress=False) == 0  # resumed: nothing recomputed
 
 

@@ -5,7 +5,7 @@ recomputed. The store is not committed; the model and its report are written
 to kadapt/meta/pretrained/default.keras and default.json.
 
 Run: `.venv/bin/python tools/train_meta_model.py [--store runs/meta/records.sqlite]`
-(about 25 minutes on the 2-core CPU: ~20 collecting, ~5 searching).
+(about 20 minutes on an idle 2-core CPU).
 """
 
 import argparse
@@ -22,7 +22,7 @@ from kadapt.meta import tasks  # noqa: E402
 from kadapt.meta import train_meta_model  # noqa: E402
 from kadapt.meta.meta_model import DEFAULT_PATH  # noqa: E402
 
-TASKS_PER_FAMILY = 50
+TASKS_PER_FAMILY = 40
 MAX_TRIALS = 10
 SEED = 0
 

@@ -11,7 +11,7 @@ def add_meta_arguments(subparsers):
     collect = commands.add_parser("collect", help="branching-lookahead records into a store (resumable)")
     _store_argument(collect)
     collect.add_argument("--families", default=None, help="comma-separated task families (default: the training families)")
-    collect.add_argument("--tasks-per-family", type=int, default=50)
+    collect.add_argument("--tasks-per-family", type=int, default=40)
     collect.add_argument("--seed", type=int, default=0)
     collect.set_defaults(run=run_collect)
     train = commands.add_parser("train", help="KerasTuner search, split by task family; saves a .keras model")

@@ -1,8 +1,10 @@
 """Collects adjustment records by branching lookahead.
 
-Each task trains along a main line. At every decision point the collector
-snapshots the weights and the optimizer, tries each candidate action of
-`kadapt.meta.actions.ACTIONS` for `horizon` steps on the same batches (common
+Each task trains along a main line, observed at every epoch end as
+`MetaAdjuster` observes a `fit` (training loss averaged over the epoch,
+validation loss after it). At every decision point the collector snapshots the
+weights and the optimizer, tries each candidate action of
+`kadapt.meta.actions.ACTIONS` for `horizon_epochs` epochs on the same batches (common
 random numbers make the candidates comparable), stores one record per
 candidate and restores. The main line then continues from the end of the best
 candidate's branch (or, with probability `explore`, of "keep"), so later
@@ -35,17 +37,15 @@ class CollectionConfig:
     """How a task is run and branched.
 
     Args:
-        total_steps: Int. Main-line optimizer steps per task. Defaults to `400`.
-        observe_every: Int. Steps between observations. Defaults to `10`.
-        horizon: Int. Steps each candidate runs; also the spacing of decision
-            points. Defaults to `50`.
+        total_epochs: Int. Length of a task's main line. Defaults to `15`.
+        horizon_epochs: Int. Epochs each candidate runs; also the spacing of
+            decision points (the first comes after 2 epochs). Defaults to `3`.
         explore: Float in [0, 1]. Probability of continuing with "keep"
             instead of the best candidate. Defaults to `0.3`.
     """
 
-    total_steps: int = 400
-    observe_every: int = 10
-    horizon: int = 50
+    total_epochs: int = 15
+    horizon_epochs: int = 3
     explore: float = 0.3
 
 
@@ -98,13 +98,16 @@ class TaskRun:
         self.step = 0
         self.last_good = None
         self.records = []
+        self.observe_every = self.batches.batches_per_epoch
+        self.horizon = config.horizon_epochs * self.observe_every
+        self.total_steps = config.total_epochs * self.observe_every
 
     def run(self):
         x_val, y_val = self.task.data[2], self.task.data[3]
         initial = float(self.model.evaluate(x_val, y_val, verbose=0))
         self.last_good = Snapshot.take(self.model, self.batches, 0, initial)
-        self.train(self.config.observe_every * 2, self.history)
-        while self.step < self.config.total_steps and self.decide():
+        self.train(self.observe_every * 2, self.history)
+        while self.step < self.total_steps and self.decide():
             pass
         return self.records
 
@@ -130,7 +133,7 @@ class TaskRun:
         hyperparameters = self.hyperparameters()
         action_lib.apply(self.model.optimizer, action_lib.ACTIONS[action_index])
         history = _copy_history(self.history)
-        finite = self.train(self.config.horizon, history)
+        finite = self.train(self.horizon, history)
         end = Snapshot.take(self.model, self.batches, self.step, history.last_val_loss) if finite else None
         return action_index, {"history": history, "end": end, "val_loss": history.last_val_loss,
                               "train_loss": history.last_loss, "hyperparameters": hyperparameters}
@@ -151,7 +154,7 @@ class TaskRun:
             x, y = self.batches.next()
             losses.append(float(self.model.train_on_batch(x, y)))
             self.step += 1
-            if self.step % self.config.observe_every == 0:
+            if self.step % self.observe_every == 0:
                 if not self.observe(np.mean(losses), history):
                     return False
                 losses = []
@@ -166,7 +169,7 @@ class TaskRun:
             step=self.step, loss=float(loss), val_loss=val_loss,
             learning_rate=action_lib.applied_learning_rate(optimizer),
             momentum=action_lib.current_momentum(optimizer), weights=weights,
-            budget_used=min(self.step / self.config.total_steps, 1.0)))
+            budget_used=min(self.step / self.total_steps, 1.0)))
         finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(weights)))
         if finite and history is self.history:
             self.last_good = Snapshot.take(self.model, self.batches, self.step, val_loss)
@@ -190,7 +193,7 @@ class TaskRun:
                         "rollback": bool(rollback)},
             outcome={"val_loss_before": before, "val_loss_after": None if diverged else after,
                      "train_loss_after": None if diverged else branch["train_loss"],
-                     "diverged": diverged, "horizon": self.config.horizon, "score": score})
+                     "diverged": diverged, "horizon": self.horizon, "score": score})
 
 
 def _copy_history(history):
