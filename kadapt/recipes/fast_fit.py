@@ -55,7 +55,7 @@ class FastFitConfig:
     schedule: str = "cosine"
     learning_rate: float = 0.2
     warmup_fraction: float = 0.15
-    weight_decay: float = 5e-4
+    weight_decay: float = 5e-3
     label_smoothing: float = 0.1
     flip: bool = True
     translate: float = 2 / 28
@@ -90,8 +90,9 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
 
     Args:
         x: Images (N, H, W) or (N, H, W, C), or a finite batched
-            `tf.data.Dataset` of `(images, labels)` (then `y` is `None`, the
-            batches are used as they come and `batch_size` is ignored).
+            `tf.data.Dataset` of `(images (B, H, W, C), labels)` (then `y` is
+            `None`, the batches are used as they come and `batch_size` only
+            batches `validation_data`).
         y: Int labels (N,) or one-hot labels (N, num_classes).
         validation_data: `(x_val, y_val)` arrays, or `None`. Defaults to `None`.
         epochs: Positive int. Defaults to `10`.
