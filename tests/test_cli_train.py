@@ -101,7 +101,7 @@ def test_steps_log_the_applied_cosine_rate_and_momentum(trained):
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(8))
     for s in steps:  # no warmup at 8 steps; multiplier 1
-        assert s["learning_rate"] == pytest.approx(cosine(s["step"], 8, 0.05, 0.0005), rel=1e-5)
+        assert s["learning_rate"] == pytest.approx(cosine(s["step"], 8, 0.1, 0.001), rel=1e-5)
         assert s["momentum"] == pytest.approx(0.95 - 0.10 * cosine(s["step"], 8, 1.0, 0.0), abs=1e-6)
 
 
@@ -194,7 +194,7 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
     total, warmup = 40, 2
     for s in steps[warmup:]:  # the schedule continued from the restored step
         assert s["learning_rate"] == pytest.approx(
-            cosine(s["step"] - warmup, total - warmup, 0.05, 0.0005), rel=1e-4)
+            cosine(s["step"] - warmup, total - warmup, 0.1, 0.001), rel=1e-4)
     assert json.loads((run / "run.json").read_text())["status"] == "completed"
 
 

@@ -1,5 +1,6 @@
 """`kadapt predict RUN_DIR --data ...`: classify rows with a run's saved model."""
 
+import keras
 import numpy as np
 
 from kadapt.run import RunDirectory
@@ -41,10 +42,8 @@ def run_predict(args):
 
 
 def _load_model(directory):
-    import keras
-
-    import kadapt  # noqa: F401 - registers kadapt's optimizer and schedules for loading
-
+    # Importing kadapt (as `kadapt.cli` does) registers its optimizer and
+    # schedules, which the saved model's compile config names.
     path = directory / files.MODEL
     if not path.is_file():
         raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")

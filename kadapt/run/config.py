@@ -28,7 +28,7 @@ class RunConfig:
     batch_size: int = 512
     memory_budget: str | None = None
     epochs: int = 10
-    learning_rate: float = 0.05  # peak of the cosine; SGD with Nesterov momentum
+    learning_rate: float = 0.1  # peak of the cosine (SGD, Nesterov); small_cnn diverged at 0.3
     min_learning_rate_ratio: float = 0.01  # lr_min = ratio * learning_rate
     warmup_fraction: float = 0.05  # of all steps
     momentum_max: float = 0.95

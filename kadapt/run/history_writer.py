@@ -1,6 +1,7 @@
 """`HistoryWriter`: the Keras History as JSON, rewritten after every epoch."""
 
 import json
+import numbers
 import os
 
 import keras
@@ -28,7 +29,7 @@ class HistoryWriter(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.history.setdefault("epoch", []).append(epoch)
         for key, value in (logs or {}).items():
-            self.history.setdefault(key, []).append(float(value))
+            self.history.setdefault(key, []).append(_json_value(value))
         temporary = f"{self.path}.tmp"
         with open(temporary, "w") as stream:
             json.dump(self.history, stream, indent=1)
@@ -42,3 +43,12 @@ class HistoryWriter(keras.callbacks.Callback):
         except (FileNotFoundError, ValueError):
             return {}
         return {key: values[:epoch] for key, values in saved.items()}
+
+
+def _json_value(value):
+    """Numbers (NumPy and backend scalars too) as floats; anything else as text."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Number) or getattr(value, "shape", None) == ():
+        return float(value)
+    return str(value)

@@ -71,20 +71,27 @@ def train(run, echo=print):
     augmentation, augmentation_text = augmentation_pipeline(config.augment, config.data, data, config.seed)
     resolved = {**steps, "data": data.summary(), "augmentation": augmentation_text,
                 "learning_rate_min": config.learning_rate * config.min_learning_rate_ratio}
-    directory.write_json(files.CONFIG, {"options": config.to_dict(), "resolved": resolved})
+    _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
         micro = _micro_batch_size(run, echo)
-        resolved["plan"] = _plan(config.batch_size, micro)
-        directory.write_json(files.CONFIG, {"options": config.to_dict(), "resolved": resolved})
+        _write_config(directory, config, {**resolved, "plan": _plan(config.batch_size, micro)})
         trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        _fit(run, trainer, optimizer, augmentation, steps, micro, echo)
+        _fit(run, trainer, optimizer, augmentation, steps, micro)
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
         raise
+    except Exception as error:
+        directory.update_run(status="failed", error=f"{type(error).__name__}: {error}")
+        raise
     return _finish(run, trainer, micro, started, echo)
+
+
+def _write_config(directory, config, resolved):
+    """`config.json`: the options as given or defaulted, and what they resolved to."""
+    directory.write_json(files.CONFIG, {"options": config.to_dict(), "resolved": resolved})
 
 
 def _compile(model, config, steps):
@@ -147,7 +154,7 @@ def _trainer(run, micro):
     return trainer
 
 
-def _fit(run, trainer, optimizer, augmentation, steps, micro, echo):
+def _fit(run, trainer, optimizer, augmentation, steps, micro):
     config, data = run.config, run.data
     callbacks = training_callbacks(run, optimizer, steps)
     validation = (data.x_val, data.y_val) if len(data.x_val) else None

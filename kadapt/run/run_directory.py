@@ -5,6 +5,9 @@ Layout: `config.json` (the resolved config), `run.json` (status and results),
 `meta_decisions.jsonl` (MetaAdjuster decisions), `probe.json` (the probe
 table), `model.keras`, `training.png`, `probe.png`, `tensorboard/` and
 `backup/` (Keras `BackupAndRestore`, while a run is unfinished).
+
+`run.json`'s `status` goes probing -> training -> completed, or ends at
+interrupted (Ctrl-C; `--resume` continues) or failed (with the `error`).
 """
 
 import json
