@@ -156,6 +156,22 @@ def test_report_redraws_the_plots_and_prints_a_summary(trained, capsys):
     assert re.search(r"test accuracy +\d\.\d{4}", out)
 
 
+def test_report_marks_meta_decisions_on_the_training_plot(trained, capsys):
+    _, run = trained
+    decisions = run / "meta_decisions.jsonl"
+    cli.main(["report", str(run)])
+    without = image.imread(run / "training.png")
+    decisions.write_text(json.dumps({"step": 4, "trigger": "plateau", "adjustment": "lr x2",
+                                     "confidence": 0.8}) + "\n")
+    try:
+        cli.main(["report", str(run)])
+        marked = image.imread(run / "training.png")
+    finally:
+        decisions.write_text("")
+    assert re.search(r"meta-adjuster +off, 1 decision\(s\)", capsys.readouterr().out)
+    assert without.shape == marked.shape and not np.array_equal(without, marked)
+
+
 def test_an_existing_run_directory_is_refused_in_one_line(trained):
     _, run = trained
     result = kadapt("train", "--data", "tiny.npz", *TINY, "--out", "runs/tiny", cwd=run.parent.parent)
