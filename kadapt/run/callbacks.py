@@ -12,14 +12,13 @@ from kadapt.run.stopping import StopAtTarget
 from kadapt.schedules import CosineMomentum
 
 
-def training_callbacks(run, optimizer, steps):
+def training_callbacks(run, steps):
     """Backup first (it restores weights before the others look at them);
     momentum set before the step logger reads it; the step logger before the
     MetaAdjuster changes anything at batch end.
 
     Args:
         run: `Run`. Its config, directory and data.
-        optimizer: The kadapt SGD being trained.
         steps: Dict with `total_steps` and `warmup_steps`.
     """
     config, directory = run.config, run.directory
@@ -28,7 +27,8 @@ def training_callbacks(run, optimizer, steps):
         config.momentum_max, config.momentum_min, steps["total_steps"], steps["warmup_steps"]
     )
     callbacks = [
-        keras.callbacks.BackupAndRestore(backup_dir=str(directory / files.BACKUP)),
+        # Two checkpoints: a Ctrl-C that lands while one is written leaves the other.
+        keras.callbacks.BackupAndRestore(backup_dir=str(directory / files.BACKUP), double_checkpoint=True),
         MomentumScheduler(momentum),
         StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
         run.meta_adjuster,

@@ -67,7 +67,7 @@ def train(run, echo=print):
     config, directory, data = run.config, run.directory, run.data
     steps = dict(zip(("steps_per_epoch", "total_steps", "warmup_steps"),
                      schedule_steps(config, len(data.x_train))))
-    optimizer = _compile(run.model, config, steps)
+    _compile(run.model, config, steps)
     augmentation, augmentation_text = augmentation_pipeline(config.augment, config.data, data, config.seed)
     resolved = {**steps, "data": data.summary(), "augmentation": augmentation_text,
                 "learning_rate_min": config.learning_rate * config.min_learning_rate_ratio}
@@ -78,7 +78,7 @@ def train(run, echo=print):
         _write_config(directory, config, {**resolved, "plan": _plan(config.batch_size, micro)})
         trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        _fit(run, trainer, optimizer, augmentation, steps, micro)
+        _fit(run, trainer, augmentation, steps, micro)
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
@@ -154,9 +154,9 @@ def _trainer(run, micro):
     return trainer
 
 
-def _fit(run, trainer, optimizer, augmentation, steps, micro):
+def _fit(run, trainer, augmentation, steps, micro):
     config, data = run.config, run.data
-    callbacks = training_callbacks(run, optimizer, steps)
+    callbacks = training_callbacks(run, steps)
     validation = (data.x_val, data.y_val) if len(data.x_val) else None
     try:
         trainer.fit(
