@@ -232,6 +232,15 @@ def test_digits_with_an_mlp_and_max_steps(tmp_path):
     assert len(read_jsonl(out / "steps.jsonl")) == 3
 
 
+def test_target_accuracy_stops_training(tmp_path, capsys):
+    out = tmp_path / "target"
+    assert cli.main(["train", "--data", "digits", "--model", "mlp", "--batch-size", "50",
+                     "--train-rows", "200", "--epochs", "5", "--target-accuracy", "0.01",
+                     "--out", str(out)]) == 0
+    assert json.loads((out / "history.json").read_text())["epoch"] == [0]
+    assert "val_accuracy" in capsys.readouterr().out.split("stopping after epoch 1")[0]
+
+
 def _npz(tmp_path, name, **arrays):
     path = tmp_path / name
     np.savez(path, **arrays)

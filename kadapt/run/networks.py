@@ -1,5 +1,7 @@
 """The networks `kadapt train` and `kadapt probe` build by name."""
 
+import re
+
 import keras
 
 from kadapt.models import small_cnn
@@ -24,9 +26,8 @@ def build_model(name, input_shape, num_classes):
     try:
         return _builder(name)(tuple(input_shape), num_classes)
     except ValueError as error:
-        first_line = str(error).strip().splitlines()[0]
         raise UsageError(
-            f"--model {name} cannot take inputs of shape {tuple(input_shape)} ({first_line}). "
+            f"--model {name} cannot take inputs of shape {tuple(input_shape)} ({_reason(error)}) "
             "Use larger images or --model mlp."
         ) from None
 
@@ -38,6 +39,13 @@ def mlp(input_shape, num_classes, name="mlp"):
          keras.layers.Dense(128, activation="relu"), keras.layers.Dense(num_classes)],
         name=name,
     )
+
+
+def _reason(error):
+    """The line of a Keras layer error that says what went wrong, without colour codes."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("Exception encountered")]
+    return lines[0] if lines else type(error).__name__
 
 
 def _builder(name):
