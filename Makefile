@@ -31,7 +31,7 @@ data:
 	fi
 
 demo: install data
-	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/kadapt train --data fashion_mnist --model small_cnn --batch-size 512 --memory-budget 96MiB --epochs 10 --augment off --meta off --out runs/demo --overwrite
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/kadapt train --data fashion_mnist --model small_cnn --batch-size 512 --memory-budget 96MiB --epochs 10 --augment off --meta default --out runs/demo --overwrite
 
 test: install-test data
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest tests

@@ -165,3 +165,8 @@ def test_optimizer_that_cannot_change_live_fails_at_fit_start():
 def test_missing_monitor_names_the_logs():
     with pytest.raises(ValueError, match=r"monitors `val_loss`, which is not in the epoch logs \(\['loss'\]\)"):
         fit(linear_model(kadapt.optimizers.SGD(0.01)), MetaAdjuster(constant_meta_model(2), verbose=0))
+
+
+def test_the_default_meta_model_ships_with_the_current_spec():
+    adjuster = MetaAdjuster()  # "default": kadapt/meta/pretrained/default.keras, loaded in safe mode
+    assert adjuster.meta_model.output_shape == (None, 7)
