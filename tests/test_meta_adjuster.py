@@ -170,3 +170,14 @@ def test_missing_monitor_names_the_logs():
 def test_the_default_meta_model_ships_with_the_current_spec():
     adjuster = MetaAdjuster()  # "default": kadapt/meta/pretrained/default.keras, loaded in safe mode
     assert adjuster.meta_model.output_shape == (None, 7)
+
+
+def test_repeated_cuts_stop_at_max_change():
+    from kadapt.meta import actions
+
+    live, stock = kadapt.optimizers.SGD(0.5), keras.optimizers.SGD(0.01)
+    for _ in range(6):
+        actions.apply(live, {"learning_rate_multiplier": 0.1})
+        actions.apply(stock, {"learning_rate_multiplier": 0.1}, initial_learning_rate=0.01)
+    assert float(live.learning_rate_multiplier.numpy()) == pytest.approx(1e-4)
+    assert float(stock.learning_rate.numpy()) == pytest.approx(1e-6)

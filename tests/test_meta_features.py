@@ -80,7 +80,11 @@ def test_plateau_fires_after_patience_observations():
 
 def test_divergence_on_nan_and_on_explosion():
     assert fire(Trigger(), [1.0, math.nan]) == [None, "divergence"]
-    assert fire(Trigger(explode_factor=3.0), [1.0, 0.5, 1.6]) == [None, None, "divergence"]
+    assert fire(Trigger(explode_factor=3.0), [1.0, 0.5, 0.5, 2.0])[-1] == "divergence"  # 3 x median 0.5
+
+
+def test_one_lucky_low_loss_does_not_make_noise_a_divergence():
+    assert fire(Trigger(explode_factor=3.0), [1.0, 1.0, 0.1, 1.0]) == [None] * 4
 
 
 def test_oscillation_and_slow_progress():

@@ -21,6 +21,7 @@ ACTIONS = (
     {"momentum": 0.95},
 )
 KEEP = 2
+MAX_CHANGE = 1e4
 MOMENTUM_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "momentum" in action)
 
 
@@ -76,14 +77,25 @@ def applied_learning_rate(optimizer):
     return rate
 
 
-def apply(optimizer, action):
-    """Applies one action to a live optimizer."""
+def apply(optimizer, action, initial_learning_rate=None):
+    """Applies one action to a live optimizer.
+
+    The learning rate stays within `MAX_CHANGE` times (either way) of
+    `initial_learning_rate` (for a live multiplier: of a multiplier of 1), so
+    repeated cuts cannot drive it to zero nor repeated raises to overflow.
+    """
     if "learning_rate_multiplier" in action:
         factor = action["learning_rate_multiplier"]
         if hasattr(optimizer, "learning_rate_multiplier"):
             current = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-            optimizer.learning_rate_multiplier = current * factor
+            optimizer.learning_rate_multiplier = _bounded(current * factor, 1.0)
         else:
-            optimizer.learning_rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate)) * factor
+            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+            reference = current if initial_learning_rate is None else initial_learning_rate
+            optimizer.learning_rate = _bounded(current * factor, reference)
     if "momentum" in action:
         optimizer.momentum = action["momentum"]
+
+
+def _bounded(value, reference):
+    return min(max(value, reference / MAX_CHANGE), reference * MAX_CHANGE)

@@ -100,6 +100,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
+        self._initial_learning_rate = action_lib.applied_learning_rate(optimizer)
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
         self.decisions, self._step = [], 0
@@ -187,7 +188,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         window = self.history.window()
         index, confidence, _ = choose(self.meta_model, window, allowed)
         action = action_lib.ACTIONS[index]
-        action_lib.apply(self.model.optimizer, action)
+        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
         self.trigger.adjusted()
         self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
                    "adjustment": dict(action), "action": action_lib.describe(action),

@@ -3,7 +3,9 @@
 `Trigger.update(loss)` takes one observation of the monitored loss and returns
 the reason to act now, or `None`:
 
-- `"divergence"`: the loss is NaN/Inf or above `explode_factor` × the best so far.
+- `"divergence"`: the loss is NaN/Inf or above `explode_factor` × the median
+  of the last `patience` + 1 losses (a median, so that one lucky low
+  mini-batch loss does not make ordinary noise look like an explosion).
 - `"plateau"`: the best has not improved by `min_delta` (relative) for
   `patience` observations.
 - `"oscillation"`: the last `patience` + 1 differences alternate in sign and
@@ -54,6 +56,7 @@ class Trigger:
         self.patience, self.cooldown, self.min_delta = int(patience), int(cooldown), min_delta
         self.slow_fraction, self.explode_factor = slow_fraction, explode_factor
         self.losses = []
+        self._recent = []
         self.best = math.inf
         self.since_best = 0
         self.wait = 0
@@ -61,8 +64,10 @@ class Trigger:
     def update(self, loss):
         """Adds one observation; returns the trigger name or `None`."""
         loss = float(loss)
-        if not math.isfinite(loss) or loss > self.explode_factor * self.best:
+        recent = self._recent[-(self.patience + 1):]
+        if not math.isfinite(loss) or (recent and loss > self.explode_factor * float(np.median(recent))):
             return "divergence"
+        self._recent = recent + [loss]
         self.losses.append(loss)
         if loss < self.best * (1 - self.min_delta):
             self.best, self.since_best = loss, 0
