@@ -172,8 +172,13 @@ def train(task, policy, epochs, meta_model=None, check_every="epoch"):
     x, y, x_val, y_val = task.data
     keras.utils.set_random_seed(task.seed)  # the same batch order for every policy
     start = time.perf_counter()
-    history = model.fit(x, y, validation_data=(x_val, y_val), batch_size=task.batch_size,
-                        epochs=epochs, verbose=0, callbacks=callbacks)
+    try:
+        history = model.fit(x, y, validation_data=(x_val, y_val), batch_size=task.batch_size,
+                            epochs=epochs, verbose=0, callbacks=callbacks)
+    except ValueError as error:  # a policy that stops fit with an error has failed the run: it scores NaN
+        return {"val_loss": math.nan, "accuracy": None, "seconds": time.perf_counter() - start, "steps": 0,
+                "error": str(error), "decisions": [_decision(d) for d in getattr(callbacks[0], "decisions", [])],
+                "hook_seconds": getattr(callbacks[0], "seconds", 0.0)}
     seconds = time.perf_counter() - start
     loss, accuracy = final_metrics(model, task)
     result = {"val_loss": loss, "accuracy": accuracy, "seconds": seconds,
@@ -343,7 +348,7 @@ def print_runs(runs, policies):
     for r in runs:
         decisions = ", ".join(f"e{d['epoch']} {d['trigger']}:{d['action']}" for d in r.get("meta", {}).get(
             "decisions", []))
-        cells = " | ".join(_cell(r[p]) for p in policies)
+        cells = " | ".join(_cell(r[p]) + (" error" if "error" in r[p] else "") for p in policies)
         print(f"| {r['family']} | {r['seed']} | {r['setting']} | {r['learning_rate']:g} | "
               f"{r['initial_val_loss']:.4g} | {cells} | {decisions or '-'} |")
 
@@ -471,9 +476,11 @@ def summarize(results, runs, overhead, args):
     results["overhead"], results["policies"] = overhead, {}
     print_runs(runs, policies)
     for meta in (p for p in policies if p.startswith("meta")):
-        hooks = [r[meta]["hook_seconds"] / (r[meta]["seconds"] - r[meta]["hook_seconds"]) for r in runs]
+        hooks = [r[meta]["hook_seconds"] / (r[meta]["seconds"] - r[meta]["hook_seconds"]) for r in runs
+                 if "error" not in r[meta]]
         summary = {"aggregates": aggregate(runs, meta), "step_time_ratio": step_time_ratio(runs, meta),
-                   "hook_ratio": 1 + statistics.median(hooks), "decisions": decision_summary(runs, meta)}
+                   "hook_ratio": 1 + statistics.median(hooks) if hooks else None,
+                   "decisions": decision_summary(runs, meta)}
         results["policies"][meta] = summary
         print_aggregates(summary["aggregates"], overhead, summary["step_time_ratio"], summary["hook_ratio"], meta)
         print(f"\n{meta} decisions by setting: {json.dumps(summary['decisions'])}")
