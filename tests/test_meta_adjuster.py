@@ -103,6 +103,9 @@ def test_a_diverging_run_is_rolled_back_and_its_learning_rate_lowered(tmp_path):
     history = fit(model, adjuster, epochs=60)
     divergences = [d for d in adjuster.decisions if d["trigger"] == "divergence"]
     assert divergences and all(d["adjustment"]["learning_rate_multiplier"] < 1 for d in divergences)
+    diverged_rate = divergences[0]["learning_rate"] / divergences[0]["adjustment"]["learning_rate_multiplier"]
+    later = adjuster.decisions[adjuster.decisions.index(divergences[0]) + 1:]
+    assert later and all(d["learning_rate"] <= diverged_rate / 2 for d in later)  # raises capped
     assert np.all(np.isfinite(model.get_weights()[0]))
     assert history.history["loss"][-1] < 0.02  # from 2.4; the no-bias fit cannot go below ~0.01
     lines = (tmp_path / "meta_decisions.jsonl").read_text().splitlines()

@@ -22,6 +22,7 @@ DECISIONS_FILE = "meta_decisions.jsonl"
 _LIVE_HYPERPARAMETERS = {"learning_rate", "learning_rate_multiplier", "momentum", "beta_1"}
 # After a rollback only these may follow: the step that diverged must not be retried as it was.
 _REDUCTIONS = np.array([a.get("learning_rate_multiplier", 1.0) < 1.0 for a in action_lib.ACTIONS])
+_FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
 
 
 class MetaAdjuster(keras.callbacks.Callback):
@@ -41,7 +42,8 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     On divergence (NaN/Inf, or an exploding loss) it first restores the last
     good weights and optimizer state, and then may only lower the learning
-    rate. A run never ends on non-finite weights.
+    rate; later raises stay below half the rate that diverged. A run never
+    ends on non-finite weights.
 
     Each decision goes to `decisions`, to `log_dir/meta_decisions.jsonl`, and
     (as `meta_*` entries of the epoch logs) to History and to a TensorBoard
@@ -101,6 +103,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
         self._initial_learning_rate = action_lib.applied_learning_rate(optimizer)
+        self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
         self.decisions, self._step = [], 0
@@ -184,7 +187,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
 
     def _decide(self, reason):
-        allowed = self._allowed & _REDUCTIONS if reason == "divergence" else self._allowed
+        rate = action_lib.applied_learning_rate(self.model.optimizer)
+        if reason == "divergence":
+            # Never climb back to a rate that diverged: raises stay below half of it.
+            self._ceiling = min(self._ceiling, rate / 2)
+            allowed = self._allowed & _REDUCTIONS
+        else:
+            allowed = self._allowed & ~((_FACTORS > 1) & (_FACTORS * rate > self._ceiling))
         window = self.history.window()
         index, confidence, _ = choose(self.meta_model, window, allowed)
         action = action_lib.ACTIONS[index]

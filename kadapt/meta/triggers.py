@@ -3,9 +3,10 @@
 `Trigger.update(loss)` takes one observation of the monitored loss and returns
 the reason to act now, or `None`:
 
-- `"divergence"`: the loss is NaN/Inf or above `explode_factor` × the median
-  of the last `patience` + 1 losses (a median, so that one lucky low
-  mini-batch loss does not make ordinary noise look like an explosion).
+- `"divergence"`: the loss is NaN/Inf or above `explode_factor` × the lowest
+  running median (of `patience` + 1 losses) seen so far: a median, so one
+  lucky low mini-batch loss does not make ordinary noise look like an
+  explosion; the lowest, so a run that blew up and stays high is caught too.
 - `"plateau"`: the best has not improved by `min_delta` (relative) for
   `patience` observations.
 - `"oscillation"`: the last `patience` + 1 differences alternate in sign and
@@ -35,7 +36,7 @@ class Trigger:
             Defaults to `2`.
         min_delta: Float >= 0. Relative improvement that counts. Defaults to `1e-3`.
         slow_fraction: Float >= 0. Improvement over `patience` observations
-            below which progress is "slow". Defaults to `0.05`.
+            below which progress is "slow". Defaults to `0.15`.
         explode_factor: Float > 1. Defaults to `3.0`.
 
     Example:
@@ -47,7 +48,7 @@ class Trigger:
     ```
     """
 
-    def __init__(self, patience=3, cooldown=2, min_delta=1e-3, slow_fraction=0.05, explode_factor=3.0):
+    def __init__(self, patience=3, cooldown=2, min_delta=1e-3, slow_fraction=0.15, explode_factor=3.0):
         check_range("patience", patience, low=2, integer=True)
         check_non_negative_int(cooldown, "cooldown")
         check_range("min_delta", min_delta, low=0.0)
@@ -57,6 +58,7 @@ class Trigger:
         self.slow_fraction, self.explode_factor = slow_fraction, explode_factor
         self.losses = []
         self._recent = []
+        self.best_median = math.inf
         self.best = math.inf
         self.since_best = 0
         self.wait = 0
@@ -64,10 +66,10 @@ class Trigger:
     def update(self, loss):
         """Adds one observation; returns the trigger name or `None`."""
         loss = float(loss)
-        recent = self._recent[-(self.patience + 1):]
-        if not math.isfinite(loss) or (recent and loss > self.explode_factor * float(np.median(recent))):
+        if not math.isfinite(loss) or loss > self.explode_factor * self.best_median:
             return "divergence"
-        self._recent = recent + [loss]
+        self._recent = self._recent[-self.patience:] + [loss]
+        self.best_median = min(self.best_median, float(np.median(self._recent)))
         self.losses.append(loss)
         if loss < self.best * (1 - self.min_delta):
             self.best, self.since_best = loss, 0
