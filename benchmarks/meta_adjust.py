@@ -353,10 +353,11 @@ def print_runs(runs, policies):
               f"{r['initial_val_loss']:.4g} | {cells} | {decisions or '-'} |")
 
 
-def print_aggregates(aggregates, overhead, step_ratio, hook_ratio, meta):
+def print_aggregates(aggregates, overhead, step_ratio, hook_ratio, meta, check_every):
     a = aggregates["all"]
+    arm = "epoch" if check_every == "epoch" else f"every {check_every} steps"
     measured = {"win_rate": a["win_rate"], "harm_rate": a["harm_rate"], "rescue_rate": a["rescue_rate"],
-                "overhead": None if overhead is None else overhead["hook_ratio"]["epoch"]}
+                "overhead": None if overhead is None else overhead["hook_ratio"].get(arm)}
     print(f"\n| {meta} | measured | target | met |\n|---|---|---|---|")
     for name, (sense, target) in TARGETS.items():
         value = measured[name]
@@ -482,7 +483,8 @@ def summarize(results, runs, overhead, args):
                    "hook_ratio": 1 + statistics.median(hooks) if hooks else None,
                    "decisions": decision_summary(runs, meta)}
         results["policies"][meta] = summary
-        print_aggregates(summary["aggregates"], overhead, summary["step_time_ratio"], summary["hook_ratio"], meta)
+        print_aggregates(summary["aggregates"], overhead, summary["step_time_ratio"], summary["hook_ratio"], meta,
+                         meta_policies(args.check_every)[meta])
         print(f"\n{meta} decisions by setting: {json.dumps(summary['decisions'])}")
     if overhead is not None:
         print_overhead(overhead)
