@@ -11,7 +11,8 @@ from kadapt.recipes import PiecewiseLinear
 from kadapt.recipes import fast_fit
 from kadapt.recipes import predict_with_flips
 
-TINY = FastFitConfig(widths=(4, 8), residual_stages=(0,), bias_lr_multiplier=4.0, warmup_fraction=0.25)
+TINY = FastFitConfig(widths=(4, 8), residual_stages=(0,), bias_lr_multiplier=4.0, warmup_fraction=0.25,
+                     schedule="cosine")
 ROWS, EPOCHS, BATCH = 32, 2, 16
 STEPS = EPOCHS * ROWS // BATCH
 
