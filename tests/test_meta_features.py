@@ -111,3 +111,16 @@ def test_cooldown_holds_back_all_but_divergence():
 def test_bad_trigger_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Trigger(**kwargs)
+
+
+def test_seeded_reference_catches_a_first_observation_that_blew_up():
+    trigger = Trigger(explode_factor=3.0)
+    trigger.seed(1.0)  # the first mini-batch's loss, at the initial weights
+    assert trigger.update(3.5) == "divergence"
+
+
+def test_rebaseline_after_a_rollback_accepts_the_restored_level():
+    trigger = Trigger(explode_factor=3.0)
+    fire(trigger, [1.0, 0.1, 0.1])
+    trigger.rebaseline(0.5)  # the restored state's loss
+    assert trigger.update(0.5) is None

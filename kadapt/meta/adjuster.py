@@ -18,10 +18,12 @@ from kadapt.meta.triggers import Trigger
 from kadapt.validation import check_micro_batch_size
 
 DECISIONS_FILE = "meta_decisions.jsonl"
-# A rollback restores weights and optimizer slots, not the channels the adjuster itself moves.
-_LIVE_HYPERPARAMETERS = {"learning_rate", "learning_rate_multiplier", "momentum", "beta_1"}
+# A rollback restores weights and optimizer slots, not the channels the adjuster itself moves,
+# nor the step count (schedules and the budget keep going forward).
+_NOT_ROLLED_BACK = {"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"}
 # After a rollback only these may follow: the step that diverged must not be retried as it was.
 _REDUCTIONS = np.array([a.get("learning_rate_multiplier", 1.0) < 1.0 for a in action_lib.ACTIONS])
+_LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == 0.1 for a in action_lib.ACTIONS])
 _FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
 
 
@@ -47,8 +49,9 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     Each decision goes to `decisions`, to `log_dir/meta_decisions.jsonl`, and
     (as `meta_*` entries of the epoch logs) to History and to a TensorBoard
-    callback placed after this one. In step mode observations use the
-    training loss; validation losses enter at epoch ends.
+    callback placed after this one. In step mode an observation is the
+    training loss of the last `check_every` steps (the meta-model then sees
+    no validation loss); epoch ends still check `target` and non-finite losses.
 
     Args:
         meta_model: `"default"`, the path of a `.keras` meta-model, or a loaded
@@ -106,10 +109,12 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
-        self.decisions, self._step = [], 0
         if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
             optimizer.build(self.model.trainable_variables)
-        self._last_good = self._pending = self._snapshot()
+        self.decisions, self._step = [], int(optimizer.iterations.numpy())
+        self._trainable = [any(v is t for t in self.model.trainable_variables) for v in self.model.variables]
+        self._last_good = self._pending = self._snapshot(math.inf)
+        self._since_divergence = None
         self._epoch_decisions, self._interval_start = 0, (0, 0.0)
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -117,30 +122,39 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
+        self._epoch_start_step = self._step
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.check_every == "epoch" or not logs or "loss" not in logs:
+        # Counted here rather than read from `iterations`, which would cost a device sync per step.
+        self._step = self._epoch_start_step + batch + 1
+        if not logs or "loss" not in logs:
             return
-        self._step = int(self.model.optimizer.iterations.numpy())
-        if self._step % self.check_every:
+        if self._last_good.value == math.inf:
+            # The first batch's loss was measured at the initial weights: the reference for
+            # "exploded", and the value of the initial state a rollback may return to.
+            self._last_good.value = float(logs["loss"])
+            self.trigger.seed(self._last_good.value)
+        if self.check_every == "epoch" or self._step % self.check_every:
             return
         seen = batch + 1
         total = float(logs["loss"]) * seen
         start_seen, start_total = self._interval_start
         self._interval_start = (seen, total)
         loss = (total - start_total) / max(seen - start_seen, 1)
-        self._observe(loss, None, logs)
+        self._observe(loss, None, loss, measured_now=False)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
-        self._step = int(self.model.optimizer.iterations.numpy())
         if self.monitor not in logs:
             raise ValueError(
                 f"MetaAdjuster monitors `{self.monitor}`, which is not in the epoch logs "
                 f"({sorted(logs)}). Pass validation data to fit, or monitor one of those.")
         loss = float(logs.get("loss", math.nan))
         if self.check_every == "epoch" or not _finite(loss):
-            self._observe(loss, logs.get("val_loss"), logs)
+            name = self.monitor if self.mode == "min" else "val_loss"
+            watched = float(logs[name]) if name in logs else loss
+            # A validation value is measured at the weights as they are now.
+            self._observe(loss, logs.get("val_loss"), watched, measured_now=name in logs and name.startswith("val_"))
         self._check_target(float(logs[self.monitor]))
         optimizer = self.model.optimizer
         logs["meta_learning_rate"] = action_lib.applied_learning_rate(optimizer)
@@ -151,27 +165,26 @@ class MetaAdjuster(keras.callbacks.Callback):
         if not _all_finite(self.model.variables):
             self._restore(self._last_good)
 
-    def _watched(self, logs, loss):
-        """The value the trigger follows: the monitored loss, or (for an
-        accuracy-like monitor) the validation or training loss."""
-        name = self.monitor if self.mode == "min" else "val_loss"
-        value = logs.get(name)
-        return loss if value is None else float(value)
-
-    def _observe(self, loss, val_loss, logs):
-        weights = np.concatenate([np.ravel(v.numpy()) for v in self.model.trainable_variables])
-        finite = _finite(loss) and bool(np.all(np.isfinite(weights)))
+    def _observe(self, loss, val_loss, watched, measured_now):
+        snapshot = self._snapshot(watched)
+        weights = np.concatenate([np.ravel(w) for w, t in zip(snapshot.weights, self._trainable) if t])
+        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(weights)))
         self.history.observe(self._observation(loss, val_loss, weights))
-        reason = self.trigger.update(self._watched(logs, loss) if finite else math.nan)
+        reason = self.trigger.update(watched if finite else math.nan)
         if reason == "divergence":
             self._restore(self._last_good)
             self._pending = self._last_good
+            self.trigger.rebaseline(self._last_good.value)
+        elif finite and measured_now:
+            self._last_good = self._pending = snapshot
         elif finite:
-            # The loss of an observation was measured before its last updates, so the weights
-            # now are confirmed good only by the next observation.
-            self._last_good, self._pending = self._pending, self._snapshot()
+            # A training loss was measured before the latest updates: the weights now are
+            # confirmed good only by the next observation.
+            self._last_good, self._pending = self._pending, snapshot
         if reason is not None:
             self._decide(reason)
+        elif self._since_divergence is not None:
+            self._since_divergence += 1
 
     def _observation(self, loss, val_loss, weights):
         optimizer = self.model.optimizer
@@ -189,9 +202,12 @@ class MetaAdjuster(keras.callbacks.Callback):
     def _decide(self, reason):
         rate = action_lib.applied_learning_rate(self.model.optimizer)
         if reason == "divergence":
-            # Never climb back to a rate that diverged: raises stay below half of it.
+            # Never climb back to a rate that diverged: raises stay below half of it. A second
+            # divergence soon after the first takes the largest cut, whatever the model prefers.
             self._ceiling = min(self._ceiling, rate / 2)
-            allowed = self._allowed & _REDUCTIONS
+            repeated = self._since_divergence is not None and self._since_divergence <= self.trigger.patience
+            allowed = self._allowed & (_LARGEST_CUT if repeated else _REDUCTIONS)
+            self._since_divergence = 0
         else:
             allowed = self._allowed & ~((_FACTORS > 1) & (_FACTORS * rate > self._ceiling))
         window = self.history.window()
@@ -225,17 +241,23 @@ class MetaAdjuster(keras.callbacks.Callback):
             print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']} "
                   f"(confidence {decision['confidence']:.2f})", flush=True)
 
-    def _snapshot(self):
-        return ([v.numpy() for v in self.model.variables],
-                [v.numpy() for v in self.model.optimizer.variables])
+    def _snapshot(self, value):
+        return _Snapshot([v.numpy() for v in self.model.variables],
+                         [v.numpy() for v in self.model.optimizer.variables], value)
 
     def _restore(self, snapshot):
-        weights, optimizer_state = snapshot
-        for variable, value in zip(self.model.variables, weights, strict=True):
+        for variable, value in zip(self.model.variables, snapshot.weights, strict=True):
             variable.assign(value)
-        for variable, value in zip(self.model.optimizer.variables, optimizer_state, strict=True):
-            if variable.name not in _LIVE_HYPERPARAMETERS:
+        for variable, value in zip(self.model.optimizer.variables, snapshot.optimizer, strict=True):
+            if variable.name not in _NOT_ROLLED_BACK:
                 variable.assign(value)
+
+
+class _Snapshot:
+    """Weights and optimizer state, with the watched value measured there."""
+
+    def __init__(self, weights, optimizer, value):
+        self.weights, self.optimizer, self.value = weights, optimizer, value
 
 
 def _load(meta_model):

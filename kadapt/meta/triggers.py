@@ -80,6 +80,18 @@ class Trigger:
             return None
         return self._trend()
 
+    def seed(self, loss):
+        """Sets the reference for "exploded" before the first observation (e.g. the
+        first mini-batch's loss, measured at the initial weights)."""
+        if math.isfinite(loss):
+            self.best_median = min(self.best_median, float(loss))
+
+    def rebaseline(self, loss):
+        """After a rollback to a state whose loss was `loss`: that state is not "exploded"."""
+        if math.isfinite(loss):
+            self.best_median = max(self.best_median, float(loss))
+        self._recent = []
+
     def adjusted(self):
         """Call after an adjustment: restarts the patience and the cooldown."""
         self.wait, self.since_best = self.cooldown, 0
