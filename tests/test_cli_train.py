@@ -27,8 +27,11 @@ def kadapt(*args, cwd, wait=True):
     command = [sys.executable, "-m", "kadapt.cli", *map(str, args)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if not wait:
+        # A shell without job control starts background jobs with SIGINT ignored, and children
+        # inherit that: give the child the default disposition, as in a terminal.
         return subprocess.Popen(command, cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=240)
 
 
