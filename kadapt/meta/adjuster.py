@@ -44,8 +44,11 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     On divergence (NaN/Inf, or an exploding loss) it first restores the last
     good weights and optimizer state, and then may only lower the learning
-    rate; later raises stay below half the rate that diverged. A run never
-    ends on non-finite weights.
+    rate; later raises stay below half the rate that diverged. If it diverges
+    again within `patience` observations, the rate is cut ×0.1 and the
+    optimizer's per-weight slots (momentum, moments) restart from zero, since
+    a velocity built at the diverging rate would carry the restored weights
+    straight back out. A run never ends on non-finite weights.
 
     Each decision goes to `decisions`, to `log_dir/meta_decisions.jsonl`, and
     (as `meta_*` entries of the epoch logs) to History and to a TensorBoard
@@ -172,7 +175,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self.history.observe(self._observation(loss, val_loss, weights))
         reason = self.trigger.update(watched if finite else math.nan)
         if reason == "divergence":
-            self._restore(self._last_good)
+            self._restore(self._last_good, restart_momentum=self._repeated_divergence())
             self._pending = self._last_good
             self.trigger.rebaseline(self._last_good.value)
         elif finite and measured_now:
@@ -205,8 +208,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             # Never climb back to a rate that diverged: raises stay below half of it. A second
             # divergence soon after the first takes the largest cut, whatever the model prefers.
             self._ceiling = min(self._ceiling, rate / 2)
-            repeated = self._since_divergence is not None and self._since_divergence <= self.trigger.patience
-            allowed = self._allowed & (_LARGEST_CUT if repeated else _REDUCTIONS)
+            allowed = self._allowed & (_LARGEST_CUT if self._repeated_divergence() else _REDUCTIONS)
             self._since_divergence = 0
         else:
             allowed = self._allowed & ~((_FACTORS > 1) & (_FACTORS * rate > self._ceiling))
@@ -221,6 +223,9 @@ class MetaAdjuster(keras.callbacks.Callback):
                    "features": _summary(window),
                    "learning_rate": action_lib.applied_learning_rate(self.model.optimizer),
                    "momentum": action_lib.current_momentum(self.model.optimizer)})
+
+    def _repeated_divergence(self):
+        return self._since_divergence is not None and self._since_divergence <= self.trigger.patience
 
     def _check_target(self, value):
         if self.target is None or not _finite(value):
@@ -245,12 +250,12 @@ class MetaAdjuster(keras.callbacks.Callback):
         return _Snapshot([v.numpy() for v in self.model.variables],
                          [v.numpy() for v in self.model.optimizer.variables], value)
 
-    def _restore(self, snapshot):
+    def _restore(self, snapshot, restart_momentum=False):
         for variable, value in zip(self.model.variables, snapshot.weights, strict=True):
             variable.assign(value)
         for variable, value in zip(self.model.optimizer.variables, snapshot.optimizer, strict=True):
             if variable.name not in _NOT_ROLLED_BACK:
-                variable.assign(value)
+                variable.assign(np.zeros_like(value) if restart_momentum and value.ndim else value)
 
 
 class _Snapshot:
