@@ -184,3 +184,18 @@ def test_repeated_cuts_stop_at_max_change():
         actions.apply(stock, {"learning_rate_multiplier": 0.1}, initial_learning_rate=0.01)
     assert float(live.learning_rate_multiplier.numpy()) == pytest.approx(1e-4)
     assert float(stock.learning_rate.numpy()) == pytest.approx(1e-6)
+
+
+def test_decisions_reach_a_tensorboard_callback_placed_after_it(tmp_path):
+    import tensorflow as tf
+
+    model = linear_model(kadapt.optimizers.SGD(0.01))
+    adjuster = MetaAdjuster(constant_meta_model(LR_UP), monitor="loss", trigger=fires_once_at_step_3(), verbose=0)
+    x, y = regression_data()
+    model.fit(x, y, batch_size=ROWS, epochs=4, shuffle=False, verbose=0,
+              callbacks=[adjuster, keras.callbacks.TensorBoard(tmp_path)])
+    tags = set()
+    for path in (tmp_path / "train").glob("events.out.tfevents.*"):
+        for raw in tf.data.TFRecordDataset(str(path)):
+            tags |= {value.tag for value in tf.compat.v1.Event.FromString(raw.numpy()).summary.value}
+    assert {"epoch_meta_learning_rate", "epoch_meta_adjustments"} <= tags
