@@ -26,7 +26,7 @@ def add_train_arguments(subparsers):
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
     add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
     add("--learning-rate", type=float, help=f"peak of the cosine learning rate (default: {DEFAULTS.learning_rate})")
-    add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: off)")
+    add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
     add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
     add("--augment", choices=AUGMENT_SETTINGS, help="augment images with kadapt.augment (default: auto)")
     add("--validation-split", type=float,

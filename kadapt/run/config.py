@@ -35,7 +35,7 @@ class RunConfig:
     momentum_min: float = 0.85
     weight_decay: float = 5e-4  # decoupled, Keras semantics: w -= lr * wd * w
     validation_split: float = 0.1
-    meta: str = "off"
+    meta: str = "default"
     target_accuracy: float | None = None
     augment: str = "auto"
     seed: int = 0
