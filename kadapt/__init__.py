@@ -1,10 +1,12 @@
 """kadapt: Keras training that adapts to the machine and to the run."""
 
+from kadapt import augment
 from kadapt import callbacks
 from kadapt import datasets
 from kadapt import meta
 from kadapt import models
 from kadapt import optimizers
+from kadapt import recipes
 from kadapt import schedules
 from kadapt import tuning
 from kadapt.batching import AccumulatingModel
