@@ -153,15 +153,16 @@ class MetaAdjuster(keras.callbacks.Callback):
                 f"MetaAdjuster monitors `{self.monitor}`, which is not in the epoch logs "
                 f"({sorted(logs)}). Pass validation data to fit, or monitor one of those.")
         loss = float(logs.get("loss", math.nan))
-        if self.check_every == "epoch" or not _finite(loss):
+        observed = self.check_every == "epoch" or not _finite(loss)
+        if observed:
             name = self.monitor if self.mode == "min" else "val_loss"
             watched = float(logs[name]) if name in logs else loss
             # A validation value is measured at the weights as they are now.
             self._observe(loss, logs.get("val_loss"), watched, measured_now=name in logs and name.startswith("val_"))
         self._check_target(float(logs[self.monitor]))
-        optimizer = self.model.optimizer
-        logs["meta_learning_rate"] = action_lib.applied_learning_rate(optimizer)
-        logs["meta_momentum"] = action_lib.current_momentum(optimizer)
+        if not observed:
+            self._rates = self._read_rates()
+        logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
         logs["meta_adjustments"] = self._epoch_decisions
 
     def on_train_end(self, logs=None):
@@ -189,11 +190,14 @@ class MetaAdjuster(keras.callbacks.Callback):
         elif self._since_divergence is not None:
             self._since_divergence += 1
 
-    def _observation(self, loss, val_loss, weights):
+    def _read_rates(self):
         optimizer = self.model.optimizer
+        return action_lib.applied_learning_rate(optimizer), action_lib.current_momentum(optimizer)
+
+    def _observation(self, loss, val_loss, weights):
+        self._rates = learning_rate, momentum = self._read_rates()
         return Observation(step=self._step, loss=loss, val_loss=None if val_loss is None else float(val_loss),
-                           learning_rate=action_lib.applied_learning_rate(optimizer),
-                           momentum=action_lib.current_momentum(optimizer), weights=weights,
+                           learning_rate=learning_rate, momentum=momentum, weights=weights,
                            budget_used=self._budget_used())
 
     def _budget_used(self):
@@ -216,13 +220,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         index, confidence, _ = choose(self.meta_model, window, allowed)
         action = action_lib.ACTIONS[index]
         action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
+        self._rates = self._read_rates()
         self.trigger.adjusted()
         self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
                    "adjustment": dict(action), "action": action_lib.describe(action),
                    "confidence": round(confidence, 4), "rollback": reason == "divergence",
                    "features": _summary(window),
-                   "learning_rate": action_lib.applied_learning_rate(self.model.optimizer),
-                   "momentum": action_lib.current_momentum(self.model.optimizer)})
+                   "learning_rate": self._rates[0], "momentum": self._rates[1]})
 
     def _repeated_divergence(self):
         return self._since_divergence is not None and self._since_divergence <= self.trigger.patience
