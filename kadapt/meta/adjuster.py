@@ -252,7 +252,8 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def _snapshot(self, value):
         return _Snapshot([v.numpy() for v in self.model.variables],
-                         [v.numpy() for v in self.model.optimizer.variables], value)
+                         [None if v.name in _NOT_ROLLED_BACK else v.numpy()
+                          for v in self.model.optimizer.variables], value)
 
     def _restore(self, snapshot, restart_momentum=False):
         for variable, value in zip(self.model.variables, snapshot.weights, strict=True):
