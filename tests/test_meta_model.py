@@ -15,7 +15,6 @@ from kadapt.meta import tasks
 from kadapt.meta import train_meta_model
 from kadapt.meta.actions import ACTIONS
 from kadapt.meta.actions import KEEP
-from kadapt.meta.actions import applied_learning_rate
 from kadapt.meta.collect import Snapshot
 from kadapt.meta.collect import TaskRun
 from kadapt.meta.features import FEATURE_NAMES
@@ -23,6 +22,7 @@ from kadapt.meta.features import WINDOW
 from kadapt.meta.meta_model import TEMPERATURE
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
+from kadapt.optimizers.live_variables import applied_learning_rate
 
 TINY = CollectionConfig(total_epochs=4, horizon_epochs=1, explore=0.0)  # iris: 3 steps per epoch
 

@@ -59,24 +59,6 @@ def allowed_mask(optimizer):
     return mask
 
 
-def current_momentum(optimizer):
-    """Momentum (or `beta_1`) as a float; `0.0` for optimizers without one."""
-    for name in ("momentum", "beta_1"):
-        value = getattr(optimizer, name, None)
-        if value is not None:
-            return float(keras.ops.convert_to_numpy(value))
-    return 0.0
-
-
-def applied_learning_rate(optimizer):
-    """The rate the next step applies: schedule(step) (or the float) times the multiplier."""
-    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-    multiplier = getattr(optimizer, "learning_rate_multiplier", None)
-    if multiplier is not None:
-        rate *= float(keras.ops.convert_to_numpy(multiplier))
-    return rate
-
-
 def apply(optimizer, action, initial_learning_rate=None):
     """Applies one action to a live optimizer.
 

@@ -15,7 +15,9 @@ from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import choose
 from kadapt.meta.meta_model import load_meta_model
 from kadapt.meta.triggers import Trigger
-from kadapt.validation import check_micro_batch_size
+from kadapt.optimizers.live_variables import applied_learning_rate
+from kadapt.optimizers.live_variables import current_momentum
+from kadapt.validation import check_range
 
 DECISIONS_FILE = "meta_decisions.jsonl"
 # A rollback restores weights and optimizer slots, not the channels the adjuster itself moves,
@@ -83,8 +85,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         self.meta_model = _load(meta_model)
         self.monitor, self.target = _check_monitor(monitor), _check_target(target)
         self.mode = _check_mode(mode, monitor)
-        self.check_every = check_every if check_every == "epoch" else check_micro_batch_size(
-            check_every, "check_every")
+        if check_every != "epoch":
+            check_range("check_every", check_every, low=1, integer=True)
+        self.check_every = check_every
         if trigger is not None and not isinstance(trigger, Trigger):
             raise TypeError(f"Argument `trigger` must be a kadapt.meta.Trigger or None. Received: trigger={trigger!r}")
         self._trigger_template = trigger or Trigger()
@@ -108,7 +111,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
-        self._initial_learning_rate = action_lib.applied_learning_rate(optimizer)
+        self._initial_learning_rate = applied_learning_rate(optimizer)
         self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
@@ -192,7 +195,7 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def _read_rates(self):
         optimizer = self.model.optimizer
-        return action_lib.applied_learning_rate(optimizer), action_lib.current_momentum(optimizer)
+        return applied_learning_rate(optimizer), current_momentum(optimizer)
 
     def _observation(self, loss, val_loss, weights):
         self._rates = learning_rate, momentum = self._read_rates()
@@ -207,7 +210,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
 
     def _decide(self, reason):
-        rate = action_lib.applied_learning_rate(self.model.optimizer)
+        rate = applied_learning_rate(self.model.optimizer)
         if reason == "divergence":
             # Never climb back to a rate that diverged: raises stay below half of it. A second
             # divergence soon after the first takes the largest cut, whatever the model prefers.

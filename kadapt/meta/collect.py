@@ -17,16 +17,20 @@ The score of a candidate is log(val_loss after / val_loss before), clipped to
 [-5, 5]; a diverged branch scores 5. Lower is better.
 """
 
+import copy
 import dataclasses
 import math
 
 import keras
 import numpy as np
 
+from kadapt.batching import training_state
 from kadapt.meta import actions as action_lib
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
+from kadapt.optimizers.live_variables import applied_learning_rate
+from kadapt.optimizers.live_variables import current_momentum
 
 DIVERGED_SCORE = 5.0
 _TINY_LOSS = 1e-8  # a validation loss can reach 0.0 in float32 on an easy task
@@ -123,16 +127,16 @@ class TaskRun:
         chosen = self.choose(branches)
         if chosen is None:
             return False
-        chosen["end"].restore(self.model, self.batches)
+        chosen["end"].restore(self.batches)
         self.step, self.history, self.last_good = chosen["end"].step, chosen["history"], chosen["end"]
         return True
 
     def branch(self, base, action_index):
-        base.restore(self.model, self.batches)
+        base.restore(self.batches)
         self.step = base.step
         hyperparameters = self.hyperparameters()
         action_lib.apply(self.model.optimizer, action_lib.ACTIONS[action_index])
-        history = _copy_history(self.history)
+        history = copy.deepcopy(self.history)
         finite = self.train(self.horizon, history)
         end = Snapshot.take(self.model, self.batches, self.step, history.last_val_loss) if finite else None
         return action_index, {"history": history, "end": end, "val_loss": history.last_val_loss,
@@ -167,8 +171,8 @@ class TaskRun:
         optimizer = self.model.optimizer
         history.observe(Observation(
             step=self.step, loss=float(loss), val_loss=val_loss,
-            learning_rate=action_lib.applied_learning_rate(optimizer),
-            momentum=action_lib.current_momentum(optimizer), weights=weights,
+            learning_rate=applied_learning_rate(optimizer),
+            momentum=current_momentum(optimizer), weights=weights,
             budget_used=min(self.step / self.total_steps, 1.0)))
         finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(weights)))
         if finite and history is self.history:
@@ -178,8 +182,8 @@ class TaskRun:
     def hyperparameters(self):
         optimizer = self.model.optimizer
         return {"optimizer": self.task.optimizer, "batch_size": self.task.batch_size,
-                "learning_rate": action_lib.applied_learning_rate(optimizer),
-                "momentum": action_lib.current_momentum(optimizer)}
+                "learning_rate": applied_learning_rate(optimizer),
+                "momentum": current_momentum(optimizer)}
 
     def record(self, window, base, action_index, branch, before, rollback):
         after = branch["val_loss"]
@@ -194,12 +198,6 @@ class TaskRun:
             outcome={"val_loss_before": before, "val_loss_after": None if diverged else after,
                      "train_loss_after": None if diverged else branch["train_loss"],
                      "diverged": diverged, "horizon": self.horizon, "score": score})
-
-
-def _copy_history(history):
-    import copy
-
-    return copy.deepcopy(history)
 
 
 class BatchStream:
@@ -220,22 +218,18 @@ class BatchStream:
 
 @dataclasses.dataclass
 class Snapshot:
-    """Weights, optimizer state and batch position at one step."""
+    """The training state (`kadapt.batching.training_state`), batch position and step."""
 
-    weights: list
-    optimizer: list
+    state: list
     position: int
     step: int
     val_loss: float = float("nan")
 
     @classmethod
     def take(cls, model, batches, step, val_loss=float("nan")):
-        return cls([v.numpy() for v in model.variables],
-                   [v.numpy() for v in model.optimizer.variables], batches.position, step, val_loss)
+        return cls(training_state.snapshot(training_state.state_variables(model)),
+                   batches.position, step, val_loss)
 
-    def restore(self, model, batches):
-        for variable, value in zip(model.variables, self.weights, strict=True):
-            variable.assign(value)
-        for variable, value in zip(model.optimizer.variables, self.optimizer, strict=True):
-            variable.assign(value)
+    def restore(self, batches):
+        training_state.restore(self.state)
         batches.position = self.position

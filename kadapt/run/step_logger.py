@@ -5,6 +5,9 @@ import math
 
 import keras
 
+from kadapt.optimizers.live_variables import applied_learning_rate
+from kadapt.optimizers.live_variables import current_momentum
+
 
 class StepLogger(keras.callbacks.Callback):
     """Writes `{"step", "epoch", "loss", "learning_rate", "momentum"}` per step.
@@ -12,7 +15,7 @@ class StepLogger(keras.callbacks.Callback):
     `step` is `optimizer.iterations` before the step (the argument the
     learning-rate schedule saw); `learning_rate` is the rate the step applied,
     schedule(step) x `learning_rate_multiplier`; `momentum` the optimizer's
-    momentum variable during the step. Keras logs the running mean of the
+    momentum (or Adam's `beta_1`) during the step. Keras logs the running mean of the
     loss over the epoch, weighted by rows, so the step's own loss is
     recovered from two consecutive means. List it after callbacks that set
     hyperparameters at batch begin (`kadapt.MomentumScheduler`) and before
@@ -41,14 +44,11 @@ class StepLogger(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         optimizer = self.model.optimizer
-        multiplier = getattr(optimizer, "learning_rate_multiplier", None)
-        rate = _number(optimizer.learning_rate) * (1.0 if multiplier is None else _number(multiplier))
-        momentum = getattr(optimizer, "momentum", None)
         self._pending = {
             "step": int(optimizer.iterations.numpy()),
             "epoch": self._epoch,
-            "learning_rate": rate,
-            "momentum": None if momentum is None else _number(momentum),
+            "learning_rate": applied_learning_rate(optimizer),
+            "momentum": current_momentum(optimizer),
         }
 
     def on_train_batch_end(self, batch, logs=None):
@@ -77,10 +77,6 @@ class StepLogger(keras.callbacks.Callback):
         kept = [line for line in lines if _step_of(line) < first_step_to_redo]
         with open(self.path, "w") as stream:
             stream.writelines(kept)
-
-
-def _number(value):
-    return float(keras.ops.convert_to_numpy(value))
 
 
 def _step_of(line):
