@@ -1,4 +1,4 @@
-"""kadapt.recipes: fast_fit end to end (a few steps), flip TTA, save/load, PiecewiseLinear."""
+"""kadapt.recipes: fast_fit end to end (a few steps), flip TTA, save/load."""
 
 import keras
 import numpy as np
@@ -7,7 +7,6 @@ import tensorflow as tf
 
 import kadapt
 from kadapt.recipes import FastFitConfig
-from kadapt.recipes import PiecewiseLinear
 from kadapt.recipes import fast_fit
 from kadapt.recipes import predict_with_flips
 
@@ -79,22 +78,3 @@ def test_fast_fit_rejects_unusable_datasets(arguments, message):
 def test_config_rejects_an_unknown_schedule():
     with pytest.raises(ValueError, match=r"`schedule` must be 'cosine' or 'triangular'. Received: schedule='linear'"):
         FastFitConfig(schedule="linear")
-
-
-def test_piecewise_linear_matches_numpy_interp_and_serializes():
-    schedule = PiecewiseLinear([0, 10, 40, 50], [0.0, 0.4, 0.1, 0.0])
-    steps = [0, 3, 10, 11, 25, 40, 47, 50, 80]
-    expected = np.interp(steps, [0, 10, 40, 50], [0.0, 0.4, 0.1, 0.0])
-    np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-6, atol=1e-8)
-    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
-    assert restored.get_config() == schedule.get_config() == {
-        "boundaries": [0, 10, 40, 50], "values": [0.0, 0.4, 0.1, 0.0], "name": "PiecewiseLinear"}
-
-
-@pytest.mark.parametrize(
-    "boundaries, values, message",
-    [([0], [0.1], r"same length >= 2"), ([0, 5], [0.1], r"same length >= 2"), ([0, 5, 5], [0.1, 0.2, 0.0], r"`boundaries` must be increasing")],
-)
-def test_piecewise_linear_rejects_bad_knots(boundaries, values, message):
-    with pytest.raises(ValueError, match=message):
-        PiecewiseLinear(boundaries, values)

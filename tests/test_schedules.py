@@ -1,10 +1,11 @@
-"""Cosine learning rate and momentum schedules against the NumPy closed form."""
+"""Learning-rate and momentum schedules against NumPy closed forms."""
 
 import keras
 import numpy as np
 import pytest
 
 import kadapt
+from kadapt.schedules import PiecewiseLinear
 
 
 def _closed_form(step, lr_max, lr_min, total, warmup):
@@ -116,3 +117,22 @@ def test_cosine_annealing_with_restarts_serializes_exactly():
 def test_bad_restart_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         kadapt.CosineAnnealing(0.1, 0.0, 100, **kwargs)
+
+
+def test_piecewise_linear_matches_numpy_interp_and_serializes():
+    schedule = PiecewiseLinear([0, 10, 40, 50], [0.0, 0.4, 0.1, 0.0])
+    steps = [0, 3, 10, 11, 25, 40, 47, 50, 80]
+    expected = np.interp(steps, [0, 10, 40, 50], [0.0, 0.4, 0.1, 0.0])
+    np.testing.assert_allclose([float(schedule(s)) for s in steps], expected, rtol=1e-6, atol=1e-8)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert restored.get_config() == schedule.get_config() == {
+        "boundaries": [0, 10, 40, 50], "values": [0.0, 0.4, 0.1, 0.0], "name": "PiecewiseLinear"}
+
+
+@pytest.mark.parametrize(
+    "boundaries, values, message",
+    [([0], [0.1], r"same length >= 2"), ([0, 5], [0.1], r"same length >= 2"), ([0, 5, 5], [0.1, 0.2, 0.0], r"`boundaries` must be increasing")],
+)
+def test_piecewise_linear_rejects_bad_knots(boundaries, values, message):
+    with pytest.raises(ValueError, match=message):
+        PiecewiseLinear(boundaries, values)

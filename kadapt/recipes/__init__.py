@@ -3,4 +3,3 @@
 from kadapt.recipes.fast_fit import FastFitConfig
 from kadapt.recipes.fast_fit import fast_fit
 from kadapt.recipes.inference import predict_with_flips
-from kadapt.recipes.piecewise_linear import PiecewiseLinear

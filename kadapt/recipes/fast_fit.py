@@ -12,7 +12,7 @@ from kadapt.callbacks import MomentumScheduler
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import SGD
-from kadapt.recipes.piecewise_linear import PiecewiseLinear
+from kadapt.schedules.piecewise_linear import PiecewiseLinear
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
 from kadapt.validation import check_range

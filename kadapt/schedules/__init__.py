@@ -2,3 +2,4 @@
 
 from kadapt.schedules.cosine_annealing import CosineAnnealing
 from kadapt.schedules.cosine_momentum import CosineMomentum
+from kadapt.schedules.piecewise_linear import PiecewiseLinear

@@ -87,9 +87,8 @@ class CosineAnnealing(keras.optimizers.schedules.CosineDecay):
         if self._cycles is None:
             return super().__call__(step)
         step = ops.cast(step, "float32")
-        warmup = max(self.warmup_steps, 1)
         annealed = ops.where(step >= self.total_steps, self.lr_min, self._cycles(step - self.warmup_steps))
-        return ops.where(step < self.warmup_steps, self.lr_max * step / warmup, annealed)
+        return ops.where(step < self.warmup_steps, super().__call__(step), annealed)
 
     def get_config(self):
         return {

@@ -23,7 +23,7 @@ class PiecewiseLinear(keras.optimizers.schedules.LearningRateSchedule):
     Example:
 
     ```python
-    schedule = kadapt.recipes.PiecewiseLinear([0, 200, 1000], [0.0, 0.4, 0.0])
+    schedule = kadapt.schedules.PiecewiseLinear([0, 200, 1000], [0.0, 0.4, 0.0])
     optimizer = kadapt.optimizers.SGD(schedule, momentum=0.9, nesterov=True)
     ```
     """
@@ -42,14 +42,11 @@ class PiecewiseLinear(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = ops.cast(step, "float32")
         rate = ops.convert_to_tensor(self.values[0], "float32")
-        for (b0, b1), (v0, v1) in zip(_pairs(self.boundaries), _pairs(self.values)):
+        b, v = self.boundaries, self.values
+        for b0, b1, v0, v1 in zip(b, b[1:], v, v[1:]):
             fraction = ops.clip((step - b0) / (b1 - b0), 0.0, 1.0)
             rate = ops.where(step >= b0, v0 + (v1 - v0) * fraction, rate)
         return rate
 
     def get_config(self):
         return {"boundaries": self.boundaries, "values": self.values, "name": self.name}
-
-
-def _pairs(items):
-    return list(zip(items, items[1:]))
