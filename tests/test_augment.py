@@ -49,10 +49,13 @@ def test_translation_moves_a_pixel_by_at_most_the_limit():
 @pytest.mark.parametrize("kwargs", [dict(cutmix=1.0), dict(mixup=0.4), dict(cutout=1.0, cutmix=1.0, mixup=0.4)])
 def test_mixing_layers_make_soft_labels_that_sum_to_one(kwargs):
     images, labels = _images(), _one_hot(12)
+    mixed = False
     for out, out_labels in _batches(images, labels, augmentation(flip=False, seed=0, **kwargs)):
         assert out.shape == images.shape
         np.testing.assert_allclose(out_labels.sum(axis=1), 1.0, rtol=1e-6)
         assert np.all(out_labels >= 0)
+        mixed |= not np.isin(out_labels, [0.0, 1.0]).all()
+    assert mixed  # unchanged one-hot labels would pass the checks above
 
 
 def test_empty_pipeline_is_the_identity():
@@ -70,6 +73,8 @@ def test_expand_appends_the_right_count_with_labels_summing_to_one(method):
     np.testing.assert_array_equal(x[:10], images)
     np.testing.assert_array_equal(y[:10], np.eye(3)[labels])
     np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-6)
+    if method != "cutout":  # cutout keeps the label; mixing must make soft ones
+        assert not np.isin(y[10:], [0.0, 1.0]).all()
 
 
 def test_expand_cutout_erases_a_patch_of_a_training_image_and_keeps_its_label():
