@@ -3,7 +3,7 @@ simulated 96 MiB device: kadapt probes the largest micro-batch that fits with
 real trial steps, then trains each logical batch as micro-batches of that
 size in one optimizer step.
 
-Run: `make demo` (or `.venv/bin/python examples/accumulate_fashion_mnist.py`).
+Run: `.venv/bin/python examples/accumulate_fashion_mnist.py` (after `make install`).
 """
 
 import keras

@@ -1,5 +1,6 @@
-"""On-the-fly augmentation of training images, from `kadapt.augment` when it is there."""
+"""On-the-fly augmentation of training images, from `kadapt.augment`."""
 
+from kadapt import augment
 from kadapt.run.errors import UsageError
 
 TRANSLATE = 2 / 28  # of the image size: 2 pixels of Fashion-MNIST
@@ -29,12 +30,6 @@ def augmentation_pipeline(setting, data_name, data, seed):
         if setting == "on":
             raise UsageError("--augment on needs image data; these rows are not images.")
         return None, "off (not images)"
-    try:
-        from kadapt import augment
-    except ImportError:
-        if setting == "on":
-            raise UsageError("--augment on needs kadapt.augment, which this kadapt version lacks.") from None
-        return None, "off (kadapt.augment is not installed)"
     flip = data_name in FLIP_INVARIANT
     pipeline = augment.augmentation(flip=flip, translate=TRANSLATE, seed=seed)
     return pipeline, f"translate {TRANSLATE:.3f}" + (", horizontal flip" if flip else "")

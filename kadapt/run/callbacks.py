@@ -3,6 +3,7 @@
 import keras
 
 from kadapt.callbacks import MomentumScheduler
+from kadapt.meta import MetaAdjuster
 from kadapt.run import run_directory as files
 from kadapt.run.errors import UsageError
 from kadapt.run.history_writer import HistoryWriter
@@ -50,12 +51,6 @@ def meta_adjuster(config, directory, data):
     """
     if config.meta == "off":
         return None
-    try:
-        from kadapt.meta import MetaAdjuster
-    except ImportError:
-        raise UsageError(
-            "--meta needs kadapt.meta.MetaAdjuster, which this kadapt version lacks: use --meta off."
-        ) from None
     monitor = "val_loss" if len(data.x_val) else "loss"
     try:
         return MetaAdjuster(meta_model=config.meta, monitor=monitor, check_every="epoch",

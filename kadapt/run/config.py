@@ -15,8 +15,6 @@ MODEL_NAMES = ("small_cnn", "fast_resnet", "mlp")
 DATA_NAMES = ("fashion_mnist", "digits")
 META_SETTINGS = ("default", "off")
 AUGMENT_SETTINGS = ("auto", "on", "off")
-# Options that only say how to run, not what: they may differ on `--resume`.
-HOW_TO_RUN = ("out", "overwrite", "resume")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +66,7 @@ def resolve_config(options, saved=None):
     stand; a given option that differs from them is an error, because the
     learning-rate schedule and the backup belong to the saved run.
     """
-    given = {k: v for k, v in options.items() if v is not None and k not in HOW_TO_RUN}
+    given = {k: v for k, v in options.items() if v is not None}
     if saved is None:
         if "data" not in given:
             raise UsageError("--data is required: fashion_mnist, digits, or a .npz file.")

@@ -4,6 +4,7 @@ import re
 
 import keras
 
+from kadapt.models import fast_resnet
 from kadapt.models import small_cnn
 from kadapt.run.errors import UsageError
 
@@ -49,14 +50,7 @@ def _reason(error):
 
 
 def _builder(name):
-    if name == "mlp":
-        return mlp
-    if name == "small_cnn":
-        return small_cnn
-    if name == "fast_resnet":
-        try:
-            from kadapt.models import fast_resnet
-        except ImportError:
-            raise UsageError("--model fast_resnet is not available in this kadapt version.") from None
-        return fast_resnet
-    raise UsageError(f"--model must be one of small_cnn, fast_resnet, mlp. Received: --model={name}")
+    builders = {"small_cnn": small_cnn, "fast_resnet": fast_resnet, "mlp": mlp}
+    if name not in builders:
+        raise UsageError(f"--model must be one of small_cnn, fast_resnet, mlp. Received: --model={name}")
+    return builders[name]

@@ -107,7 +107,6 @@ def _compile(model, config, steps):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    return optimizer
 
 
 def _micro_batch_size(run, echo):

@@ -15,13 +15,14 @@ import os
 import shutil
 from pathlib import Path
 
+from kadapt.meta.adjuster import DECISIONS_FILE
 from kadapt.run.errors import UsageError
 
 CONFIG = "config.json"
 RUN = "run.json"
 HISTORY = "history.json"
 STEPS = "steps.jsonl"
-META_DECISIONS = "meta_decisions.jsonl"
+META_DECISIONS = DECISIONS_FILE
 PROBE = "probe.json"
 MODEL = "model.keras"
 TRAINING_PLOT = "training.png"

@@ -30,11 +30,9 @@ class StopAtTarget(keras.callbacks.Callback):
     def __init__(self, target, monitor="val_accuracy"):
         super().__init__()
         self.target, self.monitor = target, monitor
-        self.reached_at_epoch = None
 
     def on_epoch_end(self, epoch, logs=None):
         value = (logs or {}).get(self.monitor)
         if value is not None and float(value) >= self.target:
-            self.reached_at_epoch = epoch
             self.model.stop_training = True
             print(f"{self.monitor} {float(value):.4f} >= target {self.target}: stopping after epoch {epoch + 1}")
