@@ -41,3 +41,8 @@ def test_probe_table_for_a_keras_file(tmp_path, capsys):
 def test_bad_arguments(argv, message):
     with pytest.raises(SystemExit, match=message):
         cli.main(["probe", *argv])
+
+
+def test_probe_refuses_a_batch_size_that_is_not_positive(capsys):
+    with pytest.raises(SystemExit, match=r"kadapt: error: --batch-size must be a positive int .* Received: --batch-size=0"):
+        cli.main(["probe", "--model", "mlp", "--input-shape", "4", "--batch-size", "0"])

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kadapt.run.config import MODEL_NAMES as BUILTIN_MODELS
+from kadapt.run.errors import UsageError
 
 
 def add_probe_arguments(subparsers):
@@ -29,6 +30,9 @@ def add_probe_arguments(subparsers):
 
 
 def run_probe(args):
+    if args.batch_size <= 0:
+        raise UsageError(f"--batch-size must be a positive int (the logical batch to plan). "
+                         f"Received: --batch-size={args.batch_size}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
 
@@ -40,7 +44,7 @@ def run_probe(args):
     if not args.json:
         print_devices(devices)
     model = load_model(args)
-    rows = max(2 * args.batch_size, 2)
+    rows = 2 * args.batch_size
     data = random_batch(model, rows, np.random.default_rng(0))
 
     def on_trial(trial):
