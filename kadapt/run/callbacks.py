@@ -5,6 +5,7 @@ import keras
 from kadapt.callbacks import MomentumScheduler
 from kadapt.meta import MetaAdjuster
 from kadapt.run import run_directory as files
+from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.errors import UsageError
 from kadapt.run.history_writer import HistoryWriter
 from kadapt.run.step_logger import StepLogger
@@ -28,8 +29,8 @@ def training_callbacks(run, steps):
         config.momentum_max, config.momentum_min, steps["total_steps"], steps["warmup_steps"]
     )
     callbacks = [
-        # Two checkpoints: a Ctrl-C that lands while one is written leaves the other.
-        keras.callbacks.BackupAndRestore(backup_dir=str(directory / files.BACKUP), double_checkpoint=True),
+        # Two checkpoints, and none cut short by Ctrl-C.
+        InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True),
         MomentumScheduler(momentum),
         StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
         run.meta_adjuster,

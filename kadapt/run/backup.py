@@ -1,0 +1,48 @@
+"""`InterruptSafeBackup`: Keras' `BackupAndRestore` whose checkpoints Ctrl-C cannot cut short."""
+
+import contextlib
+import signal
+import threading
+
+import keras
+
+
+class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
+    """`BackupAndRestore` that holds SIGINT back while it writes a checkpoint.
+
+    A Ctrl-C that landed inside the weights write left a truncated file, and
+    Keras falls back to its second checkpoint only on `OSError`, not on the
+    `ValueError` loading such a file raises: `--resume` then failed. Here the
+    signal waits until the write is done and is delivered right after, so the
+    run still stops at once, with a whole checkpoint behind it.
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        with _sigint_held():
+            super().on_epoch_end(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        with _sigint_held():
+            super().on_train_batch_end(batch, logs)
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """Records a SIGINT instead of acting on it, and passes it on at the end.
+
+    A Python-level handler, not a signal mask: TensorFlow's threads would
+    take a process-directed signal that the main thread masks.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(signal.SIGINT, None)
+        elif received and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
