@@ -4,8 +4,11 @@ import os
 import signal
 import time
 
+import keras
+import numpy as np
 import pytest
 
+from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.backup import _sigint_held
 
 
@@ -21,3 +24,42 @@ def test_sigint_waits_until_the_checkpoint_is_written():
     finally:
         signal.signal(signal.SIGINT, previous)
     assert written == [True]
+
+
+class _InterruptAtEpochEnd(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt
+
+
+class _EpochsBegun(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+
+def _fit(directory, *middle, epochs=4):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    backup = InterruptSafeBackup(backup_dir=str(directory))
+    x = np.arange(24, dtype="float32").reshape(8, 3) / 24
+    model.fit(x, x[:, :1], batch_size=4, epochs=epochs, verbose=0,
+              callbacks=[backup, *middle, backup.committer])
+
+
+def test_an_epoch_is_checkpointed_only_after_every_callback_finished_it(tmp_path):
+    # An interrupt while a later callback (the history writer) ends epoch 2:
+    # that epoch must not count as done, or the resumed run skips its records.
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, _InterruptAtEpochEnd(2))
+    begun = _EpochsBegun()
+    _fit(tmp_path, begun)
+    assert begun.epochs == [2, 3]

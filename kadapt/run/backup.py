@@ -8,22 +8,48 @@ import keras
 
 
 class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
-    """`BackupAndRestore` that holds SIGINT back while it writes a checkpoint.
+    """`BackupAndRestore` that holds SIGINT back while it writes a checkpoint,
+    and checkpoints an epoch only after every other callback has finished it.
 
     A Ctrl-C that landed inside the weights write left a truncated file, and
     Keras falls back to its second checkpoint only on `OSError`, not on the
     `ValueError` loading such a file raises: `--resume` then failed. Here the
     signal waits until the write is done and is delivered right after, so the
     run still stops at once, with a whole checkpoint behind it.
+
+    List it first (it restores the weights before the others look at them)
+    and `self.committer` last: the epoch-end checkpoint is written by the
+    committer. A checkpoint declares its epoch done, so it must follow the
+    records of that epoch (`history.json`, an adjustment the `MetaAdjuster`
+    made at epoch end); written first, a Ctrl-C between the two lost the
+    epoch from the history of the resumed run.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.committer = _EpochCommitter(self)
+
     def on_epoch_end(self, epoch, logs=None):
-        with _sigint_held():
-            super().on_epoch_end(epoch, logs)
+        """Nothing: `self.committer` writes the checkpoint after the others."""
 
     def on_train_batch_end(self, batch, logs=None):
         with _sigint_held():
             super().on_train_batch_end(batch, logs)
+
+    def _commit_epoch(self, epoch, logs):
+        with _sigint_held():
+            super().on_epoch_end(epoch, logs)
+
+
+class _EpochCommitter(keras.callbacks.Callback):
+    """Writes the epoch-end checkpoint of its `InterruptSafeBackup`; list it last."""
+
+    def __init__(self, backup):
+        super().__init__()
+        self._backup = backup
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._backup._commit_epoch(epoch, logs)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ from kadapt.schedules import CosineMomentum
 
 
 def training_callbacks(run, steps):
-    """Backup first (it restores weights before the others look at them);
+    """Backup first (it restores weights before the others look at them) and
+    its committer last (an epoch's checkpoint follows that epoch's records);
     momentum set before the step logger reads it; the step logger before the
     MetaAdjuster changes anything at batch end.
 
@@ -28,9 +29,10 @@ def training_callbacks(run, steps):
     momentum = CosineMomentum(
         config.momentum_max, config.momentum_min, steps["total_steps"], steps["warmup_steps"]
     )
+    # Two checkpoints, and none cut short by Ctrl-C.
+    backup = InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True)
     callbacks = [
-        # Two checkpoints, and none cut short by Ctrl-C.
-        InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True),
+        backup,
         MomentumScheduler(momentum),
         StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
         run.meta_adjuster,
@@ -41,6 +43,7 @@ def training_callbacks(run, steps):
         callbacks.append(StopAtTarget(config.target_accuracy))
     if config.max_steps is not None:
         callbacks.append(StopAtStep(config.max_steps))
+    callbacks.append(backup.committer)
     return [c for c in callbacks if c is not None]
 
 
