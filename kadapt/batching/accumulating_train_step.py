@@ -8,6 +8,7 @@ from kadapt.batching import micro_batches
 from kadapt.batching.memory_budget import parse_memory_size
 from kadapt.batching.micro_batches import batch_size_of as rows_of
 from kadapt.batching.noise_scale import NoiseScale
+from kadapt.batching.noise_scale import squared_preconditioner
 from kadapt.batching.oom_recovery import RecoveringTrainFunction
 from kadapt.validation import check_micro_batch_size
 from kadapt.validation import check_non_negative_int
@@ -134,31 +135,45 @@ class AccumulatingTrainStep:
         tail = batch_size - num_full * micro
         num_micro = num_full + tf.cast(tail > 0, tf.int32)
         layers = ghost_batch_norm.batch_norm_layers(self)
+        weights = self._noise_weights()
         with ghost_batch_norm.per_logical_step_momentum(layers, num_micro):
             # The first micro-batch runs outside the loop: it builds the model,
             # metrics and loss on the first trace (variables cannot be created
             # inside the loop) and its gradients seed the float32 sum.
-            total = self._micro_step(micro_batches.first_rows(batch, micro), batch_size)
-            total = self._accumulate_full(batch, batch_size, num_full, total)
+            total = self._micro_step(micro_batches.first_rows(batch, micro), batch_size, weights)
+            total = self._accumulate_full(batch, batch_size, num_full, total, weights)
             total = tf.cond(
                 tf.logical_and(tail > 0, num_full > 0),
-                lambda: self._accumulate_tail(batch, batch_size, num_full, total),
+                lambda: self._accumulate_tail(batch, batch_size, num_full, total, weights),
                 lambda: total,
             )
         gradients, loss, noise = total
         if self.measure_noise:
-            self._track_noise(gradients, noise, batch_size)
+            self._track_noise(gradients, noise, batch_size, weights)
         self._apply_once(gradients)
         self._track_loss(loss, batch_size)
         return self.get_metrics_result()
 
-    def _track_noise(self, gradients, noise, batch_size):
+    def _noise_weights(self):
+        """P^2 per variable when the optimizer preconditions (Adam family; see
+        `kadapt.batching.noise_scale`), else `None`: plain squared norms."""
+        variables = self.trainable_variables
+        if not self.measure_noise or not variables:
+            return None
+        if not self.optimizer.built:
+            self.optimizer.build(variables)
+        return squared_preconditioner(self.optimizer, variables)
+
+    def _track_noise(self, gradients, noise, batch_size, weights):
         """Feeds a = mean |g_i|^2, b = |g_B|^2, u = mean 1/n_i, v = 1/N."""
         squared_norms, inverse_sizes, count = tf.unstack(noise)
         scale = tf.cast(self.optimizer.scale_loss(tf.constant(1.0)), tf.float32)
-        full = tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradients]) / scale**2
+        full = _squared_norm(gradients, weights) / scale**2
+        # Adam's preconditioner is undefined before its first update (v = 0).
+        measured = True if weights is None else self.optimizer.iterations > 0
         self.noise_scale.update_state(
-            squared_norms / count, full, inverse_sizes / count, 1.0 / tf.cast(batch_size, tf.float32)
+            squared_norms / count, full, inverse_sizes / count, 1.0 / tf.cast(batch_size, tf.float32),
+            measured=measured,
         )
 
     def _apply_once(self, gradients):
@@ -175,7 +190,7 @@ class AccumulatingTrainStep:
                 [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)], variables
             )
 
-    def _accumulate_full(self, batch, batch_size, num_full, total):
+    def _accumulate_full(self, batch, batch_size, num_full, total, weights):
         """Adds the full micro-batches 1 .. num_full - 1, one at a time."""
         micro = self._traced_micro_batch_size()
 
@@ -184,7 +199,7 @@ class AccumulatingTrainStep:
             # exist, so at most one micro-batch's activations are alive.
             with tf.control_dependencies(tf.nest.flatten(total)):
                 rows = micro_batches.slice_rows(batch, index * micro, micro)
-            return index + 1, self._add(total, self._micro_step(rows, batch_size))
+            return index + 1, self._add(total, self._micro_step(rows, batch_size, weights))
 
         _, total = tf.while_loop(
             lambda index, _: index < num_full,
@@ -194,10 +209,10 @@ class AccumulatingTrainStep:
         )
         return total
 
-    def _accumulate_tail(self, batch, batch_size, num_full, total):
+    def _accumulate_tail(self, batch, batch_size, num_full, total, weights):
         with tf.control_dependencies(tf.nest.flatten(total)):
             rows = micro_batches.rows_from(batch, num_full * self._traced_micro_batch_size())
-        return self._add(total, self._micro_step(rows, batch_size))
+        return self._add(total, self._micro_step(rows, batch_size, weights))
 
     def _traced_micro_batch_size(self):
         if self._micro_batch_size is None:
@@ -208,8 +223,9 @@ class AccumulatingTrainStep:
             )
         return self._micro_batch_size
 
-    def _micro_step(self, rows, batch_size):
-        """Returns the float32 gradients and loss share of one micro-batch."""
+    def _micro_step(self, rows, batch_size, noise_weights=None):
+        """Returns the float32 gradients, loss share and noise statistics of
+        one micro-batch."""
         x, y, sample_weight = rows
         share = tf.cast(rows_of(x), tf.float32) / tf.cast(batch_size, tf.float32)
         with tf.GradientTape() as tape:
@@ -223,15 +239,15 @@ class AccumulatingTrainStep:
         gradients = tape.gradient(scaled, variables) if variables else []
         self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         gradients = [_dense_float32(g, v) for g, v in zip(gradients, variables)]
-        return gradients, loss, self._noise_statistics(gradients, share, rows_of(x))
+        return gradients, loss, self._noise_statistics(gradients, share, rows_of(x), noise_weights)
 
-    def _noise_statistics(self, gradients, share, rows):
+    def _noise_statistics(self, gradients, share, rows, weights):
         """[|g_i|^2, 1/n_i, 1] for this micro-batch's mean gradient g_i (zeros
         when not measuring). The summed gradients are of loss * share, scaled."""
         if not self.measure_noise or not gradients:
             return tf.zeros([3], tf.float32)
         scale = tf.cast(self.optimizer.scale_loss(tf.constant(1.0)), tf.float32) * share
-        squared_norm = tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradients]) / scale**2
+        squared_norm = _squared_norm(gradients, weights) / scale**2
         return tf.stack([squared_norm, 1.0 / tf.cast(rows, tf.float32), 1.0])
 
     @staticmethod
@@ -254,3 +270,10 @@ def _dense_float32(gradient, variable):
     if gradient is None:
         return tf.zeros(variable.shape, tf.float32)
     return tf.cast(tf.convert_to_tensor(gradient), tf.float32)
+
+
+def _squared_norm(gradients, weights=None):
+    """sum |g|^2 over the variables, or sum P^2 |g|^2 with `weights` = P^2."""
+    if weights is None:
+        return tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradients])
+    return tf.add_n([tf.reduce_sum(w * tf.square(g)) for g, w in zip(gradients, weights)])
