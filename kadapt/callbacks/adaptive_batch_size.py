@@ -10,13 +10,17 @@ callbacks), beta the cost per row. Clean data (small phi) wants small batches,
 noisy data larger ones; the optimum is near sqrt(alpha * phi / beta).
 """
 
+import collections
 import math
+import threading
 import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from kadapt.validation import check_micro_batch_size
+from kadapt.validation import check_range
 
 LR_SCALING = ("sqrt", "linear", "none")
 
@@ -33,27 +37,43 @@ def choose_batch_size(candidates, alpha, beta, noise_scale, reference):
 
 
 class AdaptiveBatchSize(keras.callbacks.Callback):
-    """Chooses the logical batch size between epochs from the noise scale.
+    """Chooses the logical batch size from the noise scale, live or between epochs.
 
     Needs a model built with `measure_noise=True` (`kadapt.accumulate`): the
     micro-batch, and so the memory, stays as planned; only the number of
-    micro-batches per step changes. At the end of each epoch it fits seconds
-    per step = alpha + beta * B to the steps it timed, reads `noise_scale`,
-    and sets `batch_size` to the power of two in [min, max] with the best
-    goodput, rescaling the learning rate by `lr_scaling` ("sqrt": by
-    sqrt(B_new / B_old), the default; "linear"; or "none") through the
-    optimizer's `learning_rate_multiplier` (kadapt optimizers) or its float
-    learning rate.
+    micro-batches per step changes. It fits seconds per step = alpha + beta * B
+    to the steps it timed, reads `noise_scale`, and sets `batch_size` to the
+    power of two in [min, max] with the best goodput, rescaling the learning
+    rate by `lr_scaling` ("sqrt": by sqrt(B_new / B_old), the default;
+    "linear"; or "none") through the optimizer's `learning_rate_multiplier`
+    (kadapt optimizers) or its float learning rate.
 
-    Keras fixes the batch size of a running `fit` for array inputs, so train
-    one epoch per `fit` and pass the callback's current size:
+    Two ways to feed it:
 
-    ```python
-    adaptive = kadapt.AdaptiveBatchSize(64, 2048, initial_batch_size=128)
-    for epoch in range(10):
-        model.fit(x, y, batch_size=adaptive.batch_size, initial_epoch=epoch,
-                  epochs=epoch + 1, callbacks=[adaptive])
-    ```
+    - **Live** (the fast one): train on `adaptive.dataset(x, y)`, whose
+      batches take the callback's size as they are drawn. It decides every
+      `interval` steps and at epoch ends; each change reaches the very next
+      batch, with its learning rate. Every row is trained once per pass. An
+      epoch is one pass, except that Keras caps the steps of later epochs
+      of a dataset of unknown length at those of the first: after the
+      batch shrank below the first epoch's sizes, a pass cut short by the cap
+      goes on in the next epoch.
+
+      ```python
+      adaptive = kadapt.AdaptiveBatchSize(64, 2048)
+      model.fit(adaptive.dataset(x, y, seed=0), epochs=10, callbacks=[adaptive])
+      ```
+
+    - **Between epochs**: Keras fixes the batch size of a running `fit` for
+      array inputs, so train one epoch per `fit` and pass the current size;
+      it decides at epoch ends only.
+
+      ```python
+      adaptive = kadapt.AdaptiveBatchSize(64, 2048, initial_batch_size=128)
+      for epoch in range(10):
+          model.fit(x, y, batch_size=adaptive.batch_size, initial_epoch=epoch,
+                    epochs=epoch + 1, callbacks=[adaptive])
+      ```
 
     Args:
         min_batch_size: Positive int, above the model's micro-batch (the
@@ -62,9 +82,12 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         initial_batch_size: Int in [min, max], the B0 of the efficiency
             formula. Defaults to `min_batch_size`.
         lr_scaling: One of "sqrt", "linear", "none". Defaults to "sqrt".
+        interval: Positive int. Steps between live decisions. Defaults to
+            `50`.
     """
 
-    def __init__(self, min_batch_size, max_batch_size, initial_batch_size=None, lr_scaling="sqrt"):
+    def __init__(self, min_batch_size, max_batch_size, initial_batch_size=None, lr_scaling="sqrt",
+                 interval=50):
         super().__init__()
         low = check_micro_batch_size(min_batch_size, name="min_batch_size")
         high = check_micro_batch_size(max_batch_size, name="max_batch_size")
@@ -85,8 +108,52 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self.min_batch_size, self.max_batch_size = low, high
         self.reference = self.batch_size = initial
         self.lr_scaling = lr_scaling
+        check_range("interval", interval, low=1, integer=True)
+        self.interval = int(interval)
         self.step_times = []  # (batch size, seconds per step)
         self.choices = []  # (epoch, noise scale, batch size chosen)
+        self._lr_batch_size = initial  # the size the learning rate is scaled for
+        self._lock = threading.Lock()
+        self._drawn = None  # sizes of the live batches drawn, not yet trained
+
+    def dataset(self, x, y, shuffle=True, seed=None):
+        """A `tf.data.Dataset` of `(x, y)` batches of `self.batch_size` rows,
+        read as each batch is drawn; a new order every epoch when `shuffle`.
+
+        Args:
+            x: NumPy array (or anything `np.asarray` takes) of inputs, rows first.
+            y: Array of targets with as many rows.
+            shuffle: Bool. Defaults to `True`.
+            seed: Int or `None`. Seeds the order. Defaults to `None`.
+        """
+        x, y = np.asarray(x), np.asarray(y)
+        if not x.ndim or not y.ndim or len(x) != len(y) or not len(x):
+            raise ValueError(
+                "Arguments `x` and `y` must hold the same number (> 0) of rows. "
+                f"Received: x.shape={x.shape}, y.shape={y.shape}"
+            )
+        rng = np.random.default_rng(seed)
+        self._drawn = collections.deque()  # (first position, rows) of batches drawn, not trained
+        self._order, self._next = None, 0
+
+        def batches():  # one call per Keras epoch
+            with self._lock:
+                if self._order is None or self._next >= len(x):  # a new pass
+                    self._order = rng.permutation(len(x)) if shuffle else np.arange(len(x))
+                    self._next = 0
+            while True:
+                with self._lock:  # the size and its record agree with _decide
+                    start = self._next
+                    if start >= len(x):
+                        return
+                    rows = self._order[start:start + self.batch_size]
+                    self._next = start + len(rows)
+                    self._drawn.append((start, len(rows)))
+                yield x[rows], y[rows]
+
+        signature = (tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype)),
+                     tf.TensorSpec((None, *y.shape[1:]), tf.as_dtype(y.dtype)))
+        return tf.data.Dataset.from_generator(batches, output_signature=signature)
 
     def candidates(self):
         powers = [2**k for k in range(64) if self.min_batch_size <= 2**k <= self.max_batch_size]
@@ -112,19 +179,54 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         seconds = time.perf_counter() - self._started
+        size = self._trained_size()
         if self._first_batch:  # includes tracing
             self._first_batch = False
-            return
-        self.step_times.append((self.batch_size, seconds))
+        else:
+            self.step_times.append((size, seconds))
+        if self._drawn is not None:
+            if (batch + 1) % self.interval == 0:
+                self._decide(self._epoch)
+            # tf.data may have drawn the next batch before the last decision.
+            with self._lock:
+                upcoming = self._drawn[0][1] if self._drawn else self.batch_size
+            self._sync_learning_rate(upcoming)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._drawn is not None:
+            with self._lock:
+                if self._drawn:  # drawn but never trained: the next epoch starts with them
+                    self._next = self._drawn[0][0]
+                    self._drawn.clear()
+        self._decide(epoch)
+
+    def _trained_size(self):
+        """Rows of the step just trained: the oldest live batch drawn, or
+        `batch_size` when `fit` batches the data itself."""
+        if self._drawn is None:
+            return self.batch_size
+        with self._lock:
+            return self._drawn.popleft()[1] if self._drawn else self.batch_size
+
+    def _decide(self, epoch):
         noise_scale = float(self.model.noise_scale.result())
         alpha, beta = self.step_cost()
         chosen = choose_batch_size(self.candidates(), alpha, beta, noise_scale, self.reference)
         self.choices.append((epoch, noise_scale, chosen))
-        if chosen != self.batch_size:
-            self._rescale_learning_rate(chosen / self.batch_size)
+        with self._lock:
             self.batch_size = chosen
+            # The next step trains a batch already drawn, or one drawn from now on.
+            upcoming = self._drawn[0][1] if self._drawn else chosen
+        self._sync_learning_rate(upcoming)
+
+    def _sync_learning_rate(self, batch_size):
+        """Rescales the learning rate from the size it is scaled for to `batch_size`."""
+        if batch_size != self._lr_batch_size:
+            self._rescale_learning_rate(batch_size / self._lr_batch_size)
+            self._lr_batch_size = batch_size
 
     def step_cost(self):
         """(alpha, beta) of seconds per step = alpha + beta * B, from the timed steps."""
