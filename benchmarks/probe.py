@@ -7,12 +7,15 @@ Three models and budgets on this CPU. "Truly fits" is decided by real trial
 steps: a sweep every 32 rows, then bisection between the last size that fit
 and the first that did not. Each real trial is a fresh trace whose peak can
 differ by some percent from another trace of the same size, so the reference
-itself is a measurement.
+itself is a measurement. Each case runs in a fresh process, as a user's probe
+would: in one process for all three, the memory an earlier case kept alive
+counted in the later cases' peaks.
 
 Run: `make install && .venv/bin/python benchmarks/probe.py`
 """
 
 import functools
+import multiprocessing
 import os
 import time
 
@@ -122,11 +125,19 @@ def measure_case(build, budget_text):
 def main():
     print(f"{'model':10s} {'budget':>7s} {'largest':>8s} {'kadapt':>7s} {'ratio':>6s} {'trials':>7s} "
           f"{'probe s':>8s} {'Lightning':>10s} {'trials':>7s}")
-    for build, budget in CASES:
-        row = measure_case(build, budget)
+    # Each case in a fresh process: the peak is the process's, and the
+    # variables and traced steps of an earlier case would count in it.
+    context = multiprocessing.get_context("spawn")
+    for index in range(len(CASES)):
+        with context.Pool(1) as pool:
+            row = pool.apply(measure_index, (index,))
         print(f"{row['model']:10s} {row['budget']:>7s} {row['truth']:8d} {row['chosen']:7d} "
               f"{row['chosen'] / row['truth']:6.2f} {row['trials']:7d} {row['probe_s']:8.1f} "
               f"{row['lightning']:10d} {row['lightning_trials']:7d}", flush=True)
+
+
+def measure_index(index):
+    return measure_case(*CASES[index])
 
 
 if __name__ == "__main__":
