@@ -33,6 +33,7 @@ MAX_EPOCHS = 12
 MICRO = 32
 BASE_LR, BASE_BATCH = 1e-3, 64
 SEEDS = (0, 1, 2)
+VALIDATION_BATCH = 1024  # the same for every run (Keras' default would be 32 for a dataset)
 
 
 def mlp():
@@ -56,6 +57,13 @@ class StopAtTarget(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.started, self.seconds, self.epochs = time.perf_counter(), None, 0
+        self.step_seconds = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step_seconds.append(time.perf_counter() - self._step_started)
 
     def on_epoch_end(self, epoch, logs=None):
         self.epochs = epoch + 1
@@ -65,7 +73,8 @@ class StopAtTarget(keras.callbacks.Callback):
 
 
 def run(data, batch_size=None, adaptive=None, seed=0):
-    """(seconds, steps, epochs) to val_loss <= target (seconds None if never)."""
+    """(seconds, steps, epochs, median ms per step) to val_loss <= target
+    (seconds None if never)."""
     (x, y), validation = data
     model = trainer(batch_size or adaptive.batch_size, seed)
     # Keras' fit(shuffle=True) repeats one order every epoch while a global
@@ -74,11 +83,13 @@ def run(data, batch_size=None, adaptive=None, seed=0):
     stop = StopAtTarget()
     if adaptive is None:  # Keras' own (vectorized) array path
         model.fit(x, y, batch_size=batch_size, epochs=MAX_EPOCHS, validation_data=validation,
-                  verbose=0, shuffle=True, callbacks=[stop])
+                  validation_batch_size=VALIDATION_BATCH, verbose=0, shuffle=True, callbacks=[stop])
     else:
         model.fit(adaptive.dataset(x, y, seed=seed), epochs=MAX_EPOCHS, validation_data=validation,
-                  verbose=0, shuffle=False, callbacks=[adaptive, stop])
-    return stop.seconds, int(model.optimizer.iterations), stop.epochs
+                  validation_batch_size=VALIDATION_BATCH, verbose=0, shuffle=False,
+                  callbacks=[adaptive, stop])
+    milliseconds = 1000 * statistics.median(stop.step_seconds[1:])
+    return stop.seconds, int(model.optimizer.iterations), stop.epochs, milliseconds
 
 
 def main():
@@ -92,9 +103,9 @@ def main():
         results["fixed 1024"].append(run(data, batch_size=1024, seed=seed))
         adaptive = kadapt.AdaptiveBatchSize(64, 1024, initial_batch_size=64)
         results["adaptive 64..1024"].append(run(data, adaptive=adaptive, seed=seed))
-        choices.append(adaptive.choices)
+        choices.append((adaptive.choices, adaptive.step_times))
     print(f"target val_loss <= {TARGET_VAL_LOSS}, medians over seeds {SEEDS}")
-    print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'epochs':>7s}   per seed (s)")
+    print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'epochs':>7s} {'ms/step':>8s}   per seed (s)")
     for name, rows in results.items():
         reached = [r for r in rows if r[0] is not None]
         if len(reached) < len(rows):
@@ -102,12 +113,15 @@ def main():
         if reached:
             print(f"{name:20s} {statistics.median(r[0] for r in reached):8.1f} "
                   f"{statistics.median(r[1] for r in reached):7.0f} "
-                  f"{statistics.median(r[2] for r in reached):7.0f}   "
+                  f"{statistics.median(r[2] for r in reached):7.0f} "
+                  f"{statistics.median(r[3] for r in reached):8.1f}   "
                   + " ".join(f"{r[0]:.1f}" for r in reached))
-    for seed, made in zip(SEEDS, choices):
+    for seed, (made, timed) in zip(SEEDS, choices):
         firsts = [(round(phi), b) for _, phi, b in made[:6]]
-        sizes = sorted({b for _, _, b in made})
-        print(f"adaptive seed {seed}: first decisions (noise scale, batch) {firsts}; sizes used {sizes}")
+        steps = {b: sum(1 for size, _ in timed if size == b) for b in sorted({b for b, _ in timed})}
+        milliseconds = {b: round(1000 * statistics.median(s for size, s in timed if size == b), 1) for b in steps}
+        print(f"adaptive seed {seed}: first decisions (noise scale, batch) {firsts}")
+        print(f"  steps per size {steps}; median ms per step {milliseconds}")
 
 
 if __name__ == "__main__":

@@ -149,11 +149,15 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                     rows = self._order[start:start + self.batch_size]
                     self._next = start + len(rows)
                     self._drawn.append((start, len(rows)))
-                yield x[rows], y[rows]
+                yield rows
 
-        signature = (tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype)),
-                     tf.TensorSpec((None, *y.shape[1:]), tf.as_dtype(y.dtype)))
-        return tf.data.Dataset.from_generator(batches, output_signature=signature)
+        # Only the row indices leave Python; the rows are gathered in the
+        # graph, as Keras' own array adapter does (a Python generator of the
+        # rows themselves cost more than the step at small batches).
+        indices = tf.data.Dataset.from_generator(batches, output_signature=tf.TensorSpec((None,), tf.int64))
+        arrays = tf.data.Dataset.from_tensors((x, y)).repeat()
+        return tf.data.Dataset.zip((indices, arrays)).map(
+            lambda rows, data: (tf.gather(data[0], rows), tf.gather(data[1], rows)))
 
     def candidates(self):
         powers = [2**k for k in range(64) if self.min_batch_size <= 2**k <= self.max_batch_size]
