@@ -37,9 +37,10 @@ class AccumulatingTrainStep:
         measure_noise: Bool. Estimate the gradient noise scale B_simple from
             the micro-batch gradients of every step (one squared norm per
             micro-batch) and report it as `noise_scale` in the logs and History
-            (see `kadapt.batching.noise_scale`). Needs >= 2 micro-batches per
-            step; steps with one leave the estimate unchanged. Defaults to
-            `False`.
+            (see `kadapt.batching.noise_scale`). With an Adam-family
+            optimizer it is the preconditioned noise scale, of the steps Adam
+            takes. Needs >= 2 micro-batches per step; steps with one leave the
+            estimate unchanged. Defaults to `False`.
         *args, **kwargs: Passed on to `keras.Model`.
 
     Example:
