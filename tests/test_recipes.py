@@ -59,6 +59,18 @@ def test_fast_fit_from_a_dataset_with_the_triangular_schedule():
     assert model.optimizer.use_ema and model.output_shape == (None, 3)
 
 
+def test_fast_fit_with_a_single_step_starts_the_triangle_at_the_peak():
+    # Too few steps for a warmup step: the rate starts at the peak (as the
+    # cosine schedule does) instead of building an invalid [0, 1, 1] schedule.
+    x, y = _data(BATCH)
+    config = FastFitConfig(**{**TINY.__dict__, "schedule": "triangular", "whitening": False})
+    model = fast_fit(x, y, epochs=1, batch_size=BATCH, config=config, seed=0)
+    assert int(model.optimizer.iterations.numpy()) == 1
+    schedule = model.optimizer._learning_rate
+    assert float(schedule(0)) == pytest.approx(config.learning_rate)
+    assert float(schedule(1)) == 0.0
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [

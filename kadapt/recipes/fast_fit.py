@@ -206,7 +206,10 @@ def _optimizer(config, steps):
     if config.schedule == "cosine":
         rate = CosineAnnealing(peak, 0.0, steps, warmup_steps=warmup)
     else:
-        rate = PiecewiseLinear([0, max(warmup, 1), steps], [0.0, peak, 0.0])
+        # No warmup (fewer than 1 / warmup_fraction steps): start at the peak,
+        # as CosineAnnealing does; [0, 1, 1] would not be a schedule at all.
+        rate = (PiecewiseLinear([0, warmup, steps], [0.0, peak, 0.0]) if warmup
+                else PiecewiseLinear([0, steps], [peak, 0.0]))
     return SGD(rate, momentum=0.9, nesterov=True, weight_decay=config.weight_decay,
                use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
 
