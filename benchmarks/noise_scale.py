@@ -97,13 +97,13 @@ def main():
     x = x.astype("float32") / 255.0
     data = ((x[:54_000], y[:54_000]), (x[54_000:], y[54_000:]))
     results = {"fixed 64": [], "fixed 1024": [], "adaptive 64..1024": []}
-    choices = []
+    adaptive_runs = []  # (decisions, step times) per seed
     for seed in SEEDS:  # alternate configurations within each seed
         results["fixed 64"].append(run(data, batch_size=64, seed=seed))
         results["fixed 1024"].append(run(data, batch_size=1024, seed=seed))
         adaptive = kadapt.AdaptiveBatchSize(64, 1024, initial_batch_size=64)
         results["adaptive 64..1024"].append(run(data, adaptive=adaptive, seed=seed))
-        choices.append((adaptive.choices, adaptive.step_times))
+        adaptive_runs.append((adaptive.choices, adaptive.step_times))
     print(f"target val_loss <= {TARGET_VAL_LOSS}, medians over seeds {SEEDS}")
     print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'epochs':>7s} {'ms/step':>8s}   per seed (s)")
     for name, rows in results.items():
@@ -116,7 +116,7 @@ def main():
                   f"{statistics.median(r[2] for r in reached):7.0f} "
                   f"{statistics.median(r[3] for r in reached):8.1f}   "
                   + " ".join(f"{r[0]:.1f}" for r in reached))
-    for seed, (made, timed) in zip(SEEDS, choices):
+    for seed, (made, timed) in zip(SEEDS, adaptive_runs):
         firsts = [(round(phi), b) for _, phi, b in made[:6]]
         steps = {b: sum(1 for size, _ in timed if size == b) for b in sorted({b for b, _ in timed})}
         milliseconds = {b: round(1000 * statistics.median(s for size, s in timed if size == b), 1) for b in steps}

@@ -114,7 +114,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self.choices = []  # (epoch, noise scale, batch size chosen)
         self._lr_batch_size = initial  # the size the learning rate is scaled for
         self._lock = threading.Lock()
-        self._drawn = None  # sizes of the live batches drawn, not yet trained
+        self._drawn = None  # live mode: (first position, rows) of batches drawn, not yet trained
 
     def dataset(self, x, y, shuffle=True, seed=None):
         """A `tf.data.Dataset` of `(x, y)` batches of `self.batch_size` rows,
@@ -133,7 +133,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 f"Received: x.shape={x.shape}, y.shape={y.shape}"
             )
         rng = np.random.default_rng(seed)
-        self._drawn = collections.deque()  # (first position, rows) of batches drawn, not trained
+        self._drawn = collections.deque()
         self._order, self._next = None, 0
 
         def batches():  # one call per Keras epoch
@@ -191,10 +191,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         if self._drawn is not None:
             if (batch + 1) % self.interval == 0:
                 self._decide(self._epoch)
-            # tf.data may have drawn the next batch before the last decision.
-            with self._lock:
-                upcoming = self._drawn[0][1] if self._drawn else self.batch_size
-            self._sync_learning_rate(upcoming)
+            else:  # tf.data may have drawn the next batch before the last decision
+                self._sync_learning_rate()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -222,12 +220,13 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self.choices.append((epoch, noise_scale, chosen))
         with self._lock:
             self.batch_size = chosen
-            # The next step trains a batch already drawn, or one drawn from now on.
-            upcoming = self._drawn[0][1] if self._drawn else chosen
-        self._sync_learning_rate(upcoming)
+        self._sync_learning_rate()
 
-    def _sync_learning_rate(self, batch_size):
-        """Rescales the learning rate from the size it is scaled for to `batch_size`."""
+    def _sync_learning_rate(self):
+        """Rescales the learning rate from the size it is scaled for to that of
+        the next step: a batch already drawn, or one drawn from now on."""
+        with self._lock:
+            batch_size = self._drawn[0][1] if self._drawn else self.batch_size
         if batch_size != self._lr_batch_size:
             self._rescale_learning_rate(batch_size / self._lr_batch_size)
             self._lr_batch_size = batch_size
