@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kadapt
+from kadapt.batching.noise_scale import NoiseScale
 from kadapt.callbacks import adaptive_batch_size as adaptive_module
 
 
@@ -73,3 +74,48 @@ def test_bad_arguments_and_models():
         plain.fit(x, y, batch_size=32, verbose=0, callbacks=[kadapt.AdaptiveBatchSize(32, 64)])
     with pytest.raises(ValueError, match=r"`min_batch_size` must exceed the micro-batch.*micro_batch_size=16"):
         _model("sgd").fit(x, y, batch_size=32, verbose=0, callbacks=[kadapt.AdaptiveBatchSize(16, 64)])
+
+
+def test_step_cost_is_fitted_to_medians_so_a_stall_does_not_move_it():
+    adaptive = kadapt.AdaptiveBatchSize(64, 1024)
+    for _ in range(20):
+        adaptive._record_step(64, 0.002 + 64e-5)
+        adaptive._record_step(1024, 0.002 + 1024e-5)
+    adaptive._record_step(64, 1.0)  # a garbage collection, say
+    adaptive._record_step(752, 0.002 + 752e-5)  # a pass's ragged last batch
+    alpha, beta = adaptive.step_cost()
+    assert alpha == pytest.approx(0.002, rel=1e-6)
+    assert beta == pytest.approx(1e-5, rel=1e-6)
+
+
+class _Measured:
+    """Stands in for a model: only the noise-scale EMAs the callback reads."""
+
+    def __init__(self, trace, squared_norm):
+        self.noise_scale = NoiseScale()
+        self.noise_scale.trace.assign(trace)
+        self.noise_scale.squared_norm.assign(squared_norm)
+
+
+@pytest.mark.parametrize(
+    "trace, squared_norm, expected",
+    [(0.0, 0.0, None), (5.0, -1.0, math.inf), (5.0, 0.0, math.inf), (-1.0, 2.0, 0.0), (6.0, 2.0, 3.0)],
+    ids=["nothing measured", "gradient below the noise", "gradient exactly zero", "no noise", "measured"],
+)
+def test_noise_scale_as_the_policy_reads_it(trace, squared_norm, expected):
+    adaptive = kadapt.AdaptiveBatchSize(64, 1024)
+    adaptive.set_model(_Measured(trace, squared_norm))
+    assert adaptive.noise_scale() == (expected if expected is None else pytest.approx(expected))
+
+
+def test_unresolved_noise_picks_the_fastest_size_and_no_measurement_keeps_the_size():
+    adaptive = kadapt.AdaptiveBatchSize(64, 1024, lr_scaling="none")
+    for size in (64, 128):
+        adaptive._record_step(size, 0.002 + size * 1e-5)
+    adaptive.set_model(_Measured(0.0, 0.0))
+    adaptive._decide(epoch=0)
+    assert adaptive.batch_size == 64 and adaptive.choices == []
+    adaptive.set_model(_Measured(5.0, -1.0))
+    adaptive._decide(epoch=0)
+    # Efficiency 1 everywhere: the size with the best rows per second.
+    assert adaptive.batch_size == 1024 and adaptive.choices == [(0, math.inf, 1024)]

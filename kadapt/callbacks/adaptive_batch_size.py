@@ -26,8 +26,11 @@ LR_SCALING = ("sqrt", "linear", "none")
 
 
 def goodput(batch_size, alpha, beta, noise_scale, reference):
-    """Samples of progress per second at `batch_size` (see the module docstring)."""
+    """Samples of progress per second at `batch_size` (see the module
+    docstring); an infinite noise scale makes every size equally efficient."""
     throughput = batch_size / (alpha + beta * batch_size)
+    if math.isinf(noise_scale):
+        return throughput
     return throughput * (noise_scale + reference) / (noise_scale + batch_size)
 
 
@@ -42,7 +45,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
     Needs a model built with `measure_noise=True` (`kadapt.accumulate`): the
     micro-batch, and so the memory, stays as planned; only the number of
     micro-batches per step changes. It fits seconds per step = alpha + beta * B
-    to the steps it timed, reads `noise_scale`, and sets `batch_size` to the
+    to the steps it timed, reads the noise scale (see `noise_scale()`: while
+    the gradient is still below the noise the steps could resolve, every
+    size counts as equally efficient), and sets `batch_size` to the
     power of two in [min, max] with the best goodput, rescaling the learning
     rate by `lr_scaling` ("sqrt": by sqrt(B_new / B_old), the default;
     "linear"; or "none") through the optimizer's `learning_rate_multiplier`
@@ -110,7 +115,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self.lr_scaling = lr_scaling
         check_range("interval", interval, low=1, integer=True)
         self.interval = int(interval)
-        self.step_times = []  # (batch size, seconds per step)
+        self.rows_trained = 0  # live mode: rows of every step trained so far
+        self.step_times = collections.deque(maxlen=10_000)  # the last (batch size, seconds per step)
+        self._seconds_by_size = collections.defaultdict(lambda: collections.deque(maxlen=100))
         self.choices = []  # (epoch, noise scale, batch size chosen)
         self._lr_batch_size = initial  # the size the learning rate is scaled for
         self._lock = threading.Lock()
@@ -187,8 +194,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         if self._first_batch:  # includes tracing
             self._first_batch = False
         else:
-            self.step_times.append((size, seconds))
+            self._record_step(size, seconds)
         if self._drawn is not None:
+            self.rows_trained += size
             if (batch + 1) % self.interval == 0:
                 self._decide(self._epoch)
             else:  # tf.data may have drawn the next batch before the last decision
@@ -196,6 +204,10 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+
+    def _record_step(self, size, seconds):
+        self.step_times.append((size, seconds))
+        self._seconds_by_size[size].append(seconds)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._drawn is not None:
@@ -213,8 +225,23 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         with self._lock:
             return self._drawn.popleft()[1] if self._drawn else self.batch_size
 
+    def noise_scale(self):
+        """The model's noise scale as the policy reads it: `None` before any
+        measurement, `inf` while the EMA of |G|^2 is not positive (the true
+        gradient is still below the noise the steps so far could resolve, so
+        a larger batch loses nothing), never negative."""
+        trace = float(self.model.noise_scale.trace.numpy())
+        squared_norm = float(self.model.noise_scale.squared_norm.numpy())
+        if trace == 0.0 and squared_norm == 0.0:
+            return None
+        if squared_norm <= 0.0:
+            return math.inf if trace > 0.0 else None
+        return max(trace / squared_norm, 0.0)
+
     def _decide(self, epoch):
-        noise_scale = float(self.model.noise_scale.result())
+        noise_scale = self.noise_scale()
+        if noise_scale is None:
+            return
         alpha, beta = self.step_cost()
         chosen = choose_batch_size(self.candidates(), alpha, beta, noise_scale, self.reference)
         self.choices.append((epoch, noise_scale, chosen))
@@ -232,18 +259,24 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             self._lr_batch_size = batch_size
 
     def step_cost(self):
-        """(alpha, beta) of seconds per step = alpha + beta * B, from the timed steps."""
-        sizes = np.array([b for b, _ in self.step_times], dtype=float)
-        seconds = np.array([s for _, s in self.step_times], dtype=float)
-        if len(set(sizes)) >= 2:
-            beta, alpha = np.polyfit(sizes, seconds, 1)
+        """(alpha, beta) of seconds per step = alpha + beta * B, fitted to the
+        median of the last 100 timed steps of each size (a garbage collection
+        moves a mean far, a median not), each weighted by sqrt(steps): a
+        pass's ragged last batch is timed once."""
+        timed = {size: seconds for size, seconds in self._seconds_by_size.items() if seconds}
+        sizes = np.array(sorted(timed), dtype=float)
+        medians = np.array([np.median(timed[size]) for size in sorted(timed)])
+        counts = np.array([len(timed[size]) for size in sorted(timed)], dtype=float)
+        if len(sizes) >= 2:
+            beta, alpha = np.polyfit(sizes, medians, 1, w=np.sqrt(counts))
             if alpha > 0 and beta > 0:
                 return float(alpha), float(beta)
         # One size seen (or a degenerate fit): split the time evenly between
         # the fixed and the per-row part until a second size is measured.
-        per_step = float(np.median(seconds)) if len(seconds) else 1.0
-        size = float(np.median(sizes)) if len(sizes) else float(self.batch_size)
-        return per_step / 2, per_step / (2 * size)
+        if not len(sizes):
+            return 0.5, 0.5 / self.batch_size
+        most = int(np.argmax(counts))
+        return medians[most] / 2, medians[most] / (2 * sizes[most])
 
     def _rescale_learning_rate(self, ratio):
         factor = {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[self.lr_scaling]
