@@ -4,8 +4,8 @@ and its trial count against PyTorch Lightning's batch-size finder
 then bisect), simulated on the same measured memory curve.
 
 Three models and budgets on this CPU. "Truly fits" is decided by real trial
-steps: a sweep every 32 rows, then bisection between the last size that fit
-and the first that did not. Each real trial is a fresh trace whose peak can
+steps: the reference is the largest size such that it and every smaller
+size fit (see `largest_truly_fitting`). Each real trial is a fresh trace whose peak can
 differ by some percent from another trace of the same size, so the reference
 itself is a measurement. Each case runs in a fresh process, as a user's probe
 would: in one process for all three, the memory an earlier case kept alive
@@ -30,6 +30,7 @@ from kadapt.batching.memory_budget import device_budget  # noqa: E402
 
 CAP = 1024
 SWEEP_STEP = 32
+FINE_STEP = 8
 
 
 def wide_mlp():
@@ -66,16 +67,26 @@ def data_for(model):
 
 
 def largest_truly_fitting(fits):
-    """Sweep every SWEEP_STEP rows, then bisect the bracket."""
-    sizes = list(range(SWEEP_STEP, CAP + 1, SWEEP_STEP))
+    """The largest m such that m and every smaller size fit: an accumulating
+    step also runs a ragged last micro-batch of any size below m, so a size
+    that fits while a smaller one does not (the peak is not monotone in the
+    rows here; oneDNN picks kernels per shape) is no answer. A sweep every
+    SWEEP_STEP rows up to the first failure, a sweep every FINE_STEP rows
+    over the last 25% below it, then bisection below the first fine failure."""
     low = 0
-    for size in sizes:
+    for size in range(SWEEP_STEP, CAP + 1, SWEEP_STEP):
         if not fits(size):
             break
         low = size
     else:
         return CAP
-    high = low + SWEEP_STEP  # first failing sweep size
+    high = low + SWEEP_STEP  # the first failing sweep size
+    start = max(SWEEP_STEP, (3 * high // 4) // SWEEP_STEP * SWEEP_STEP)  # a sweep size that fit
+    for size in range(start, high, FINE_STEP):
+        if not fits(size):
+            high = size
+            break
+    low = high - FINE_STEP if start < high else 0  # a size that fit
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
@@ -119,12 +130,13 @@ def measure_case(build, budget_text):
         "model": model.model.name, "budget": budget_text, "truth": truth,
         "chosen": result.micro_batch_size, "trials": len(result.trials),
         "probe_s": probe_seconds, "lightning": lightning_size, "lightning_trials": lightning_trials,
+        "sequence": " ".join(f"{t.micro_batch_size}{'+' if t.fits else 'x'}" for t in result.trials),
     }
 
 
 def main():
     print(f"{'model':10s} {'budget':>7s} {'largest':>8s} {'kadapt':>7s} {'ratio':>6s} {'trials':>7s} "
-          f"{'probe s':>8s} {'Lightning':>10s} {'trials':>7s}")
+          f"{'probe s':>8s} {'Lightning':>10s} {'trials':>7s}   kadapt's trials (+ fits, x not)")
     # Each case in a fresh process: the peak is the process's, and the
     # variables and traced steps of an earlier case would count in it.
     context = multiprocessing.get_context("spawn")
@@ -133,7 +145,7 @@ def main():
             row = pool.apply(measure_index, (index,))
         print(f"{row['model']:10s} {row['budget']:>7s} {row['truth']:8d} {row['chosen']:7d} "
               f"{row['chosen'] / row['truth']:6.2f} {row['trials']:7d} {row['probe_s']:8.1f} "
-              f"{row['lightning']:10d} {row['lightning_trials']:7d}", flush=True)
+              f"{row['lightning']:10d} {row['lightning_trials']:7d}   {row['sequence']}", flush=True)
 
 
 def measure_index(index):
