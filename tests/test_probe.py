@@ -71,6 +71,8 @@ CURVES = {
     "convex": lambda m: 100e6 + 2e6 * m + 4e3 * m**2,  # 286
     "mildly concave": lambda m: 150e6 + 6e6 * m**0.85,  # 339
     "steps of 64 MiB": lambda m: 2**26 * np.ceil((100e6 + 2.5e6 * m) / 2**26),  # 335
+    # The shape of benchmarks/probe.py's small CNN: a line, a plateau, a jump.
+    "plateau": lambda m: 45e6 + 5.1e6 * m if m < 150 else (960e6 if m <= 193 else 1.2e9),  # 193
 }
 
 

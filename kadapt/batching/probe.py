@@ -19,8 +19,10 @@ from kadapt.validation import check_micro_batch_size
 
 FIRST_TRIAL_ROWS = 16
 SECOND_TRIAL_FACTOR = 4
-MARGIN = 0.02  # of the room above the fixed memory, kept free
+MARGIN = 0.05  # of the room above the fixed memory, kept free
 MIN_GAIN = 0.05  # a further trial must promise 5% more rows
+FAR = 1.5  # a target above this x the largest measured size is far
+EXTRAPOLATED_SHARE = 0.75
 TYPICAL_TRIALS = 4  # a spare trial before this looks above the line's answer
 MAX_TRIALS = 8  # reached only when out-of-memory errors force bisection
 # The peak of one traced step varies from run to run (independent ops run in
@@ -85,7 +87,7 @@ def probe_micro_batch(
     so optimizer slots and the gradient sum are included), measures each
     one's peak (the higher of two measured steps) with
     `tf.config.experimental.reset_memory_stats` / `get_memory_info`, fits peak = a + b * m through the trials, then verifies
-    the predicted largest size (keeping 2% of the room above `a` free) with a
+    the predicted largest size (keeping 5% of the room above `a` free) with a
     trial of its own. It never returns a size it did not run. Typically 3
     trials. A `ResourceExhaustedError` counts as "does not fit". The trials
     leave no trace: weights, optimizer state, BatchNorm statistics, metrics
@@ -173,6 +175,8 @@ class MicroBatchSearch:
         """The next trial size, or `None` when the search is done."""
         target, predicted = self.next_target(cap)
         best = self.best_fitting()
+        if predicted and len(self.trials) >= TYPICAL_TRIALS and self.trials[-1].fits:
+            return None  # a verified size in the typical count; more would be a bisection
         if target > best and not (predicted and target < best * (1 + MIN_GAIN)):
             return target
         # The line promises under MIN_GAIN more. Real peaks are noisy and often
@@ -210,8 +214,19 @@ class MicroBatchSearch:
             # Trust the line unless a size it says fits has already failed
             # (an out-of-memory error the allocator's peak did not foresee).
             if predicted < upper or not failed:
-                return min(cap, upper, predicted), True
+                return min(cap, upper, self.damped(predicted)), True
         return (self.best_fitting() + upper + 1) // 2, False
+
+    def damped(self, target):
+        """A target far beyond every measured size, pulled back: a line
+        through sizes far below its answer is least sure of it (real curves
+        bend and step), so go EXTRAPOLATED_SHARE of the way there from the
+        best fitting size; the next line runs through nearer points."""
+        measured = max(t.micro_batch_size for t in self.trials if t.peak_bytes is not None)
+        if target <= FAR * measured:
+            return target
+        best = self.best_fitting()
+        return best + math.ceil(EXTRAPOLATED_SHARE * (target - best))
 
     def fastest(self, largest):
         smallest = min(t.micro_batch_size for t in self.trials if t.fits)
