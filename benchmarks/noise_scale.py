@@ -15,12 +15,16 @@ re-batches live, deciding every 50 steps. Target (issue 6): adaptive no
 slower than the better fixed batch. Medians over 5 seeds; a seed that never
 reached a target counts as the slowest.
 
-Run: `make install && .venv/bin/python benchmarks/noise_scale.py`
+Run: `make install && .venv/bin/python benchmarks/noise_scale.py`; with
+`--controls` it also runs fixed 256 (the size the policy mostly picks) on
+Keras' array path and on the live path held at 256, which separates the cost
+of the live path from the policy's choices.
 """
 
 import math
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -69,15 +73,24 @@ class TimeToTargets(keras.callbacks.Callback):
         x, y = self.validation
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.validation_loss = tf.function(lambda: loss(y, self.model(x, training=False)))
+        # Traced before the clock starts: its first call took 0.5-1.4 s, the
+        # more while a data-pipeline thread competed for the GIL.
+        self.validation_loss()
         self.started, self.rows, self.evaluated = time.perf_counter(), 0, 0
         self.reached = {}  # target -> (seconds, steps, passes)
-        self.step_seconds = []
+        self.step_seconds, self.gap_seconds, self._step_ended = [], 0.0, None
+        self.first_step_seconds = None  # from the start of fit: tracing, pipeline start
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_started = time.perf_counter()
+        if self._step_ended is not None:  # Keras, callbacks, the next batch's wait
+            self.gap_seconds += self._step_started - self._step_ended
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step_seconds.append(time.perf_counter() - self._step_started)
+        self._step_ended = time.perf_counter()
+        self.step_seconds.append(self._step_ended - self._step_started)
+        if self.first_step_seconds is None:
+            self.first_step_seconds = self._step_ended - self.started
         self.rows += self.rows_of_step(batch)
         if self.rows // EVAL_ROWS == self.evaluated:
             return
@@ -91,8 +104,9 @@ class TimeToTargets(keras.callbacks.Callback):
 
 
 def run(data, batch_size=None, adaptive=None, seed=0):
-    """{target: (seconds, steps, passes)} for the targets reached, and the
-    median ms per step."""
+    """{target: (seconds, steps, passes)} for the targets reached, the median
+    ms per step, and the time breakdown (first step s, mean ms per later
+    step, s between steps)."""
     (x, y), validation = data
     model = trainer(batch_size or adaptive.batch_size, seed)
     # Keras' fit(shuffle=True) repeats one order every epoch while a global
@@ -106,10 +120,20 @@ def run(data, batch_size=None, adaptive=None, seed=0):
         clock = TimeToTargets(validation, lambda batch: adaptive.rows_trained - before - clock.rows)
         model.fit(adaptive.dataset(x, y, seed=seed), epochs=MAX_EPOCHS, verbose=0, shuffle=False,
                   callbacks=[adaptive, clock])
-    return clock.reached, 1000 * statistics.median(clock.step_seconds[1:])
+    later = clock.step_seconds[1:]
+    breakdown = (clock.first_step_seconds, 1000 * statistics.fmean(later), clock.gap_seconds)
+    return clock.reached, 1000 * statistics.median(later), breakdown
+
+
+class ConstantSize(kadapt.AdaptiveBatchSize):
+    """The live data path at one size: separates its cost from the policy's."""
+
+    def candidates(self):
+        return [self.batch_size]
 
 
 def main():
+    controls = "--controls" in sys.argv[1:]
     (x, y), _ = kadapt.datasets.fashion_mnist()
     x = x.astype("float32") / 255.0
     data = ((x[:PASS_ROWS], y[:PASS_ROWS]), (x[PASS_ROWS:], y[PASS_ROWS:]))
@@ -121,6 +145,10 @@ def main():
         adaptive = kadapt.AdaptiveBatchSize(64, 1024, initial_batch_size=64)
         results["adaptive 64..1024"].append(run(data, adaptive=adaptive, seed=seed))
         adaptive_runs.append((adaptive.choices, adaptive.step_times))
+        if controls:
+            results.setdefault("fixed 256", []).append(run(data, batch_size=256, seed=seed))
+            constant = ConstantSize(128, 256, initial_batch_size=256)
+            results.setdefault("live, constant 256", []).append(run(data, adaptive=constant, seed=seed))
         print(f"seed {seed} done", flush=True)
     print(f"medians over seeds {SEEDS}; ms/step is the median step of the whole run")
     for target in TARGETS:
@@ -128,21 +156,26 @@ def main():
         print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'passes':>7s} {'ms/step':>8s}   per seed (s)")
         medians = {}
         for name, rows in results.items():
-            reached = [(r[target], ms) for r, ms in rows if target in r]
+            reached = [(r[target], ms) for r, ms, _ in rows if target in r]
             if len(reached) < len(rows):
                 print(f"{name:20s} reached it in {len(reached)}/{len(rows)} seeds")
             if 2 * len(reached) <= len(rows):
                 continue
-            seconds = [r[target][0] if target in r else math.inf for r, _ in rows]
+            seconds = [r[target][0] if target in r else math.inf for r, _, _ in rows]
             medians[name] = statistics.median(seconds)
             print(f"{name:20s} {medians[name]:8.1f} "
                   f"{statistics.median(r[1] for r, _ in reached):7.0f} "
                   f"{statistics.median(r[2] for r, _ in reached):7.2f} "
                   f"{statistics.median(ms for _, ms in reached):8.1f}   "
                   + " ".join(f"{r[0]:.1f}" for r, _ in reached))
-        if len(medians) == 3:
+        if {"fixed 64", "fixed 1024", "adaptive 64..1024"} <= medians.keys():
             better = min(medians["fixed 64"], medians["fixed 1024"])
             print(f"adaptive / better fixed batch: {medians['adaptive 64..1024'] / better:.2f}x (target <= 1)")
+    print("\nwhere the time of a whole run goes (medians over seeds)")
+    print(f"{'run':20s} {'first step s':>12s} {'mean ms/step':>13s} {'median':>7s} {'between steps s':>16s}")
+    for name, rows in results.items():
+        first, mean, gaps = (statistics.median(b[i] for _, _, b in rows) for i in range(3))
+        print(f"{name:20s} {first:12.2f} {mean:13.1f} {statistics.median(ms for _, ms, _ in rows):7.1f} {gaps:16.2f}")
     print()
     for seed, (made, timed) in zip(SEEDS, adaptive_runs):
         firsts = [(phi if math.isinf(phi) else round(phi), b) for _, phi, b in made[:6]]
