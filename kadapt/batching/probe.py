@@ -22,7 +22,7 @@ SECOND_TRIAL_FACTOR = 4
 MARGIN = 0.05  # of the room above the fixed memory, kept free
 MIN_GAIN = 0.05  # a further trial must promise 5% more rows
 FAR = 1.5  # a target above this x the largest measured size is far
-EXTRAPOLATED_SHARE = 0.75
+EXTRAPOLATED_SHARE = 0.75  # of the way from the best fitting size to a far target
 TYPICAL_TRIALS = 4  # a spare trial before this looks above the line's answer
 MAX_TRIALS = 8  # reached only when out-of-memory errors force bisection
 # The peak of one traced step varies from run to run (independent ops run in
@@ -86,12 +86,13 @@ def probe_micro_batch(
     Runs real trial steps of the accumulating train step (two micro-batches,
     so optimizer slots and the gradient sum are included), measures each
     one's peak (the higher of two measured steps) with
-    `tf.config.experimental.reset_memory_stats` / `get_memory_info`, fits peak = a + b * m through the trials, then verifies
-    the predicted largest size (keeping 5% of the room above `a` free) with a
-    trial of its own. It never returns a size it did not run. Typically 3
-    trials. A `ResourceExhaustedError` counts as "does not fit". The trials
-    leave no trace: weights, optimizer state, BatchNorm statistics, metrics
-    and `iterations` are restored.
+    `tf.config.experimental.reset_memory_stats` / `get_memory_info`, fits
+    peak = a + b * m through the trials (following a far extrapolation 75%
+    of the way), then verifies the predicted largest size (keeping 5% of the
+    room above `a` free) with a trial of its own. It never returns a size it
+    did not run. Typically 3-4 trials. A `ResourceExhaustedError` counts as
+    "does not fit". The trials leave no trace: weights, optimizer state,
+    BatchNorm statistics, metrics and `iterations` are restored.
 
     Args:
         model: Compiled `keras.Model`. An accumulating model is probed as is;
