@@ -5,9 +5,9 @@ then bisect), simulated on the same measured memory curve.
 
 Three models and budgets on this CPU. "Truly fits" is decided by real trial
 steps: the reference is the largest size such that it and every smaller
-size fit (see `largest_truly_fitting`). Each real trial is a fresh trace whose peak can
-differ by some percent from another trace of the same size, so the reference
-itself is a measurement. Each case runs in a fresh process, as a user's probe
+size fit (see `largest_truly_fitting`). The peak of a real trial can differ
+by some percent from another run of the same size, so the reference itself
+is a measurement. Each case runs in a fresh process, as a user's probe
 would: in one process for all three, the memory an earlier case kept alive
 counted in the later cases' peaks.
 
