@@ -232,21 +232,18 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         a larger batch loses nothing), never negative."""
         trace = float(self.model.noise_scale.trace.numpy())
         squared_norm = float(self.model.noise_scale.squared_norm.numpy())
-        if trace == 0.0 and squared_norm == 0.0:
-            return None
-        if squared_norm <= 0.0:
-            return math.inf if trace > 0.0 else None
-        return max(trace / squared_norm, 0.0)
+        if squared_norm > 0.0:
+            return max(trace / squared_norm, 0.0)
+        return math.inf if trace > 0.0 else None
 
     def _decide(self, epoch):
         noise_scale = self.noise_scale()
-        if noise_scale is None:
-            return
-        alpha, beta = self.step_cost()
-        chosen = choose_batch_size(self.candidates(), alpha, beta, noise_scale, self.reference)
-        self.choices.append((epoch, noise_scale, chosen))
-        with self._lock:
-            self.batch_size = chosen
+        if noise_scale is not None:  # nothing measured yet: keep the size
+            alpha, beta = self.step_cost()
+            chosen = choose_batch_size(self.candidates(), alpha, beta, noise_scale, self.reference)
+            self.choices.append((epoch, noise_scale, chosen))
+            with self._lock:
+                self.batch_size = chosen
         self._sync_learning_rate()
 
     def _sync_learning_rate(self):
