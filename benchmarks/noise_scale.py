@@ -152,30 +152,42 @@ def main():
         print(f"seed {seed} done", flush=True)
     print(f"medians over seeds {SEEDS}; ms/step is the median step of the whole run")
     for target in TARGETS:
-        print(f"\nval_loss <= {target}")
-        print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'passes':>7s} {'ms/step':>8s}   per seed (s)")
-        medians = {}
-        for name, rows in results.items():
-            reached = [(r[target], ms) for r, ms, _ in rows if target in r]
-            if len(reached) < len(rows):
-                print(f"{name:20s} reached it in {len(reached)}/{len(rows)} seeds")
-            if 2 * len(reached) <= len(rows):
-                continue
-            seconds = [r[target][0] if target in r else math.inf for r, _, _ in rows]
-            medians[name] = statistics.median(seconds)
-            print(f"{name:20s} {medians[name]:8.1f} "
-                  f"{statistics.median(r[1] for r, _ in reached):7.0f} "
-                  f"{statistics.median(r[2] for r, _ in reached):7.2f} "
-                  f"{statistics.median(ms for _, ms in reached):8.1f}   "
-                  + " ".join(f"{r[0]:.1f}" for r, _ in reached))
-        if {"fixed 64", "fixed 1024", "adaptive 64..1024"} <= medians.keys():
-            better = min(medians["fixed 64"], medians["fixed 1024"])
-            print(f"adaptive / better fixed batch: {medians['adaptive 64..1024'] / better:.2f}x (target <= 1)")
+        print_time_to(target, results)
+    print_breakdown(results)
+    print_decisions(adaptive_runs)
+
+
+def print_time_to(target, results):
+    print(f"\nval_loss <= {target}")
+    print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'passes':>7s} {'ms/step':>8s}   per seed (s)")
+    medians = {}
+    for name, rows in results.items():
+        reached = [(r[target], ms) for r, ms, _ in rows if target in r]
+        if len(reached) < len(rows):
+            print(f"{name:20s} reached it in {len(reached)}/{len(rows)} seeds")
+        if 2 * len(reached) <= len(rows):
+            continue
+        seconds = [r[target][0] if target in r else math.inf for r, _, _ in rows]
+        medians[name] = statistics.median(seconds)
+        print(f"{name:20s} {medians[name]:8.1f} "
+              f"{statistics.median(r[1] for r, _ in reached):7.0f} "
+              f"{statistics.median(r[2] for r, _ in reached):7.2f} "
+              f"{statistics.median(ms for _, ms in reached):8.1f}   "
+              + " ".join(f"{r[0]:.1f}" for r, _ in reached))
+    if {"fixed 64", "fixed 1024", "adaptive 64..1024"} <= medians.keys():
+        better = min(medians["fixed 64"], medians["fixed 1024"])
+        print(f"adaptive / better fixed batch: {medians['adaptive 64..1024'] / better:.2f}x (target <= 1)")
+
+
+def print_breakdown(results):
     print("\nwhere the time of a whole run goes (medians over seeds)")
     print(f"{'run':20s} {'first step s':>12s} {'mean ms/step':>13s} {'median':>7s} {'between steps s':>16s}")
     for name, rows in results.items():
         first, mean, gaps = (statistics.median(b[i] for _, _, b in rows) for i in range(3))
         print(f"{name:20s} {first:12.2f} {mean:13.1f} {statistics.median(ms for _, ms, _ in rows):7.1f} {gaps:16.2f}")
+
+
+def print_decisions(adaptive_runs):
     print()
     for seed, (made, timed) in zip(SEEDS, adaptive_runs):
         firsts = [(phi if math.isinf(phi) else round(phi), b) for _, phi, b in made[:6]]
