@@ -108,7 +108,7 @@ def test_noise_scale_as_the_policy_reads_it(trace, squared_norm, expected):
     assert adaptive.noise_scale() == (expected if expected is None else pytest.approx(expected))
 
 
-def test_unresolved_noise_picks_the_fastest_size_and_no_measurement_keeps_the_size():
+def test_unresolved_noise_doubles_the_size_and_no_measurement_keeps_the_size():
     adaptive = kadapt.AdaptiveBatchSize(64, 1024, lr_scaling="none")
     for size in (64, 128):
         adaptive._record_step(size, 0.002 + size * 1e-5)
@@ -116,6 +116,14 @@ def test_unresolved_noise_picks_the_fastest_size_and_no_measurement_keeps_the_si
     adaptive._decide(epoch=0)
     assert adaptive.batch_size == 64 and adaptive.choices == []
     adaptive.set_model(_Measured(5.0, -1.0))
-    adaptive._decide(epoch=0)
-    # Efficiency 1 everywhere: the size with the best rows per second.
-    assert adaptive.batch_size == 1024 and adaptive.choices == [(0, math.inf, 1024)]
+    for epoch in range(5):
+        adaptive._decide(epoch=epoch)
+    # Efficiency 1 everywhere: the size with the best rows per second within
+    # twice the current one, up to the largest.
+    assert [b for _, _, b in adaptive.choices] == [128, 256, 512, 1024, 1024]
+    assert all(math.isinf(phi) for _, phi, _ in adaptive.choices)
+    # A measured noise scale may move further in one decision.
+    adaptive.batch_size = 64
+    adaptive.set_model(_Measured(1e6, 1.0))
+    adaptive._decide(epoch=5)
+    assert adaptive.batch_size == 1024

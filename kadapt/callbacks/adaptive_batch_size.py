@@ -47,7 +47,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
     micro-batches per step changes. It fits seconds per step = alpha + beta * B
     to the steps it timed, reads the noise scale (see `noise_scale()`: while
     the gradient is still below the noise the steps could resolve, every
-    size counts as equally efficient), and sets `batch_size` to the
+    size counts as equally efficient, and the size grows at most 2x per
+    decision), and sets `batch_size` to the
     power of two in [min, max] with the best goodput, rescaling the learning
     rate by `lr_scaling` ("sqrt": by sqrt(B_new / B_old), the default;
     "linear"; or "none") through the optimizer's `learning_rate_multiplier`
@@ -240,7 +241,14 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         noise_scale = self.noise_scale()
         if noise_scale is not None:  # nothing measured yet: keep the size
             alpha, beta = self.step_cost()
-            chosen = choose_batch_size(self.candidates(), alpha, beta, noise_scale, self.reference)
+            candidates = self.candidates()
+            if math.isinf(noise_scale):
+                # Unresolved says only that the sizes trained so far could not
+                # resolve the gradient, not that any size can't: grow at most
+                # 2x per decision. (A jump to the largest size held one seed
+                # of the benchmark there for 300 steps, slower to the target.)
+                candidates = [b for b in candidates if b <= 2 * self.batch_size] or candidates[:1]
+            chosen = choose_batch_size(candidates, alpha, beta, noise_scale, self.reference)
             self.choices.append((epoch, noise_scale, chosen))
             with self._lock:
                 self.batch_size = chosen
