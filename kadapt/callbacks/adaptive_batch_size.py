@@ -245,9 +245,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             if math.isinf(noise_scale):
                 # Unresolved says only that the sizes trained so far could not
                 # resolve the gradient, not that any size can't: grow at most
-                # 2x per decision. (A jump to the largest size held one seed
-                # of the benchmark there for 300 steps, slower to the target.)
-                candidates = [b for b in candidates if b <= 2 * self.batch_size] or candidates[:1]
+                # 2x per decision. (Without the cap, one benchmark seed,
+                # unresolved for 300+ steps, went from 64 to 1024 at once.)
+                candidates = [b for b in candidates if b <= 2 * self.batch_size]
             chosen = choose_batch_size(candidates, alpha, beta, noise_scale, self.reference)
             self.choices.append((epoch, noise_scale, chosen))
             with self._lock:
