@@ -1,4 +1,4 @@
-"""`AdaptiveBatchSize`: the logical batch that maximizes goodput, between epochs.
+"""`AdaptiveBatchSize`: the logical batch that maximizes goodput, live or between epochs.
 
 Goodput (AdaptDL / Pollux) = throughput(B) x statistical efficiency(B):
 
