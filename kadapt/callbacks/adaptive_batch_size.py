@@ -12,7 +12,6 @@ noisy data larger ones; the optimum is near sqrt(alpha * phi / beta).
 
 import collections
 import math
-import threading
 import time
 
 import keras
@@ -121,12 +120,17 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._seconds_by_size = collections.defaultdict(lambda: collections.deque(maxlen=100))
         self.choices = []  # (epoch, noise scale, batch size chosen)
         self._lr_batch_size = initial  # the size the learning rate is scaled for
-        self._lock = threading.Lock()
-        self._drawn = None  # live mode: (first position, rows) of batches drawn, not yet trained
+        self._size = None  # live mode: the variable each draw reads its size from
+        self._next_size = None  # live mode: rows of the batch the coming step draws
 
     def dataset(self, x, y, shuffle=True, seed=None):
         """A `tf.data.Dataset` of `(x, y)` batches of `self.batch_size` rows,
-        read as each batch is drawn; a new order every epoch when `shuffle`.
+        read as each batch is drawn; a new order every pass when `shuffle`.
+
+        Each batch is drawn in the graph when Keras asks for it (no Python
+        generator, no prefetch), which keeps its size and its learning rate
+        in step with the callback: feed it to `fit` as it is, without
+        `prefetch`, `cache` or `steps_per_epoch`.
 
         Args:
             x: NumPy array (or anything `np.asarray` takes) of inputs, rows first.
@@ -140,32 +144,41 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 "Arguments `x` and `y` must hold the same number (> 0) of rows. "
                 f"Received: x.shape={x.shape}, y.shape={y.shape}"
             )
-        rng = np.random.default_rng(seed)
-        self._drawn = collections.deque()
-        self._order, self._next = None, 0
+        rows = self._rows = len(x)
+        seed = np.random.default_rng(seed).integers(2**62)
+        # The live state: the size each draw reads, the next row of the pass
+        # (`rows` once a pass is done) and the pass's order.
+        self._size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False)
+        self._position = tf.Variable(rows, dtype=tf.int64, trainable=False)
+        passes = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        order = tf.Variable(tf.range(rows, dtype=tf.int64), trainable=False)
 
-        def batches():  # one call per Keras epoch
-            with self._lock:
-                if self._order is None or self._next >= len(x):  # a new pass
-                    self._order = rng.permutation(len(x)) if shuffle else np.arange(len(x))
-                    self._next = 0
-            while True:
-                with self._lock:  # the size and its record agree with _decide
-                    start = self._next
-                    if start >= len(x):
-                        return
-                    rows = self._order[start:start + self.batch_size]
-                    self._next = start + len(rows)
-                    self._drawn.append((start, len(rows)))
-                yield rows
+        def draw(step, data):
+            # An iterator's first draw after a finished pass starts the next
+            # one; a later draw after it ends the epoch (an empty batch).
+            if step == 0 and self._position >= rows:
+                passes.assign_add(1)
+                if shuffle:
+                    order.assign(tf.random.experimental.stateless_shuffle(
+                        tf.range(rows, dtype=tf.int64), seed=tf.stack([seed, passes.read_value()])))
+                self._position.assign(0)
+            start = self._position.read_value()
+            stop = tf.minimum(start + self._size, rows)
+            with tf.control_dependencies([start]):
+                self._position.assign(stop)
+            batch = order[start:stop]
+            return tf.gather(data[0], batch), tf.gather(data[1], batch)
 
-        # Only the row indices leave Python; the rows are gathered in the
-        # graph, as Keras' own array adapter does (a Python generator of the
-        # rows themselves cost more than the step at small batches).
-        indices = tf.data.Dataset.from_generator(batches, output_signature=tf.TensorSpec((None,), tf.int64))
+        # The rows are gathered in the graph, as Keras' own array adapter does
+        # (a Python generator cost ~0.5 ms a step on this CPU).
         arrays = tf.data.Dataset.from_tensors((x, y)).repeat()
-        return tf.data.Dataset.zip((indices, arrays)).map(
-            lambda rows, data: (tf.gather(data[0], rows), tf.gather(data[1], rows)))
+        batches = tf.data.Dataset.zip((tf.data.Dataset.range(2**62), arrays)).map(draw)
+        batches = batches.take_while(lambda inputs, _: tf.shape(inputs)[0] > 0)
+        options = tf.data.Options()  # nothing drawn ahead of the step that trains it
+        options.experimental_optimization.inject_prefetch = False
+        options.experimental_optimization.map_parallelization = False
+        options.deterministic = True
+        return batches.with_options(options)
 
     def candidates(self):
         powers = [2**k for k in range(64) if self.min_batch_size <= 2**k <= self.max_batch_size]
@@ -187,21 +200,28 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._first_batch = True
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self._size is not None:
+            # The coming step draws its batch now, from the variables this
+            # reads: its rows, and its learning rate set before it trains.
+            position = int(self._position.numpy())
+            if position >= self._rows and batch == 0:
+                position = 0  # the draw starts a new pass
+            self._next_size = min(self.batch_size, self._rows - position)
+            if self._next_size:  # else the pass is over: the epoch ends without a step
+                self._sync_learning_rate(self._next_size)
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         seconds = time.perf_counter() - self._started
-        size = self._trained_size()
+        size = self.batch_size if self._size is None else self._next_size
         if self._first_batch:  # includes tracing
             self._first_batch = False
         else:
             self._record_step(size, seconds)
-        if self._drawn is not None:
+        if self._size is not None:
             self.rows_trained += size
             if (batch + 1) % self.interval == 0:
                 self._decide(self._epoch)
-            else:  # tf.data may have drawn the next batch before the last decision
-                self._sync_learning_rate()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -211,20 +231,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._seconds_by_size[size].append(seconds)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._drawn is not None:
-            with self._lock:
-                if self._drawn:  # drawn but never trained: the next epoch starts with them
-                    self._next = self._drawn[0][0]
-                    self._drawn.clear()
         self._decide(epoch)
-
-    def _trained_size(self):
-        """Rows of the step just trained: the oldest live batch drawn, or
-        `batch_size` when `fit` batches the data itself."""
-        if self._drawn is None:
-            return self.batch_size
-        with self._lock:
-            return self._drawn.popleft()[1] if self._drawn else self.batch_size
 
     def noise_scale(self):
         """The model's noise scale as the policy reads it: `None` before any
@@ -250,15 +257,15 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 candidates = [b for b in candidates if b <= 2 * self.batch_size]
             chosen = choose_batch_size(candidates, alpha, beta, noise_scale, self.reference)
             self.choices.append((epoch, noise_scale, chosen))
-            with self._lock:
-                self.batch_size = chosen
-        self._sync_learning_rate()
+            self.batch_size = chosen
+            if self._size is not None:
+                self._size.assign(chosen)
+        if self._size is None:  # between epochs (live, each step syncs to the batch it draws)
+            self._sync_learning_rate(self.batch_size)
 
-    def _sync_learning_rate(self):
-        """Rescales the learning rate from the size it is scaled for to that of
-        the next step: a batch already drawn, or one drawn from now on."""
-        with self._lock:
-            batch_size = self._drawn[0][1] if self._drawn else self.batch_size
+    def _sync_learning_rate(self, batch_size):
+        """Rescales the learning rate from the size it is scaled for to
+        `batch_size`, that of the next step."""
         if batch_size != self._lr_batch_size:
             self._rescale_learning_rate(batch_size / self._lr_batch_size)
             self._lr_batch_size = batch_size
