@@ -69,6 +69,27 @@ def test_closed_form_of_one_update():
     assert float(metric.result().numpy()) == pytest.approx(2.0)
 
 
+def test_squared_norm_error_is_the_spread_of_the_average():
+    # Steps whose |G|^2 estimates are i.i.d. N(5, 2^2) (u = 1, v = 0 makes
+    # the estimate b). The EMA of 1000 steps at decay 0.98 is a weighted mean
+    # with sum of weights S1 and of squared weights S2 (closed form), so its
+    # standard error in the EMA's own units is 2 * sqrt(S2).
+    decay, steps = 0.98, 1000
+    rng = np.random.default_rng(0)
+    metric = NoiseScale(decay=decay)
+    assert float(metric.squared_norm_error().numpy()) == 0.0
+    metric.update_state(a=6.0, b=5.0, u=1.0, v=0.0)
+    assert float(metric.squared_norm_error().numpy()) == 0.0  # one step: no spread yet
+    metric.clear()
+    for estimate in rng.normal(5.0, 2.0, size=steps):
+        metric.update_state(a=estimate + 1.0, b=estimate, u=1.0, v=0.0)
+    weights = (1 - decay) * decay ** np.arange(steps)
+    assert float(metric.squared_norm.numpy()) / weights.sum() == pytest.approx(5.0, abs=1.0)
+    assert float(metric.squared_norm_error().numpy()) == pytest.approx(2.0 * np.sqrt((weights**2).sum()), rel=0.2)
+    metric.clear()
+    assert float(metric.squared_norm_error().numpy()) == 0.0
+
+
 def test_needs_two_micro_batches():
     x, y = _regression(1.0)
     with pytest.raises(ValueError, match=r"needs at least 2 micro-batches per step.*micro_batch_size=16.*Received: batch_size=16"):

@@ -70,6 +70,11 @@ class NoiseScale(keras.metrics.Metric):
         self.decay = float(decay)
         self.trace = self.add_variable(shape=(), initializer="zeros", name="trace")
         self.squared_norm = self.add_variable(shape=(), initializer="zeros", name="squared_norm")
+        # For the standard error of the |G|^2 average: the EMA of its square,
+        # and the sums of the EMA's weights and of their squares.
+        self.squared_norm_square = self.add_variable(shape=(), initializer="zeros", name="squared_norm_square")
+        self.weights_sum = self.add_variable(shape=(), initializer="zeros", name="weights_sum")
+        self.weights_square_sum = self.add_variable(shape=(), initializer="zeros", name="weights_square_sum")
 
     def update_state(self, a, b, u, v, measured=True):
         """Folds in one step's a, b, u, v (see the module docstring); a step
@@ -83,17 +88,32 @@ class NoiseScale(keras.metrics.Metric):
         keep = tf.where(valid, self.decay, 1.0)
         self.trace.assign(keep * self.trace + (1 - keep) * trace)
         self.squared_norm.assign(keep * self.squared_norm + (1 - keep) * squared_norm)
+        self.squared_norm_square.assign(keep * self.squared_norm_square + (1 - keep) * tf.square(squared_norm))
+        self.weights_sum.assign(keep * self.weights_sum + (1 - keep))
+        self.weights_square_sum.assign(tf.square(keep) * self.weights_square_sum + tf.square(1 - keep))
 
     def result(self):
         # The EMAs' bias corrections are equal and cancel in the ratio.
         return tf.math.divide_no_nan(self.trace, self.squared_norm)
 
+    def squared_norm_error(self):
+        """The standard error of `squared_norm`, in its units: the spread of
+        the steps' |G|^2 estimates (weighted as in the EMA, with the
+        reliability-weights correction) times the root of the EMA's sum of
+        squared weights. 0 before two measured steps. An average within a few
+        errors of 0 has not resolved the gradient."""
+        total, squares = self.weights_sum, self.weights_square_sum
+        mean = tf.math.divide_no_nan(self.squared_norm, total)
+        spread = tf.maximum(tf.math.divide_no_nan(self.squared_norm_square, total) - tf.square(mean), 0.0)
+        effective = 1.0 - tf.math.divide_no_nan(squares, tf.square(total))  # 0 after one step
+        return tf.sqrt(tf.math.divide_no_nan(spread, effective) * squares)
+
     def reset_state(self):
         pass  # kept across epochs; see the class docstring
 
     def clear(self):
-        self.trace.assign(0.0)
-        self.squared_norm.assign(0.0)
+        for variable in self.variables:
+            variable.assign(0.0)
 
     def get_config(self):
         return {"decay": self.decay, "name": self.name}
