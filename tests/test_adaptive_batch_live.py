@@ -106,3 +106,15 @@ def test_dataset_refuses_mismatched_rows():
         adaptive.dataset(np.zeros((10, 2)), np.zeros(9))
     with pytest.raises(ValueError, match=r"`interval` must be in \[1, None\]. Received: interval=0"):
         kadapt.AdaptiveBatchSize(32, 64, interval=0)
+
+
+def test_a_dataset_read_ahead_or_capped_is_refused():
+    ids = np.arange(ROWS, dtype="float32")[:, None]
+    adaptive = _Scripted([32], interval=3)
+    with pytest.raises(ValueError, match=r"was read ahead of training .* pass it to `fit` as it is"):
+        _recording_model([]).fit(adaptive.dataset(ids, np.zeros_like(ids), seed=0).prefetch(4), epochs=1,
+                                 verbose=0, callbacks=[adaptive])
+    adaptive = _Scripted([32], interval=3)
+    with pytest.raises(ValueError, match=r"without `steps_per_epoch`. Received: steps_per_epoch=5"):
+        _recording_model([]).fit(adaptive.dataset(ids, np.zeros_like(ids), seed=0), steps_per_epoch=5,
+                                 verbose=0, callbacks=[adaptive])

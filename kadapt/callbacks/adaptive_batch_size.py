@@ -122,6 +122,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._lr_batch_size = initial  # the size the learning rate is scaled for
         self._size = None  # live mode: the variable each draw reads its size from
         self._next_size = None  # live mode: rows of the batch the coming step draws
+        self._drawn_to = None  # live mode: the position in the pass after that draw
 
     def dataset(self, x, y, shuffle=True, seed=None):
         """A `tf.data.Dataset` of `(x, y)` batches of `self.batch_size` rows,
@@ -129,8 +130,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
 
         Each batch is drawn in the graph when Keras asks for it (no Python
         generator, no prefetch), which keeps its size and its learning rate
-        in step with the callback: feed it to `fit` as it is, without
-        `prefetch`, `cache` or `steps_per_epoch`.
+        in step with the callback: feed it to `fit` as it is. A dataset read
+        ahead (`prefetch`, `cache`) or a `steps_per_epoch` raises `ValueError`.
 
         Args:
             x: NumPy array (or anything `np.asarray` takes) of inputs, rows first.
@@ -197,6 +198,12 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 "Argument `min_batch_size` must exceed the micro-batch (two micro-batches "
                 f"per step). Received: min_batch_size={self.min_batch_size}, micro_batch_size={micro}"
             )
+        steps = self.params.get("steps") if self.params else None
+        if self._size is not None and steps is not None:
+            raise ValueError(
+                "`AdaptiveBatchSize.dataset` ends each epoch at the end of a pass: call `fit` "
+                f"without `steps_per_epoch`. Received: steps_per_epoch={steps}"
+            )
         self._first_batch = True
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -204,9 +211,17 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             # The coming step draws its batch now, from the variables this
             # reads: its rows, and its learning rate set before it trains.
             position = int(self._position.numpy())
+            if batch > 0 and position != self._drawn_to:
+                raise ValueError(
+                    "`AdaptiveBatchSize.dataset` was read ahead of training (a `prefetch`, "
+                    "`cache` or other transformation after it), so its batches would train "
+                    "at the wrong size and learning rate: pass it to `fit` as it is. Received: "
+                    f"position {position} in the pass where the steps so far drew {self._drawn_to}"
+                )
             if position >= self._rows and batch == 0:
                 position = 0  # the draw starts a new pass
             self._next_size = min(self.batch_size, self._rows - position)
+            self._drawn_to = position + self._next_size
             if self._next_size:  # else the pass is over: the epoch ends without a step
                 self._sync_learning_rate(self._next_size)
         self._started = time.perf_counter()
