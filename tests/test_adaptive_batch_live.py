@@ -118,3 +118,8 @@ def test_a_dataset_read_ahead_or_capped_is_refused():
     with pytest.raises(ValueError, match=r"without `steps_per_epoch`. Received: steps_per_epoch=5"):
         _recording_model([]).fit(adaptive.dataset(ids, np.zeros_like(ids), seed=0), steps_per_epoch=5,
                                  verbose=0, callbacks=[adaptive])
+    adaptive = _Scripted([32], interval=3)
+    model = _recording_model([])
+    model.compile(optimizer=kadapt.optimizers.SGD(0.0), loss="mse", steps_per_execution=2)
+    with pytest.raises(ValueError, match=r"compile with `steps_per_execution=1`. Received: steps_per_execution=2"):
+        model.fit(adaptive.dataset(ids, np.zeros_like(ids), seed=0), verbose=0, callbacks=[adaptive])

@@ -131,7 +131,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         Each batch is drawn in the graph when Keras asks for it (no Python
         generator, no prefetch), which keeps its size and its learning rate
         in step with the callback: feed it to `fit` as it is. A dataset read
-        ahead (`prefetch`, `cache`) or a `steps_per_epoch` raises `ValueError`.
+        ahead (`prefetch`, `cache`), `steps_per_epoch` or
+        `steps_per_execution > 1` raises `ValueError`.
 
         Args:
             x: NumPy array (or anything `np.asarray` takes) of inputs, rows first.
@@ -203,6 +204,13 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             raise ValueError(
                 "`AdaptiveBatchSize.dataset` ends each epoch at the end of a pass: call `fit` "
                 f"without `steps_per_epoch`. Received: steps_per_epoch={steps}"
+            )
+        per_execution = getattr(self.model, "steps_per_execution", 1)
+        if self._size is not None and per_execution != 1:
+            raise ValueError(
+                "`AdaptiveBatchSize.dataset` sets each step's learning rate before the step, "
+                "which needs one step per call: compile with `steps_per_execution=1`. "
+                f"Received: steps_per_execution={per_execution}"
             )
         self._first_batch = True
 
