@@ -103,10 +103,10 @@ class TimeToTargets(keras.callbacks.Callback):
         self.model.stop_training = min(TARGETS) in self.reached
 
 
-def run(data, batch_size=None, adaptive=None, seed=0):
+def run(data, batch_size=None, adaptive=None, seed=0, callbacks=()):
     """{target: (seconds, steps, passes)} for the targets reached, the median
     ms per step, and the time breakdown (first step s, mean ms per later
-    step, s between steps)."""
+    step, s between steps). `callbacks` watch an adaptive run."""
     (x, y), validation = data
     model = trainer(batch_size or adaptive.batch_size, seed)
     # Keras' fit(shuffle=True) repeats one order every epoch while a global
@@ -118,9 +118,8 @@ def run(data, batch_size=None, adaptive=None, seed=0):
     else:
         before = adaptive.rows_trained
         clock = TimeToTargets(validation, lambda batch: adaptive.rows_trained - before - clock.rows)
-        adaptive.resolution = Resolution(adaptive)
         model.fit(adaptive.dataset(x, y, seed=seed), epochs=MAX_EPOCHS, verbose=0, shuffle=False,
-                  callbacks=[adaptive, adaptive.resolution, clock])
+                  callbacks=[adaptive, *callbacks, clock])
     later = clock.step_seconds[1:]
     breakdown = (clock.first_step_seconds, 1000 * statistics.fmean(later), clock.gap_seconds)
     return clock.reached, 1000 * statistics.median(later), breakdown
@@ -161,8 +160,9 @@ def main():
         results["fixed 64"].append(run(data, batch_size=64, seed=seed))
         results["fixed 1024"].append(run(data, batch_size=1024, seed=seed))
         adaptive = kadapt.AdaptiveBatchSize(64, 1024, initial_batch_size=64)
-        results["adaptive 64..1024"].append(run(data, adaptive=adaptive, seed=seed))
-        adaptive_runs.append((adaptive.choices, adaptive.resolution.errors, adaptive.step_times))
+        resolution = Resolution(adaptive)
+        results["adaptive 64..1024"].append(run(data, adaptive=adaptive, seed=seed, callbacks=[resolution]))
+        adaptive_runs.append((adaptive.choices, resolution.errors, adaptive.step_times))
         if controls:
             results.setdefault("fixed 256", []).append(run(data, batch_size=256, seed=seed))
             constant = ConstantSize(128, 256, initial_batch_size=256)
@@ -178,15 +178,15 @@ def main():
 def print_time_to(target, results):
     print(f"\nval_loss <= {target}")
     print(f"{'run':20s} {'seconds':>8s} {'steps':>7s} {'passes':>7s} {'ms/step':>8s}   per seed (s)")
-    medians = {}
+    medians, times = {}, {}
     for name, rows in results.items():
         reached = [(r[target], ms) for r, ms, _ in rows if target in r]
         if len(reached) < len(rows):
             print(f"{name:20s} reached it in {len(reached)}/{len(rows)} seeds")
         if 2 * len(reached) <= len(rows):
             continue
-        seconds = [r[target][0] if target in r else math.inf for r, _, _ in rows]
-        medians[name] = statistics.median(seconds)
+        times[name] = [r[target][0] if target in r else math.inf for r, _, _ in rows]
+        medians[name] = statistics.median(times[name])
         print(f"{name:20s} {medians[name]:8.1f} "
               f"{statistics.median(r[1] for r, _ in reached):7.0f} "
               f"{statistics.median(r[2] for r, _ in reached):7.2f} "
@@ -195,9 +195,8 @@ def print_time_to(target, results):
     if {"fixed 64", "fixed 1024", "adaptive 64..1024"} <= medians.keys():
         better = min(("fixed 64", "fixed 1024"), key=medians.get)
         print(f"adaptive / better fixed batch: {medians['adaptive 64..1024'] / medians[better]:.2f}x (target <= 1)")
-        seconds = {name: [r[target][0] if target in r else math.inf for r, _, _ in results[name]]
-                   for name in ("adaptive 64..1024", better)}
-        paired = [a / f for a, f in zip(*seconds.values()) if not math.isinf(a) or not math.isinf(f)]
+        paired = [a / f for a, f in zip(times["adaptive 64..1024"], times[better])
+                  if not math.isinf(a) or not math.isinf(f)]
         print(f"per seed, adaptive / {better}: median {statistics.median(paired):.2f}x, "
               f"adaptive faster in {sum(p < 1 for p in paired)} of {len(paired)} seeds")
 

@@ -120,7 +120,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._seconds_by_size = collections.defaultdict(lambda: collections.deque(maxlen=100))
         self.choices = []  # (epoch, noise scale, batch size chosen)
         self._lr_batch_size = initial  # the size the learning rate is scaled for
-        self._size = None  # live mode: the variable each draw reads its size from
+        self._live_size = None  # live mode: the variable each draw reads its size from
         self._next_size = None  # live mode: rows of the batch the coming step draws
         self._drawn_to = None  # live mode: the position in the pass after that draw
 
@@ -150,7 +150,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         seed = np.random.default_rng(seed).integers(2**62)
         # The live state: the size each draw reads, the next row of the pass
         # (`rows` once a pass is done) and the pass's order.
-        self._size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False)
+        self._live_size = tf.Variable(self.batch_size, dtype=tf.int64, trainable=False)
         self._position = tf.Variable(rows, dtype=tf.int64, trainable=False)
         passes = tf.Variable(-1, dtype=tf.int64, trainable=False)
         order = tf.Variable(tf.range(rows, dtype=tf.int64), trainable=False)
@@ -165,9 +165,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                         tf.range(rows, dtype=tf.int64), seed=tf.stack([seed, passes.read_value()])))
                 self._position.assign(0)
             start = self._position.read_value()
-            stop = tf.minimum(start + self._size, rows)
-            with tf.control_dependencies([start]):
-                self._position.assign(stop)
+            stop = tf.minimum(start + self._live_size, rows)
+            self._position.assign(stop)  # after the read: stop is computed from it
             batch = order[start:stop]
             return tf.gather(data[0], batch), tf.gather(data[1], batch)
 
@@ -200,13 +199,13 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 f"per step). Received: min_batch_size={self.min_batch_size}, micro_batch_size={micro}"
             )
         steps = self.params.get("steps") if self.params else None
-        if self._size is not None and steps is not None:
+        if self._live_size is not None and steps is not None:
             raise ValueError(
                 "`AdaptiveBatchSize.dataset` ends each epoch at the end of a pass: call `fit` "
                 f"without `steps_per_epoch`. Received: steps_per_epoch={steps}"
             )
         per_execution = getattr(self.model, "steps_per_execution", 1)
-        if self._size is not None and per_execution != 1:
+        if self._live_size is not None and per_execution != 1:
             raise ValueError(
                 "`AdaptiveBatchSize.dataset` sets each step's learning rate before the step, "
                 "which needs one step per call: compile with `steps_per_execution=1`. "
@@ -215,7 +214,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._first_batch = True
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._size is not None:
+        if self._live_size is not None:
             # The coming step draws its batch now, from the variables this
             # reads: its rows, and its learning rate set before it trains.
             position = int(self._position.numpy())
@@ -236,12 +235,12 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         seconds = time.perf_counter() - self._started
-        size = self.batch_size if self._size is None else self._next_size
+        size = self.batch_size if self._live_size is None else self._next_size
         if self._first_batch:  # includes tracing
             self._first_batch = False
         else:
             self._record_step(size, seconds)
-        if self._size is not None:
+        if self._live_size is not None:
             self.rows_trained += size
             if (batch + 1) % self.interval == 0:
                 self._decide(self._epoch)
@@ -281,9 +280,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             chosen = choose_batch_size(candidates, alpha, beta, noise_scale, self.reference)
             self.choices.append((epoch, noise_scale, chosen))
             self.batch_size = chosen
-            if self._size is not None:
-                self._size.assign(chosen)
-        if self._size is None:  # between epochs (live, each step syncs to the batch it draws)
+            if self._live_size is not None:
+                self._live_size.assign(chosen)
+        if self._live_size is None:  # between epochs (live, each step syncs to the batch it draws)
             self._sync_learning_rate(self.batch_size)
 
     def _sync_learning_rate(self, batch_size):
