@@ -31,10 +31,10 @@ data:
 	fi
 
 demo: install data
-	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/kadapt train --data fashion_mnist --model small_cnn --batch-size 512 --memory-budget 96MiB --epochs 10 --augment off --meta default --out runs/demo --overwrite
+	$(VENV)/bin/kadapt train --data fashion_mnist --model small_cnn --batch-size 512 --memory-budget 96MiB --epochs 10 --augment off --meta default --out runs/demo --overwrite
 
 test: install-test data
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest tests
+	$(PY) -m pytest tests
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation.py

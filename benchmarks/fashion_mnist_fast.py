@@ -23,7 +23,9 @@ import os
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from kadapt import environment  # noqa: E402
+
+environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -8,11 +8,12 @@ time.
 Run: `make install && .venv/bin/python benchmarks/noise_overhead.py`
 """
 
-import os
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from kadapt import environment  # noqa: E402
+
+environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

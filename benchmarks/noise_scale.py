@@ -22,12 +22,13 @@ of the live path from the policy's choices.
 """
 
 import math
-import os
 import statistics
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from kadapt import environment  # noqa: E402
+
+environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402

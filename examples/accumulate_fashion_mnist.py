@@ -6,9 +6,13 @@ size in one optimizer step.
 Run: `.venv/bin/python examples/accumulate_fashion_mnist.py` (after `make install`).
 """
 
-import keras
+from kadapt import environment
 
-import kadapt
+environment.configure_tensorflow()  # before Keras loads TensorFlow: CPU memory statistics
+
+import keras  # noqa: E402
+
+import kadapt  # noqa: E402
 
 LOGICAL_BATCH_SIZE = 512
 MEMORY_BUDGET = "96MiB"  # a simulated small device; on a GPU omit it to use the GPU's own

@@ -1,29 +1,52 @@
-"""kadapt: Keras training that adapts to the machine and to the run."""
+"""kadapt: Keras training that adapts to the machine and to the run.
 
-from kadapt import augment
-from kadapt import callbacks
-from kadapt import datasets
-from kadapt import meta
-from kadapt import models
-from kadapt import optimizers
-from kadapt import recipes
-from kadapt import schedules
-from kadapt import tuning
-from kadapt.batching import AccumulatingModel
-from kadapt.batching import AccumulatingTrainStep
-from kadapt.batching import AccumulatingWrapper
-from kadapt.batching import BatchPlan
-from kadapt.batching import MemoryModel
-from kadapt.batching import OutOfMemoryError
-from kadapt.batching import ProbeResult
-from kadapt.batching import ProbeTrial
-from kadapt.batching import accumulate
-from kadapt.batching import plan_batch
-from kadapt.batching import probe_micro_batch
-from kadapt.callbacks import AdaptiveBatchSize
-from kadapt.callbacks import MomentumScheduler
-from kadapt.meta import MetaAdjuster
-from kadapt.schedules import CosineAnnealing
-from kadapt.schedules import CosineMomentum
+Importing kadapt does not import TensorFlow: each public name loads its module
+when first used (PEP 562). So a program, and the `kadapt` command, can set
+TensorFlow's process settings first (`kadapt.environment.configure_tensorflow`).
+`kadapt.load_model` loads a saved `.keras` file with kadapt's objects known to
+Keras.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_SUBMODULES = (
+    "augment", "batching", "callbacks", "datasets", "environment", "meta", "models",
+    "optimizers", "recipes", "schedules", "tuning",
+)
+_NAMES = {
+    "AccumulatingModel": "kadapt.batching",
+    "AccumulatingTrainStep": "kadapt.batching",
+    "AccumulatingWrapper": "kadapt.batching",
+    "AdaptiveBatchSize": "kadapt.callbacks",
+    "AllocatorStatisticsError": "kadapt.environment",
+    "BatchPlan": "kadapt.batching",
+    "CosineAnnealing": "kadapt.schedules",
+    "CosineMomentum": "kadapt.schedules",
+    "MemoryModel": "kadapt.batching",
+    "MetaAdjuster": "kadapt.meta",
+    "MomentumScheduler": "kadapt.callbacks",
+    "OutOfMemoryError": "kadapt.batching",
+    "ProbeResult": "kadapt.batching",
+    "ProbeTrial": "kadapt.batching",
+    "accumulate": "kadapt.batching",
+    "load_model": "kadapt.saving",
+    "plan_batch": "kadapt.batching",
+    "probe_micro_batch": "kadapt.batching",
+}
+__all__ = sorted(_NAMES) + list(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kadapt.{name}")
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kadapt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,6 +1,6 @@
-import os
+from kadapt import environment
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+environment.configure_tensorflow()  # before TensorFlow loads, as the `kadapt` command does
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

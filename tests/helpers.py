@@ -74,3 +74,13 @@ def constant_meta_model(action_index, confidence_logit=10.0):
     logits = keras.layers.Dense(len(ACTIONS), kernel_initializer="zeros",
                                 bias_initializer=keras.initializers.Constant(bias))(hidden)
     return keras.Model(inputs, keras.layers.Softmax()(logits))
+
+
+def write_tiny_npz(path, train_rows=64, test_rows=32, side=12, seed=0):
+    """Two classes: is the top half of the image brighter than the bottom?"""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (train_rows + test_rows, side, side), dtype=np.uint8)
+    y = (x[:, : side // 2].mean((1, 2)) > x[:, side // 2 :].mean((1, 2))).astype(np.int64)
+    np.savez(path, x_train=x[:train_rows], y_train=y[:train_rows],
+             x_test=x[train_rows:], y_test=y[train_rows:])
+    return path

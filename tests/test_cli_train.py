@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from matplotlib import image
 
+from helpers import write_tiny_npz
 from kadapt import cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -37,16 +38,6 @@ def kadapt(*args, cwd, wait=True):
 
 def user_lines(stderr):
     return [line for line in stderr.splitlines() if line.strip() and not TF_LOG_LINE.match(line)]
-
-
-def write_tiny_npz(path, train_rows=64, test_rows=32, side=12, seed=0):
-    """Two classes: is the top half of the image brighter than the bottom?"""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, (train_rows + test_rows, side, side), dtype=np.uint8)
-    y = (x[:, : side // 2].mean((1, 2)) > x[:, side // 2 :].mean((1, 2))).astype(np.int64)
-    np.savez(path, x_train=x[:train_rows], y_train=y[:train_rows],
-             x_test=x[train_rows:], y_test=y[train_rows:])
-    return path
 
 
 def cosine(step, total, high, low):

@@ -10,11 +10,12 @@ Run: `.venv/bin/python tools/train_meta_model.py [--store runs/meta/records.sqli
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from kadapt import environment  # noqa: E402
+
+environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
 
 from kadapt.meta import RecordStore  # noqa: E402
 from kadapt.meta import collect  # noqa: E402

@@ -1,12 +1,12 @@
 """`kadapt predict RUN_DIR --data ...`: classify rows with a run's saved model."""
 
-import keras
 import numpy as np
 
 from kadapt.run import RunDirectory
 from kadapt.run import UsageError
 from kadapt.run import run_directory as files
 from kadapt.run.data import load_inputs
+from kadapt.saving import load_model
 
 PREDICT_BATCH_SIZE = 256
 
@@ -42,12 +42,10 @@ def run_predict(args):
 
 
 def _load_model(directory):
-    # Importing kadapt (as `kadapt.cli` does) registers its optimizer and
-    # schedules, which the saved model's compile config names.
     path = directory / files.MODEL
     if not path.is_file():
         raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")
-    return keras.saving.load_model(path, safe_mode=True)
+    return load_model(path)
 
 
 def _check_shape(model, x, spec):
