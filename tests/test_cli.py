@@ -34,8 +34,9 @@ def test_probe_table_for_a_keras_file(tmp_path, capsys):
     "argv, message",
     [
         (["--model", "missing.keras"], "--model must be an existing .keras file"),
-        (["--input-shape", "a,b"], "--input-shape must be positive ints"),
-        (["--input-shape", "0,3"], "Received: --input-shape=0,3"),
+        (["--model", "mlp", "--input-shape", "a,b"], "--input-shape must be positive ints"),
+        (["--model", "mlp", "--input-shape", "0,3"], "Received: --input-shape=0,3"),
+        (["--input-shape", "8"], "kadapt: error: --input-shape describes a built-in --model"),
     ],
 )
 def test_bad_arguments(argv, message):

@@ -1,14 +1,17 @@
-"""`kadapt probe` (also `tools/probe_gpu.py`): list devices and their memory,
-then probe the largest micro-batch of a model with real trial steps and print
-the plan for a logical batch."""
+"""`kadapt probe` (also `tools/probe_gpu.py`): list devices, their memory and
+how TensorFlow runs on them; with `--model`, probe the largest micro-batch of
+that model with real trial steps and print the plan for a logical batch."""
 
 import json
 import os
 import sys
 from pathlib import Path
 
+from kadapt import environment
 from kadapt.run.config import MODEL_NAMES as BUILTIN_MODELS
 from kadapt.run.errors import UsageError
+
+DEFAULT_INPUT_SHAPE = "28,28,1"
 
 
 def add_probe_arguments(subparsers):
@@ -16,10 +19,11 @@ def add_probe_arguments(subparsers):
         "probe", description=__doc__,
         help="probe the largest micro-batch that fits in memory and print the batch plan",
     )
-    parser.add_argument("--model", default="small_cnn",
-                        help=f"a .keras file (loaded in safe mode) or one of {', '.join(BUILTIN_MODELS)}")
-    parser.add_argument("--input-shape", default="28,28,1",
-                        help="input shape of a built-in model, without the batch axis, e.g. 32,32,3")
+    parser.add_argument("--model", default=None,
+                        help=f"a .keras file (loaded in safe mode) or one of {', '.join(BUILTIN_MODELS)} "
+                             "(default: none, print the device fact sheet only)")
+    parser.add_argument("--input-shape", default=None,
+                        help="input shape of a built-in model, without the batch axis, e.g. 32,32,3 (default: 28,28,1)")
     parser.add_argument("--num-classes", type=int, default=10, help="classes of a built-in model")
     parser.add_argument("--batch-size", type=int, default=512, help="the logical batch size to plan")
     parser.add_argument("--memory-budget", default=None,
@@ -33,7 +37,9 @@ def run_probe(args):
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be a positive int (the logical batch to plan). "
                          f"Received: --batch-size={args.batch_size}")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.model is None and args.input_shape is not None:
+        raise UsageError(f"--input-shape describes a built-in --model: give --model too, e.g. "
+                         f"--model mlp. Received: --input-shape={args.input_shape}")
     import numpy as np
 
     import kadapt
@@ -41,8 +47,15 @@ def run_probe(args):
 
     progress = sys.stderr if args.json else sys.stdout
     devices = list_devices()
+    runtime = environment.describe()
+    if args.model is None:
+        if args.json:
+            print(json.dumps({"devices": devices, "tensorflow": runtime}, indent=1))
+        else:
+            print_devices(devices, runtime)
+        return 0
     if not args.json:
-        print_devices(devices)
+        print_devices(devices, runtime)
     model = load_model(args)
     rows = 2 * args.batch_size
     data = random_batch(model, rows, np.random.default_rng(0))
@@ -61,7 +74,7 @@ def run_probe(args):
     )
     plan = result.plan(args.batch_size)
     if args.json:
-        print(json.dumps({"devices": devices, "probe": result.to_dict(),
+        print(json.dumps({"devices": devices, "tensorflow": runtime, "probe": result.to_dict(),
                           "plan": plan.__dict__}, indent=1))
     else:
         print_trials(result)
@@ -83,19 +96,26 @@ def list_devices():
         except ValueError:
             total, source = None, "unknown"
         used = tf.config.experimental.get_memory_info(name)["current"]
-        devices.append({"device": name, "total_bytes": total, "used_bytes": used, "source": source})
+        devices.append({"device": name, "total_bytes": total, "used_bytes": used, "source": source,
+                        "allocator_statistics": True, "allocator": "BFC"})
     ram_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     available = memory_budget.available_ram()
     devices.append({"device": "CPU:0", "total_bytes": ram_total,
-                    "used_bytes": ram_total - available, "source": "RAM"})
+                    "used_bytes": ram_total - available, "source": "RAM",
+                    "allocator_statistics": environment.allocator_statistics_available("CPU:0"),
+                    "allocator": environment.describe()["cpu_allocator"]})
     return devices
 
 
-def print_devices(devices):
-    print(f"{'device':8s} {'total MiB':>12s} {'used MiB':>12s}  source")
+def print_devices(devices, runtime):
+    print(f"{'device':8s} {'total MiB':>12s} {'used MiB':>12s}  {'statistics':10s}  {'allocator':33s}  source")
     for d in devices:
         total = "?" if d["total_bytes"] is None else f"{d['total_bytes'] / 2**20:.0f}"
-        print(f"{d['device']:8s} {total:>12s} {d['used_bytes'] / 2**20:12.0f}  {d['source']}")
+        statistics = "yes" if d["allocator_statistics"] else "no"
+        print(f"{d['device']:8s} {total:>12s} {d['used_bytes'] / 2**20:12.0f}  {statistics:10s}  "
+              f"{d['allocator']:33s}  {d['source']}")
+    setting = f" ({runtime['onednn_variable']})" if runtime["onednn_variable"] else ""
+    print(f"oneDNN CPU kernels: {runtime['onednn']}{setting}")
 
 
 def print_trials(result):
@@ -111,8 +131,10 @@ def load_model(args):
     """A compiled model: a `.keras` file (safe mode) or a built-in."""
     import keras
 
+    from kadapt.saving import load_model as kadapt_load_model
+
     if args.model in BUILTIN_MODELS:
-        shape = parse_shape(args.input_shape)
+        shape = parse_shape(args.input_shape or DEFAULT_INPUT_SHAPE)
         model = builtin_model(args.model, shape, args.num_classes)
     else:
         path = Path(args.model)
@@ -121,7 +143,7 @@ def load_model(args):
                 f"kadapt probe: --model must be an existing .keras file or one of "
                 f"{', '.join(BUILTIN_MODELS)}. Received: --model={args.model}"
             )
-        model = keras.models.load_model(path, safe_mode=True)
+        model = kadapt_load_model(path)
     if not model.compiled:
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
