@@ -1,25 +1,27 @@
-"""The probe's choice against the exhaustively measured largest micro-batch,
-and its trial count against PyTorch Lightning's batch-size finder
-(`scale_batch_size(mode="binsearch")`: start at 2, double until a failure,
-then bisect), simulated on the same measured memory curve.
+"""The probe's choice against the largest micro-batch that fits, on this CPU.
 
-Three models and budgets on this CPU. "Truly fits" is decided by real trial
-steps: the reference is the largest size such that it and every smaller
-size fit (see `largest_truly_fitting`). The peak of a real trial can differ
-by some percent from another run of the same size, so the reference itself
-is a measurement. Each case runs in a fresh process, as a user's probe
-would: in one process for all three, the memory an earlier case kept alive
-counted in the later cases' peaks.
+The rule for "fits", the same for the reference and for judging the probe:
+in a fresh process, one traced step of the accumulating step (two
+micro-batches of m rows), then MEASURED_STEPS (3) measured steps; m fits when
+each measured step's peak is within the budget. The reference is the largest
+m that fits by that rule, found by bisection with a fresh process per size
+(peaks vary from run to run, so a size near the edge can fit in one process
+and not in the next; the reference is itself a measurement). Then REPEATS
+probes per model, each in a fresh process as a user's would run, and each
+chosen size checked by the rule in a fresh process of its own.
+
+Target: the chosen size fits in every probe, is >= 0.85x the reference in at
+least 4 of 5 probes, in <= 5 trials.
 
 Run: `make install && .venv/bin/python benchmarks/probe.py`
 """
 
-import functools
 import multiprocessing
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from kadapt import environment  # noqa: E402
+
+environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -29,8 +31,8 @@ from kadapt.batching import probe  # noqa: E402
 from kadapt.batching.memory_budget import device_budget  # noqa: E402
 
 CAP = 1024
-SWEEP_STEP = 32
-FINE_STEP = 8
+REPEATS = 5
+TARGET_RATIO = 0.85
 
 
 def wide_mlp():
@@ -66,90 +68,66 @@ def data_for(model):
     return x, rng.integers(0, 10, 2 * CAP), None
 
 
-def largest_truly_fitting(fits):
-    """The largest m such that m and every smaller size fit: an accumulating
-    step also runs a ragged last micro-batch of any size below m, so a size
-    that fits while a smaller one does not (the peak is not monotone in the
-    rows here; oneDNN picks kernels per shape) is no answer. A sweep every
-    SWEEP_STEP rows up to the first failure, a sweep every FINE_STEP rows
-    over the last 25% below it, then bisection below the first fine failure."""
-    low = 0
-    for size in range(SWEEP_STEP, CAP + 1, SWEEP_STEP):
-        if not fits(size):
-            break
-        low = size
-    else:
+def in_fresh_process(function, *args):
+    """`function(*args)` in a new interpreter (spawned: nothing of this one)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def fits_by_rule(index, size):
+    """Whether `size` fits by the rule: a fresh trace, every measured step
+    within the budget (run in a fresh process by the caller)."""
+    build, budget_text = CASES[index]
+    model = compiled(build)
+    sample = data_for(model)
+    with probe.leaves_no_trace(model, sample):
+        return probe.run_trial(model, sample, size, device_budget(budget_text)).fits
+
+
+def probe_once(index):
+    build, budget_text = CASES[index]
+    model = compiled(build)
+    sample = data_for(model)
+    start = time.perf_counter()
+    result = kadapt.probe_micro_batch(model, sample[:2], memory_budget=budget_text, max_micro_batch_size=CAP)
+    return {"chosen": result.micro_batch_size, "trials": len(result.trials),
+            "seconds": time.perf_counter() - start,
+            "sequence": " ".join(f"{t.micro_batch_size}{'+' if t.fits else 'x'}" for t in result.trials)}
+
+
+def reference(index):
+    """The largest size that fits by the rule, by bisection over [1, CAP]."""
+    low, high = 0, CAP + 1  # low fits (0 trivially), high does not
+    if in_fresh_process(fits_by_rule, index, CAP):
         return CAP
-    high = low + SWEEP_STEP  # the first failing sweep size
-    start = max(SWEEP_STEP, (3 * high // 4) // SWEEP_STEP * SWEEP_STEP)  # a sweep size that fit
-    for size in range(start, high, FINE_STEP):
-        if not fits(size):
-            high = size
-            break
-    low = high - FINE_STEP if start < high else 0  # a size that fit
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
+        low, high = (middle, high) if in_fresh_process(fits_by_rule, index, middle) else (low, middle)
     return low
 
 
-def lightning_binsearch(fits, initial=2):
-    """Trial count and result of Lightning's power-then-binary-search finder."""
-    trials, size, low = 0, initial, 0
-    while size <= CAP:
-        trials += 1
-        if not fits(size):
-            break
-        low, size = size, size * 2
-    else:
-        return CAP, trials
-    high = size
-    while high - low > 1:
-        middle = (low + high) // 2
-        trials += 1
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low, trials
-
-
-def measure_case(build, budget_text):
-    model = compiled(build)
-    sample = data_for(model)
-    budget = device_budget(budget_text)
-
-    @functools.cache
-    def fits(size):
-        with probe.leaves_no_trace(model, sample):
-            return probe.run_trial(model, sample, size, budget).fits
-
-    start = time.perf_counter()
-    result = kadapt.probe_micro_batch(model, sample[:2], memory_budget=budget_text, max_micro_batch_size=CAP)
-    probe_seconds = time.perf_counter() - start
-    truth = largest_truly_fitting(fits)
-    lightning_size, lightning_trials = lightning_binsearch(fits)
-    return {
-        "model": model.model.name, "budget": budget_text, "truth": truth,
-        "chosen": result.micro_batch_size, "trials": len(result.trials),
-        "probe_s": probe_seconds, "lightning": lightning_size, "lightning_trials": lightning_trials,
-        "sequence": " ".join(f"{t.micro_batch_size}{'+' if t.fits else 'x'}" for t in result.trials),
-    }
-
-
 def main():
-    print(f"{'model':10s} {'budget':>7s} {'largest':>8s} {'kadapt':>7s} {'ratio':>6s} {'trials':>7s} "
-          f"{'probe s':>8s} {'Lightning':>10s} {'trials':>7s}   kadapt's trials (+ fits, x not)")
-    # Each case in a fresh process: the peak is the process's, and the
-    # variables and traced steps of an earlier case would count in it.
-    context = multiprocessing.get_context("spawn")
-    for index in range(len(CASES)):
-        with context.Pool(1) as pool:
-            row = pool.apply(measure_index, (index,))
-        print(f"{row['model']:10s} {row['budget']:>7s} {row['truth']:8d} {row['chosen']:7d} "
-              f"{row['chosen'] / row['truth']:6.2f} {row['trials']:7d} {row['probe_s']:8.1f} "
-              f"{row['lightning']:10d} {row['lightning_trials']:7d}   {row['sequence']}", flush=True)
+    print(f"{'model':10s} {'budget':>7s} {'reference':>9s}   probes: chosen/reference (trials, fits in a fresh "
+          f"process), kadapt's trials (+ fits, x not)")
+    for index, (build, budget_text) in enumerate(CASES):
+        truth = reference(index)
+        probes = [in_fresh_process(probe_once, index) for _ in range(REPEATS)]
+        for row in probes:
+            row["fits"] = in_fresh_process(fits_by_rule, index, row["chosen"])
+        report(build().name, budget_text, truth, probes)
 
 
-def measure_index(index):
-    return measure_case(*CASES[index])
+def report(name, budget_text, truth, probes):
+    print(f"{name:10s} {budget_text:>7s} {truth:9d}")
+    for row in probes:
+        print(f"{'':28s} {row['chosen']:5d} = {row['chosen'] / truth:4.2f}x ({row['trials']} trials, "
+              f"{row['seconds']:.1f} s, {'fits' if row['fits'] else 'DOES NOT FIT'})  {row['sequence']}")
+    near = sum(row["chosen"] >= TARGET_RATIO * truth for row in probes)
+    every_fits = all(row["fits"] for row in probes)
+    most_trials = max(row["trials"] for row in probes)
+    met = every_fits and near >= REPEATS - 1 and most_trials <= 5
+    print(f"{'':28s} fits in {sum(r['fits'] for r in probes)}/{REPEATS}, >= {TARGET_RATIO}x in "
+          f"{near}/{REPEATS}, at most {most_trials} trials: target {'met' if met else 'NOT met'}", flush=True)
 
 
 if __name__ == "__main__":

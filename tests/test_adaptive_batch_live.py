@@ -1,6 +1,7 @@
 """AdaptiveBatchSize.dataset: the batch size changes inside a running fit."""
 
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -123,3 +124,17 @@ def test_a_dataset_read_ahead_or_capped_is_refused():
     model.compile(optimizer=kadapt.optimizers.SGD(0.0), loss="mse", steps_per_execution=2)
     with pytest.raises(ValueError, match=r"compile with `steps_per_execution=1`. Received: steps_per_execution=2"):
         model.fit(adaptive.dataset(ids, np.zeros_like(ids), seed=0), verbose=0, callbacks=[adaptive])
+
+
+def test_a_live_fit_warns_of_nothing_and_leaves_warning_filters_as_they_were():
+    model = _recording_model([])
+    adaptive = _Scripted([64, 128], interval=2)
+    ids = np.arange(200, dtype="float32")[:, None]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(adaptive.dataset(ids, np.zeros_like(ids), seed=0), epochs=2, verbose=0,
+                  callbacks=[adaptive])
+        user_warnings = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        assert user_warnings == []  # neither "ran out of data" nor "shuffle is ignored"
+        warnings.warn("Your input ran out of data", UserWarning)
+        assert str(caught[-1].message) == "Your input ran out of data"  # the filter ended with the fit

@@ -110,6 +110,10 @@ class AccumulatingTrainStep:
             from kadapt.batching.auto_micro_batch import resolve_auto_micro_batch
 
             resolve_auto_micro_batch(self, x, y, batch_size, kwargs.get("sample_weight"))
+        if isinstance(x, tf.data.Dataset):
+            # Keras ignores `shuffle` for a dataset (it shuffles itself) and
+            # warns when the default True is left in: say what it does.
+            kwargs.setdefault("shuffle", False)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def _check_noise_batch(self, batch_size):

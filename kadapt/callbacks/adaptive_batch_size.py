@@ -13,6 +13,7 @@ noisy data larger ones; the optimum is near sqrt(alpha * phi / beta).
 import collections
 import math
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -212,6 +213,21 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 f"Received: steps_per_execution={per_execution}"
             )
         self._first_batch = True
+        if self._live_size is not None:
+            self._quiet_epoch_ends()
+
+    def _quiet_epoch_ends(self):
+        # The live dataset ends each epoch at the end of a pass, by design;
+        # Keras warns "Your input ran out of data" whenever a dataset of
+        # unknown length ends. Only that message, only during this `fit`.
+        self._warning_filters = warnings.catch_warnings()
+        self._warning_filters.__enter__()
+        warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
+
+    def on_train_end(self, logs=None):
+        if getattr(self, "_warning_filters", None) is not None:
+            self._warning_filters.__exit__(None, None, None)
+            self._warning_filters = None
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._live_size is not None:
