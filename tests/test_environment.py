@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from helpers import write_tiny_npz
 
@@ -193,3 +194,36 @@ def test_kadapt_train_probes_and_trains_in_an_unconfigured_environment(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "run" / "probe.json").is_file()
     assert done.stderr == ""
+
+
+def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used():
+    done = run_python("""
+        import sys
+        import kadapt
+        before = "tensorflow" in sys.modules
+        kadapt.plan_batch(10, 4)
+        print(before, "tensorflow" in sys.modules)
+    """, clean_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "True"]
+
+
+def test_load_model_knows_kadapts_objects_in_a_fresh_process(tmp_path):
+    import keras
+
+    import kadapt
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    schedule = kadapt.CosineAnnealing(0.1, 0.001, total_steps=10)
+    model.compile(optimizer=kadapt.optimizers.SGD(schedule, momentum=0.9), loss="mse")
+    trainer = kadapt.accumulate(model, 4)
+    trainer(np.zeros((1, 3), "float32"))
+    trainer.save(tmp_path / "model.keras")
+    done = run_python(f"""
+        import kadapt
+        model = kadapt.load_model({str(tmp_path / "model.keras")!r})
+        print(type(model).__name__, type(model.optimizer).__name__,
+              model.optimizer.get_config()["learning_rate"]["class_name"])
+    """, clean_env(**{environment.LOG_LEVEL: "2"}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]
