@@ -24,7 +24,7 @@ MARGIN = 0.05  # of the room above the fixed memory, kept free
 MIN_GAIN = 0.05  # a further trial must promise 5% more rows
 FAR = 1.5  # a target above this x the largest measured size is far
 EXTRAPOLATED_SHARE = 0.75  # of the way from the best fitting size to a far target
-TYPICAL_TRIALS = 4  # a spare trial before this looks above the line's answer
+TYPICAL_TRIALS = 5  # with a size that fits, the search ends here; a spare trial looks above the line
 MAX_TRIALS = 8  # reached only when out-of-memory errors force bisection
 # The peak of one traced step varies from run to run (independent ops run in
 # parallel, and whether their buffers overlap depends on timing: a conv net
@@ -39,14 +39,24 @@ PREFERENCES = ("largest", "fastest")
 class ProbeTrial:
     """One trial step: a logical batch of two micro-batches of `micro_batch_size`.
 
-    `peak_bytes` and `seconds_per_sample` are `None` when the step raised
-    `ResourceExhaustedError`.
+    `peak_bytes` is the highest peak of the measured steps and
+    `lowest_peak_bytes` the lowest (`None` where not measured); both, and
+    `seconds_per_sample`, are `None` when the step raised
+    `ResourceExhaustedError`. `fits`: every measured step within the budget.
     """
 
     micro_batch_size: int
     peak_bytes: int | None
     seconds_per_sample: float | None
     fits: bool
+    lowest_peak_bytes: int | None = None
+
+    @property
+    def spread(self):
+        """(highest - lowest) / highest peak of the measured steps, or 0."""
+        if not self.peak_bytes or self.lowest_peak_bytes is None:
+            return 0.0
+        return (self.peak_bytes - self.lowest_peak_bytes) / self.peak_bytes
 
     @property
     def samples_per_second(self):
@@ -177,13 +187,15 @@ class MicroBatchSearch:
             if size is None:
                 break
             self.run(size)
-        return self.best_fitting()
+        # Noise seen late can leave no size with room for it: then the
+        # largest that fit by the rule, which did fit.
+        return self.best_fitting() or max(t.micro_batch_size for t in self.trials if t.fits)
 
     def next_size(self, cap):
         """The next trial size, or `None` when the search is done."""
         target, predicted = self.next_target(cap)
         best = self.best_fitting()
-        if predicted and len(self.trials) >= TYPICAL_TRIALS and self.trials[-1].fits:
+        if predicted and best and len(self.trials) >= TYPICAL_TRIALS:
             return None  # a verified size in the typical count; more would be a bisection
         if target > best and not (predicted and target < best * (1 + MIN_GAIN)):
             return target
@@ -196,7 +208,7 @@ class MicroBatchSearch:
         return None
 
     def upper_bound(self, cap):
-        failed = [t.micro_batch_size for t in self.trials if not t.fits]
+        failed = [t.micro_batch_size for t in self.trials if not self.safe(t)]
         return min(failed, default=cap + 1) - 1
 
     def second_size(self, first, cap):
@@ -214,11 +226,11 @@ class MicroBatchSearch:
 
     def next_target(self, cap):
         """The next size to try, and whether the memory model predicted it."""
-        failed = [t for t in self.trials if not t.fits]
+        failed = [t for t in self.trials if not self.safe(t)]
         upper = self.upper_bound(cap)
         memory_model = self.memory_model()
         if memory_model is not None:
-            predicted = memory_model.largest_fitting(self.budget_bytes, MARGIN)
+            predicted = memory_model.largest_fitting(self.budget_bytes / (1 + self.noise()), MARGIN)
             # Trust the line unless a size it says fits has already failed
             # (an out-of-memory error the allocator's peak did not foresee).
             if predicted < upper or not failed:
@@ -246,7 +258,19 @@ class MicroBatchSearch:
         return max(fitting, key=lambda t: t.samples_per_second).micro_batch_size
 
     def best_fitting(self):
-        return max((t.micro_batch_size for t in self.trials if t.fits), default=0)
+        return max((t.micro_batch_size for t in self.trials if self.safe(t)), default=0)
+
+    def noise(self):
+        """The largest relative spread of the peaks of one trial's measured
+        steps so far: how far a new run of a step may peak above the highest
+        peak a trial saw."""
+        return max((t.spread for t in self.trials), default=0.0)
+
+    def safe(self, trial):
+        """Fits with room for the noise: its highest peak, raised by `noise()`,
+        within the budget. A size that fit once near the edge by luck may not
+        fit in the next process; this is the size that keeps fitting."""
+        return trial.fits and trial.peak_bytes * (1 + self.noise()) <= self.budget_bytes
 
     def memory_model(self):
         measured = [t for t in self.trials if t.peak_bytes is not None]
@@ -268,7 +292,7 @@ def run_trial(model, sample, size, budget):
     model.micro_batch_size = size
     x, y, sample_weight = repeat_rows(sample, 2 * size)
     device = budget.device
-    peak, seconds = 0, math.inf
+    peaks, seconds = [], math.inf
     try:
         model.train_on_batch(x, y, sample_weight=sample_weight)  # trace, warm up
         for _ in range(MEASURED_STEPS):
@@ -276,13 +300,14 @@ def run_trial(model, sample, size, budget):
             start = time.perf_counter()
             model.train_on_batch(x, y, sample_weight=sample_weight)
             seconds = min(seconds, time.perf_counter() - start)
-            peak = max(peak, tf.config.experimental.get_memory_info(device)["peak"])
+            peaks.append(tf.config.experimental.get_memory_info(device)["peak"])
     except tf.errors.ResourceExhaustedError:
         return ProbeTrial(size, None, None, False)
     # The CPU allocator's statistics skip small allocations; a step never
     # needs less than its variables, optimizer slots and gradient sum.
-    peak = max(peak, resident_bytes(model))
-    return ProbeTrial(size, int(peak), seconds / (2 * size), peak <= budget.bytes)
+    floor = resident_bytes(model)
+    peak, lowest = max(max(peaks), floor), max(min(peaks), floor)
+    return ProbeTrial(size, int(peak), seconds / (2 * size), peak <= budget.bytes, int(lowest))
 
 
 def resident_bytes(model):
