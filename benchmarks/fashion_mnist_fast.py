@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kadapt import environment  # noqa: E402
 
-environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
+environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -28,7 +28,7 @@ import time
 
 from kadapt import environment  # noqa: E402
 
-environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
+environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402

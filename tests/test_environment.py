@@ -145,8 +145,8 @@ def test_kadapt_probe_configures_tensorflow_and_starts_quietly():
     assert done.stderr == ""
 
 
-def test_kadapt_probe_fact_sheet_in_json():
-    done = run_kadapt("probe", "--json", env=clean_env())
+def test_kadapt_probe_fact_sheet_in_json_and_verbose_start_up_lines():
+    done = run_kadapt("--verbose", "probe", "--json", env=clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout)
     cpu = next(d for d in facts["devices"] if d["device"] == "CPU:0")
@@ -155,29 +155,19 @@ def test_kadapt_probe_fact_sheet_in_json():
     assert facts["tensorflow"]["onednn"] == "on"
     assert facts["tensorflow"]["onednn_variable"] == "TF_ENABLE_ONEDNN_OPTS=1"
     assert "probe" not in facts
+    assert any("oneDNN custom operations are on" in line for line in cpp_log_lines(done.stderr))
 
 
-def test_kadapt_probe_fact_sheet_table_names_what_the_user_set():
-    done = run_kadapt("probe", env=clean_env(**{environment.ONEDNN: "0"}))
-    assert done.returncode == 0, done.stderr[-3000:]
-    cpu_line = next(line for line in done.stdout.splitlines() if line.startswith("CPU:0"))
-    assert "  no  " in cpu_line  # no statistics with oneDNN off
-    assert "oneDNN CPU kernels: off (TF_ENABLE_ONEDNN_OPTS=0)" in done.stdout
-
-
-def test_a_users_setting_is_respected_and_the_probe_says_what_to_change():
+def test_a_users_setting_is_respected_shown_and_the_probe_says_what_to_change():
     done = run_kadapt("probe", "--model", "mlp", "--input-shape", "8", "--batch-size", "32",
                       "--memory-budget", "64MiB", env=clean_env(**{environment.ONEDNN: "0"}))
+    cpu_line = next(line for line in done.stdout.splitlines() if line.startswith("CPU:0"))
+    assert "  no  " in cpu_line  # the fact sheet: no statistics with oneDNN off
+    assert "oneDNN CPU kernels: off (TF_ENABLE_ONEDNN_OPTS=0)" in done.stdout
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kadapt: error: TensorFlow keeps no allocator")
     assert "TF_ENABLE_ONEDNN_OPTS=1" in lines[0]
-
-
-def test_verbose_shows_tensorflows_start_up_lines():
-    done = run_kadapt("--verbose", "probe", "--json", env=clean_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert any("oneDNN custom operations are on" in line for line in cpp_log_lines(done.stderr))
 
 
 def test_a_log_level_the_user_set_shows_the_lines_it_lets_through():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kadapt import environment  # noqa: E402
 
-environment.configure_tensorflow()  # before TensorFlow loads: oneDNN on, quiet logs
+environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
 
 from kadapt.meta import RecordStore  # noqa: E402
 from kadapt.meta import collect  # noqa: E402
