@@ -92,7 +92,15 @@ def probe_once(index):
     result = kadapt.probe_micro_batch(model, sample[:2], memory_budget=budget_text, max_micro_batch_size=CAP)
     return {"chosen": result.micro_batch_size, "trials": len(result.trials),
             "seconds": time.perf_counter() - start,
-            "sequence": " ".join(f"{t.micro_batch_size}{'+' if t.fits else 'x'}" for t in result.trials)}
+            "sequence": " ".join(f"{t.micro_batch_size}{'+' if t.fits else 'x'}" for t in result.trials),
+            "noise": search_noise(result)}
+
+
+def search_noise(result):
+    """The pooled relative standard deviation the probe ended with."""
+    search = probe.MicroBatchSearch(None, result.budget.bytes)
+    search.trials = list(result.trials)
+    return search.noise()
 
 
 def reference(index):
@@ -121,7 +129,8 @@ def report(name, budget_text, truth, probes):
     print(f"{name:10s} {budget_text:>7s} {truth:9d}")
     for row in probes:
         print(f"{'':28s} {row['chosen']:5d} = {row['chosen'] / truth:4.2f}x ({row['trials']} trials, "
-              f"{row['seconds']:.1f} s, {'fits' if row['fits'] else 'DOES NOT FIT'})  {row['sequence']}")
+              f"{row['seconds']:.1f} s, noise {row['noise']:.1%}, {'fits' if row['fits'] else 'DOES NOT FIT'})  "
+              f"{row['sequence']}")
     near = sum(row["chosen"] >= TARGET_RATIO * truth for row in probes)
     every_fits = all(row["fits"] for row in probes)
     most_trials = max(row["trials"] for row in probes)

@@ -15,6 +15,14 @@ tf.config.set_logical_device_configuration(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_probe_cache(tmp_path_factory):
+    """The probe cache of the tests and the commands they start, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KADAPT_CACHE_DIR", str(tmp_path_factory.mktemp("probe-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     keras.backend.clear_session()

@@ -90,16 +90,16 @@ def test_search_on_exact_curves_meets_the_targets(name):
 
 
 def test_search_keeps_room_for_the_noise_its_trials_saw():
-    # Each trial's three steps peak between curve(m) and 1.15 x curve(m): a
-    # size whose highest peak just fits may not fit in the next process.
-    curve, spread = CURVES["affine"], 0.15
+    # Each trial's three steps peak at curve(m) x (1, 1.075, 1.15): a size
+    # whose steps just fit may not fit in the next process.
+    curve, factors = CURVES["affine"], np.array([1.0, 1.075, 1.15])
 
     def runner(size):
-        lowest, highest = int(curve(size)), int(curve(size) * (1 + spread))
-        return probe_module.ProbeTrial(size, highest, 1e-4, highest <= BUDGET, lowest)
+        peaks = tuple(int(curve(size) * f) for f in factors)
+        return probe_module.ProbeTrial(size, max(peaks), 1e-4, max(peaks) <= BUDGET, peaks)
 
-    noise = spread / (1 + spread)  # (highest - lowest) / highest
-    room = max(m for m in range(1, 4097) if curve(m) * (1 + spread) * (1 + noise) <= BUDGET)
+    sigma = np.std(factors / factors.mean(), ddof=1)  # the same relative spread at every size
+    room = max(m for m in range(1, 4097) if curve(m) * factors.mean() * (1 + 2 * sigma) <= BUDGET)
     search = probe_module.MicroBatchSearch(runner, BUDGET)
     chosen = search.largest(4096)
     assert 0.9 * room <= chosen <= room
@@ -144,11 +144,11 @@ def test_out_of_memory_during_a_trial_counts_as_not_fitting():
         model, (x, np.ones((48, 3), "float32")), memory_budget="8GiB", on_trial=trials.append
     )
     # 48 rows explode without any measured peak foreseeing it, so the probe
-    # bisects between 16 (fits) and 48: 32, 40, 44, 46, 47.
-    assert [t.micro_batch_size for t in trials] == [16, 48, 32, 40, 44, 46, 47]
-    assert [t.fits for t in trials] == [True, False, True, True, True, True, True]
+    # bisects between 16 (fits) and 48: 32, 40, 44, and ends at 5 trials.
+    assert [t.micro_batch_size for t in trials] == [16, 48, 32, 40, 44]
+    assert [t.fits for t in trials] == [True, False, True, True, True]
     assert trials[1].peak_bytes is None
-    assert result.micro_batch_size == 47
+    assert result.micro_batch_size == 44
     assert trials == list(result.trials)
 
 

@@ -25,7 +25,10 @@ MIN_GAIN = 0.05  # a further trial must promise 5% more rows
 FAR = 1.5  # a target above this x the largest measured size is far
 EXTRAPOLATED_SHARE = 0.75  # of the way from the best fitting size to a far target
 TYPICAL_TRIALS = 5  # with a size that fits, the search ends here; a spare trial looks above the line
-MAX_TRIALS = 8  # reached only when out-of-memory errors force bisection
+MAX_TRIALS = 8  # reached only while no trial has fit with room for the noise
+# A size is chosen when its mean peak plus this many standard deviations of a
+# step's peak fits: about 1 step in 40 above it, were the peaks normal.
+NOISE_SIGMAS = 2.0
 # The peak of one traced step varies from run to run (independent ops run in
 # parallel, and whether their buffers overlap depends on timing: a conv net
 # with BatchNorm here peaked 88-98 MiB over five runs of one step): a size
@@ -39,9 +42,9 @@ PREFERENCES = ("largest", "fastest")
 class ProbeTrial:
     """One trial step: a logical batch of two micro-batches of `micro_batch_size`.
 
-    `peak_bytes` is the highest peak of the measured steps and
-    `lowest_peak_bytes` the lowest (`None` where not measured); both, and
-    `seconds_per_sample`, are `None` when the step raised
+    `peak_bytes` is the highest peak of the measured steps, `step_peaks`
+    each one's (empty where not measured step by step); `peak_bytes` and
+    `seconds_per_sample` are `None` when the step raised
     `ResourceExhaustedError`. `fits`: every measured step within the budget.
     """
 
@@ -49,14 +52,12 @@ class ProbeTrial:
     peak_bytes: int | None
     seconds_per_sample: float | None
     fits: bool
-    lowest_peak_bytes: int | None = None
+    step_peaks: tuple = ()
 
     @property
-    def spread(self):
-        """(highest - lowest) / highest peak of the measured steps, or 0."""
-        if not self.peak_bytes or self.lowest_peak_bytes is None:
-            return 0.0
-        return (self.peak_bytes - self.lowest_peak_bytes) / self.peak_bytes
+    def mean_peak_bytes(self):
+        """The mean of `step_peaks`, else `peak_bytes`."""
+        return float(np.mean(self.step_peaks)) if self.step_peaks else self.peak_bytes
 
     @property
     def samples_per_second(self):
@@ -96,15 +97,19 @@ def probe_micro_batch(
     """Finds the largest micro-batch whose training step fits in memory.
 
     Runs real trial steps of the accumulating train step (two micro-batches,
-    so optimizer slots and the gradient sum are included), measures each
-    one's peak (the highest of three measured steps) with
-    `tf.config.experimental.reset_memory_stats` / `get_memory_info`, fits
+    so optimizer slots and the gradient sum are included) and measures three
+    steps of each with `tf.config.experimental.reset_memory_stats` /
+    `get_memory_info`: a size fits when each step's peak is within the
+    budget. Peaks vary from run to run, so a size is chosen only when its
+    mean peak plus two standard deviations of a step's peak (pooled over the
+    trials near the top) fits too. It fits
     peak = a + b * m through the trials (following a far extrapolation 75%
     of the way), then verifies the predicted largest size (keeping 5% of the
     room above `a` free) with a trial of its own. It never returns a size it
-    did not run. Typically 3-4 trials. A `ResourceExhaustedError` counts as
-    "does not fit". The trials leave no trace: weights, optimizer state,
-    BatchNorm statistics, metrics and `iterations` are restored.
+    did not run. At most 5 trials once a size fits. A
+    `ResourceExhaustedError` counts as "does not fit". The trials leave no
+    trace: weights, optimizer state, BatchNorm statistics, metrics and
+    `iterations` are restored.
 
     It needs TensorFlow's allocator statistics for the device; on the CPU
     they exist only with oneDNN on (see `kadapt.environment`), and without
@@ -195,8 +200,8 @@ class MicroBatchSearch:
         """The next trial size, or `None` when the search is done."""
         target, predicted = self.next_target(cap)
         best = self.best_fitting()
-        if predicted and best and len(self.trials) >= TYPICAL_TRIALS:
-            return None  # a verified size in the typical count; more would be a bisection
+        if best and len(self.trials) >= TYPICAL_TRIALS:
+            return None  # a verified size in the typical count; more would refine it only
         if target > best and not (predicted and target < best * (1 + MIN_GAIN)):
             return target
         # The line promises under MIN_GAIN more. Real peaks are noisy and often
@@ -230,7 +235,8 @@ class MicroBatchSearch:
         upper = self.upper_bound(cap)
         memory_model = self.memory_model()
         if memory_model is not None:
-            predicted = memory_model.largest_fitting(self.budget_bytes / (1 + self.noise()), MARGIN)
+            room = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
+            predicted = memory_model.largest_fitting(room, MARGIN)
             # Trust the line unless a size it says fits has already failed
             # (an out-of-memory error the allocator's peak did not foresee).
             if predicted < upper or not failed:
@@ -261,16 +267,25 @@ class MicroBatchSearch:
         return max((t.micro_batch_size for t in self.trials if self.safe(t)), default=0)
 
     def noise(self):
-        """The largest relative spread of the peaks of one trial's measured
-        steps so far: how far a new run of a step may peak above the highest
-        peak a trial saw."""
-        return max((t.spread for t in self.trials), default=0.0)
+        """The relative standard deviation of one step's peak, pooled over
+        the measured steps of the trials of at least half the largest
+        measured size (a small trial's peak is mostly the fixed part and says
+        little of the top); 0 before two steps of one trial are known."""
+        measured = [t for t in self.trials if len(t.step_peaks) > 1]
+        if not measured:
+            return 0.0
+        top = max(t.micro_batch_size for t in measured)
+        near = [np.asarray(t.step_peaks) / np.mean(t.step_peaks) for t in measured
+                if 2 * t.micro_batch_size >= top]
+        squares = sum(float(np.sum((r - 1.0) ** 2)) for r in near)
+        return math.sqrt(squares / sum(len(r) - 1 for r in near))
 
     def safe(self, trial):
-        """Fits with room for the noise: its highest peak, raised by `noise()`,
-        within the budget. A size that fit once near the edge by luck may not
-        fit in the next process; this is the size that keeps fitting."""
-        return trial.fits and trial.peak_bytes * (1 + self.noise()) <= self.budget_bytes
+        """Fits, and keeps fitting: its mean peak plus NOISE_SIGMAS pooled
+        standard deviations within the budget. A size whose steps fit once
+        near the edge may not fit in the next process."""
+        limit = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
+        return trial.fits and trial.mean_peak_bytes <= limit
 
     def memory_model(self):
         measured = [t for t in self.trials if t.peak_bytes is not None]
@@ -306,8 +321,8 @@ def run_trial(model, sample, size, budget):
     # The CPU allocator's statistics skip small allocations; a step never
     # needs less than its variables, optimizer slots and gradient sum.
     floor = resident_bytes(model)
-    peak, lowest = max(max(peaks), floor), max(min(peaks), floor)
-    return ProbeTrial(size, int(peak), seconds / (2 * size), peak <= budget.bytes, int(lowest))
+    peaks = tuple(int(max(p, floor)) for p in peaks)
+    return ProbeTrial(size, max(peaks), seconds / (2 * size), max(peaks) <= budget.bytes, peaks)
 
 
 def resident_bytes(model):
