@@ -18,6 +18,7 @@ Run: `make install && .venv/bin/python benchmarks/cpu_allocator.py`
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -120,30 +121,15 @@ def estimate_bytes(trainer, size):
     (the activations kept for the backward pass), in float32."""
     from kadapt.batching.probe import resident_bytes
 
-    activations = sum(4 * int(np_prod(layer.output.shape[1:])) for layer in trainer.model.layers)
+    activations = sum(4 * math.prod(layer.output.shape[1:]) for layer in trainer.model.layers)
     return resident_bytes(trainer) + size * activations
 
 
-def np_prod(shape):
-    product = 1
-    for dim in shape:
-        product *= int(dim)
-    return product
-
-
 def build(model_name):
-    import keras
-
     import kadapt
+    from benchmark_models import conv_bn
 
-    if model_name == "small_cnn":
-        return kadapt.models.small_cnn()
-    layers = [keras.Input((32, 32, 3))]
-    for width in (32, 64, 128):
-        layers += [keras.layers.Conv2D(width, 3, padding="same", use_bias=False),
-                   keras.layers.BatchNormalization(), keras.layers.ReLU(), keras.layers.MaxPooling2D()]
-    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
-    return keras.Sequential(layers, name="conv_bn")
+    return kadapt.models.small_cnn() if model_name == "small_cnn" else conv_bn()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import kadapt  # noqa: E402
 from kadapt.batching import probe  # noqa: E402
 from kadapt.batching.memory_budget import device_budget  # noqa: E402
+from benchmark_models import conv_bn  # noqa: E402
 
 CAP = 1024
 REPEATS = 5
@@ -41,15 +42,6 @@ def wide_mlp():
         keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(2048, activation="relu"),
         keras.layers.Dense(10),
     ], name="wide_mlp")
-
-
-def conv_bn():
-    layers = [keras.Input((32, 32, 3))]
-    for width in (32, 64, 128):
-        layers += [keras.layers.Conv2D(width, 3, padding="same", use_bias=False),
-                   keras.layers.BatchNormalization(), keras.layers.ReLU(), keras.layers.MaxPooling2D()]
-    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
-    return keras.Sequential(layers, name="conv_bn")
 
 
 CASES = [(kadapt.models.small_cnn, "64MiB"), (wide_mlp, "256MiB"), (conv_bn, "128MiB")]

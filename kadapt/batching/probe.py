@@ -10,12 +10,12 @@ import numpy as np
 import tensorflow as tf
 
 from kadapt.batching import training_state
-from kadapt.environment import require_allocator_statistics
 from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
 from kadapt.batching.batch_plan import plan_batch
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
+from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
 
 FIRST_TRIAL_ROWS = 16
