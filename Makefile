@@ -34,7 +34,7 @@ demo: install data
 	$(VENV)/bin/kadapt train --data fashion_mnist --model small_cnn --batch-size 512 --memory-budget 96MiB --epochs 10 --augment off --meta default --out runs/demo --overwrite
 
 test: install-test data
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadfile tests  # two workers; a module stays on one (its shared fixtures)
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation.py
