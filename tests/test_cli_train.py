@@ -90,13 +90,18 @@ def test_config_run_history_and_probe_records(trained):
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history)
 
 
-def test_steps_log_the_applied_cosine_rate_and_momentum(trained):
+def triangle(step, total, warmup, peak):
+    """The closed form: 0 -> peak over `warmup` steps, then linearly to 0 at `total`."""
+    return peak * step / warmup if step < warmup else peak * (total - step) / (total - warmup)
+
+
+def test_steps_log_the_recipes_triangular_rate_and_constant_momentum(trained):
     _, run = trained
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(8))
-    for s in steps:  # no warmup at 8 steps; multiplier 1
-        assert s["learning_rate"] == pytest.approx(cosine(s["step"], 8, 0.1, 0.001), rel=1e-5)
-        assert s["momentum"] == pytest.approx(0.95 - 0.10 * cosine(s["step"], 8, 1.0, 0.0), abs=1e-6)
+    for s in steps:  # warmup int(0.15 * 8) = 1 step; multiplier 1
+        assert s["learning_rate"] == pytest.approx(triangle(s["step"], 8, 1, 0.2), rel=1e-5, abs=1e-9)
+        assert s["momentum"] == pytest.approx(0.9, abs=1e-6)
 
 
 def test_step_losses_average_to_the_epoch_loss(trained):
@@ -182,7 +187,7 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
     epochs = 40
     run = workdir / "runs" / "interrupted"
     # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
-    args = ["--data", "tiny.npz", *TINY, "--epochs", str(epochs), "--out", run]
+    args = ["--data", "tiny.npz", *TINY, "--schedule", "cosine", "--epochs", str(epochs), "--out", run]
     process = kadapt("train", *args, cwd=workdir, wait=False)
     deadline = time.time() + 120
     while time.time() < deadline and not _epochs_done(run):
@@ -204,11 +209,14 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(4 * epochs))  # 4 steps per epoch, none twice
     resolved = json.loads((run / "config.json").read_text())["resolved"]
-    total, warmup = resolved["total_steps"], resolved["warmup_steps"]
-    assert (total, warmup) == (4 * epochs, 4 * epochs // 20)
+    total = resolved["total_steps"]
+    warmup = int(0.15 * total)  # the recipe's warmup fraction
+    assert total == 4 * epochs and resolved["recipe"]["schedule"] == "cosine"
     for s in steps[warmup:]:  # the schedule continued from the restored step
-        assert s["learning_rate"] == pytest.approx(
-            cosine(s["step"] - warmup, total - warmup, 0.1, 0.001), rel=1e-4)
+        assert s["learning_rate"] == pytest.approx(cosine(s["step"] - warmup, total - warmup, 0.2, 0.0),
+                                                   rel=1e-4, abs=1e-7)
+        assert s["momentum"] == pytest.approx(
+            0.95 - 0.10 * cosine(s["step"] - warmup, total - warmup, 1.0, 0.0), abs=1e-6)
     assert json.loads((run / "run.json").read_text())["status"] == "completed"
 
 

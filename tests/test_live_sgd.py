@@ -71,6 +71,30 @@ def test_momentum_scheduler_drives_the_momentum():
     np.testing.assert_allclose(weights, _oracle(momenta, [1.0] * 6), rtol=1e-5)
 
 
+class SetAtBatchEnd(keras.callbacks.Callback):
+    """Sets the momentum once, after a step, as the MetaAdjuster's momentum action does."""
+
+    def __init__(self, step, momentum):
+        super().__init__()
+        self.step, self.momentum = step, momentum
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step + 1:
+            self.model.optimizer.momentum = self.momentum
+
+
+def test_momentum_scheduler_yields_to_a_momentum_set_by_another_callback():
+    schedule = kadapt.CosineMomentum(0.95, 0.5, total_steps=6, warmup_steps=2)
+    scheduler = kadapt.MomentumScheduler(schedule)
+    weights = _fit(_linear(kadapt.optimizers.SGD(LR, momentum=0.9)), 6, [scheduler, SetAtBatchEnd(2, 0.3)])
+    momenta = [float(schedule(step)) for step in range(3)] + [0.3] * 3
+    np.testing.assert_allclose(weights, _oracle(momenta, [1.0] * 6), rtol=1e-5)
+    assert scheduler.yielded_at_step == 3
+    # Had the schedule overridden the change, the weights would follow the schedule alone.
+    scheduled = [float(schedule(step)) for step in range(6)]
+    assert not np.allclose(weights, _oracle(scheduled, [1.0] * 6), rtol=1e-3)
+
+
 def test_learning_rate_multiplier_changes_a_scheduled_rate_mid_fit():
     multipliers = [1.0, 1.0, 10.0, 0.1, 1.0]
     schedule = kadapt.CosineAnnealing(LR, LR, total_steps=5)  # constant, yet a schedule

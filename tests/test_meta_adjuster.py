@@ -91,6 +91,28 @@ def test_momentum_reaches_the_compiled_step():
                                numpy_descent(x, y, [0.01] * 4, [0.0, 0.0, 0.0, 0.95]), rtol=1e-5)
 
 
+@pytest.mark.parametrize("check_every", [1, "epoch"])
+def test_no_decision_at_the_last_observation(check_every):
+    # One step per epoch: the trigger fires at the third observation, the run's last.
+    model = linear_model(kadapt.optimizers.SGD(0.01, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(MOMENTUM_HIGH), monitor="loss", check_every=check_every,
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster, epochs=3)
+    assert adjuster.decisions == []
+    x, y = regression_data()
+    np.testing.assert_allclose(model.optimizer.momentum.numpy(), 0.0)
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, [0.01] * 3, [0.0] * 3), rtol=1e-5)
+
+
+def test_a_decision_before_the_last_observation_still_applies():
+    model = linear_model(kadapt.optimizers.SGD(0.01, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(MOMENTUM_HIGH), monitor="loss", check_every="epoch",
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster, epochs=4)
+    assert [d["step"] for d in adjuster.decisions] == [3]
+    np.testing.assert_allclose(model.optimizer.momentum.numpy(), 0.95)
+
+
 def test_a_diverging_run_is_rolled_back_and_its_learning_rate_lowered(tmp_path):
     x, y = regression_data()
     constant = linear_model(kadapt.optimizers.SGD(10.0))

@@ -52,7 +52,8 @@ def test_trained_model_round_trips_through_a_keras_file_in_safe_mode(trained, tm
 def test_fast_fit_from_a_dataset_with_the_triangular_schedule():
     x, y = _data()
     dataset = tf.data.Dataset.from_tensor_slices((x[..., None], y)).batch(BATCH)
-    config = FastFitConfig(**{**TINY.__dict__, "schedule": "triangular", "whitening": False, "ema_momentum": 0.5})
+    config = FastFitConfig(**{**TINY.__dict__, "schedule": "triangular", "whitening": False, "ema_momentum": 0.5,
+                              "restore_best_weights": False})
     model = fast_fit(dataset, epochs=EPOCHS, config=config, num_classes=3, seed=0)
     assert int(model.optimizer.iterations.numpy()) == STEPS
     assert float(model.optimizer.momentum.numpy()) == pytest.approx(0.9)

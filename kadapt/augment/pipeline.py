@@ -68,13 +68,17 @@ def augmentation(flip=True, translate=0.0, cutout=0.0, cutmix=0.0, mixup=0.0, se
     )
 
 
-def augment_dataset(dataset, pipeline):
+def augment_dataset(dataset, pipeline, parallel=True):
     """Applies `pipeline` to every `(images, labels)` batch of `dataset`.
 
     Args:
         dataset: Batched `tf.data.Dataset` of `(images, labels)`, labels one-hot
             float if the pipeline mixes labels.
         pipeline: Callable on `{"images", "labels"}` batches, e.g. `augmentation()`.
+        parallel: Bool. Map batches in parallel. A seeded pipeline draws from
+            one seed generator per layer, so parallel batches race for its
+            state: pass `False` for the same augmentation on every run.
+            Defaults to `True`.
 
     Returns:
         The mapped dataset of `(images, labels)` batches.
@@ -86,4 +90,4 @@ def augment_dataset(dataset, pipeline):
         out = pipeline({"images": images, "labels": labels}, training=True)
         return out["images"], out["labels"]
 
-    return dataset.map(apply, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.map(apply, num_parallel_calls=tf.data.AUTOTUNE if parallel else None)

@@ -1,5 +1,7 @@
 """`MomentumScheduler`: sets the optimizer's momentum from a schedule each step."""
 
+import math
+
 import keras
 
 
@@ -11,6 +13,12 @@ class MomentumScheduler(keras.callbacks.Callback):
     `kadapt.optimizers.SGD` (momentum) and `kadapt.optimizers.Adam` (beta_1)
     do; Keras' own optimizers bake it into the compiled step, so changing it
     there would be silently ignored — that raises instead.
+
+    The schedule yields to anyone else who sets the momentum mid-fit (the
+    `kadapt.meta.MetaAdjuster`'s momentum actions, a callback of the user's):
+    once the momentum before a step is not the value the schedule set, the
+    scheduler stops setting it for the rest of that `fit`, so that change
+    stands. `yielded_at_step` records the step (`None` while scheduling).
 
     Args:
         schedule: Callable `step -> momentum`: a Python function or a kadapt
@@ -44,10 +52,19 @@ class MomentumScheduler(keras.callbacks.Callback):
                 f"Received: optimizer={type(optimizer).__name__}"
             )
         self._optimizer = optimizer
+        self._last_set = None
+        self.yielded_at_step = None
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self.yielded_at_step is not None:
+            return
         step = int(self._optimizer.iterations.numpy())
-        self._optimizer.momentum = float(self.schedule(step))
+        current = float(self._optimizer.momentum.numpy())
+        if self._last_set is not None and not math.isclose(current, self._last_set, rel_tol=1e-6):
+            self.yielded_at_step = step
+            return
+        self._last_set = float(self.schedule(step))
+        self._optimizer.momentum = self._last_set
 
 
 def _live_momentum_optimizers():

@@ -2,6 +2,7 @@
 
 from kadapt.run import RunDirectory
 from kadapt.run import draw_plots
+from kadapt.run.report import epoch_table
 from kadapt.run.report import format_table
 from kadapt.run.report import summary
 
@@ -17,4 +18,7 @@ def run_report(args):
     rows = summary(directory)
     plots = draw_plots(directory)
     print(format_table(rows + [("plots", ", ".join(str(p) for p in plots) or "none yet")]))
+    epochs = epoch_table(directory)
+    if epochs:
+        print("\n" + epochs)
     return 0

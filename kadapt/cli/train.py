@@ -4,28 +4,43 @@ import sys
 import time
 from pathlib import Path
 
+from kadapt.recipes import FastFitConfig
 from kadapt.run import RunConfig
 from kadapt.run import UsageError
 from kadapt.run import start_run
 from kadapt.run import train
 from kadapt.run.config import AUGMENT_SETTINGS
 from kadapt.run.config import MODEL_NAMES
+from kadapt.run.config import SCHEDULE_NAMES
+from kadapt.run.config import SWITCHES
 
 DEFAULTS = RunConfig(data="fashion_mnist")
+RECIPE = FastFitConfig()
 
 
 def add_train_arguments(subparsers):
     parser = subparsers.add_parser(
         "train", description=__doc__ + _STAGES,
-        help="probe, plan, train with accumulation, cosine LR and momentum, evaluate, save",
+        help="the recipe: probe, plan, train with accumulation and the MetaAdjuster, evaluate, save",
     )
     add = parser.add_argument
     add("--data", help="fashion_mnist, digits (scikit-learn 8x8), or a .npz with x_train, y_train, x_test, y_test")
-    add("--model", choices=MODEL_NAMES, help=f"the network (default: {DEFAULTS.model})")
+    add("--model", choices=MODEL_NAMES,
+        help="the network (default: auto = fast_resnet for images of at least 16x16 pixels, else mlp)")
     add("--batch-size", type=int, help=f"logical batch: rows per optimizer step (default: {DEFAULTS.batch_size})")
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
     add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
-    add("--learning-rate", type=float, help=f"peak of the cosine learning rate (default: {DEFAULTS.learning_rate})")
+    add("--schedule", choices=SCHEDULE_NAMES,
+        help=f"triangular LR with momentum 0.9, or cosine LR with cosine momentum (default: {RECIPE.schedule})")
+    add("--learning-rate", type=float, help=f"peak learning rate (default: {RECIPE.learning_rate})")
+    add("--weight-decay", type=float, help=f"decoupled weight decay (default: {RECIPE.weight_decay})")
+    add("--label-smoothing", type=float, help=f"of the cross-entropy (default: {RECIPE.label_smoothing})")
+    add("--cutout", type=float, help="erase a patch of this fraction of the image (default: off)")
+    add("--cutmix", type=float, help="CutMix factor (default: off)")
+    add("--mixup", type=float, help="MixUp alpha (default: off)")
+    add("--ema", type=float, help="average the weights with this momentum, e.g. 0.99 (needs --restore-best off)")
+    add("--restore-best", choices=SWITCHES,
+        help="end with the weights of the epoch with the best val_loss (default: on)")
     add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
     add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
     add("--augment", choices=AUGMENT_SETTINGS, help="augment images with kadapt.augment (default: auto)")
@@ -44,14 +59,17 @@ def add_train_arguments(subparsers):
 
 _STAGES = """
 
-Stages: probe the largest micro-batch that fits (--memory-budget), plan the
-logical batch as micro-batches, train with exact in-step gradient
-accumulation, SGD with a cosine learning rate and a cosine momentum,
-augmentation and the MetaAdjuster when available, then evaluate on the test
-rows and save model.keras, history, per-step log, plots and TensorBoard logs.
+The recipe of kadapt.recipes.fast_fit: probe the largest micro-batch that
+fits (--memory-budget), plan the logical batch as micro-batches, train with
+exact in-step gradient accumulation (SGD, Nesterov, decoupled weight decay,
+the triangular or cosine schedule, label smoothing, on-the-fly augmentation),
+with the MetaAdjuster watching, restore the best epoch's weights, evaluate on
+the test rows (flip test-time augmentation where images are flipped) and save
+model.keras, history, per-step log, plots and TensorBoard logs.
 """
 
-_OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "learning_rate", "meta",
+_OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "schedule", "learning_rate",
+            "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup", "ema", "restore_best", "meta",
             "target_accuracy", "augment", "validation_split", "seed", "max_steps", "train_rows")
 
 
@@ -72,7 +90,7 @@ def _default_out(args):
     if args.resume:
         raise UsageError("--resume needs --out, the run directory to continue.")
     data = Path(args.data or "data").stem
-    return f"runs/{data}-{args.model or DEFAULTS.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"runs/{data}-{args.model or 'auto'}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _echo(line):

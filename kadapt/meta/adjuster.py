@@ -52,6 +52,10 @@ class MetaAdjuster(keras.callbacks.Callback):
     a velocity built at the diverging rate would carry the restored weights
     straight back out. A run never ends on non-finite weights.
 
+    Nothing is adjusted at the last observation (the end of `epochs x steps`,
+    or once something stopped training): no later step would feel it. A
+    divergence there is still rolled back, and logged as a rollback.
+
     Each decision goes to `decisions`, to `log_dir/meta_decisions.jsonl`, and
     (as `meta_*` entries of the epoch logs) to History and to a TensorBoard
     callback placed after this one. In step mode an observation is the
@@ -122,11 +126,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._last_good = self._pending = self._snapshot(math.inf)
         self._since_divergence = None
         self._epoch_decisions, self._interval_start = 0, (0, 0.0)
+        self._last_epoch_ending = False
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / DECISIONS_FILE).touch()
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._last_epoch_ending = False
         self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
         self._epoch_start_step = self._step
 
@@ -157,12 +163,13 @@ class MetaAdjuster(keras.callbacks.Callback):
                 f"({sorted(logs)}). Pass validation data to fit, or monitor one of those.")
         loss = float(logs.get("loss", math.nan))
         observed = self.check_every == "epoch" or not _finite(loss)
+        self._last_epoch_ending = epoch + 1 >= (self.params.get("epochs") or math.inf)
+        self._check_target(float(logs[self.monitor]))
         if observed:
             name = self.monitor if self.mode == "min" else "val_loss"
             watched = float(logs[name]) if name in logs else loss
             # A validation value is measured at the weights as they are now.
             self._observe(loss, logs.get("val_loss"), watched, measured_now=name in logs and name.startswith("val_"))
-        self._check_target(float(logs[self.monitor]))
         if not observed:
             self._rates = self._read_rates()
         logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
@@ -188,7 +195,10 @@ class MetaAdjuster(keras.callbacks.Callback):
             # A training loss was measured before the latest updates: the weights now are
             # confirmed good only by the next observation.
             self._last_good, self._pending = self._pending, snapshot
-        if reason is not None:
+        if reason is not None and self._is_final():
+            if reason == "divergence":
+                self._log(self._record(reason, {}, "rollback (training ends)", 1.0, self.history.window()))
+        elif reason is not None:
             self._decide(reason)
         elif self._since_divergence is not None:
             self._since_divergence += 1
@@ -202,6 +212,15 @@ class MetaAdjuster(keras.callbacks.Callback):
         return Observation(step=self._step, loss=loss, val_loss=None if val_loss is None else float(val_loss),
                            learning_rate=learning_rate, momentum=momentum, weights=weights,
                            budget_used=self._budget_used())
+
+    def _is_final(self):
+        """Whether this observation is the last of the run."""
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        if self.model.stop_training:
+            return True
+        if epochs and steps:
+            return self._step >= epochs * steps
+        return self._last_epoch_ending
 
     def _budget_used(self):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
@@ -225,11 +244,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
         self._rates = self._read_rates()
         self.trigger.adjusted()
-        self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
-                   "adjustment": dict(action), "action": action_lib.describe(action),
-                   "confidence": round(confidence, 4), "rollback": reason == "divergence",
-                   "features": _summary(window),
-                   "learning_rate": self._rates[0], "momentum": self._rates[1]})
+        self._log(self._record(reason, dict(action), action_lib.describe(action), confidence, window))
+
+    def _record(self, reason, adjustment, action, confidence, window):
+        return {"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
+                "adjustment": adjustment, "action": action, "confidence": round(confidence, 4),
+                "rollback": reason == "divergence", "features": _summary(window),
+                "learning_rate": self._rates[0], "momentum": self._rates[1]}
 
     def _repeated_divergence(self):
         return self._since_divergence is not None and self._since_divergence <= self.trigger.patience

@@ -2,7 +2,6 @@
 
 import keras
 
-from kadapt.callbacks import MomentumScheduler
 from kadapt.meta import MetaAdjuster
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
@@ -11,31 +10,31 @@ from kadapt.run.history_writer import HistoryWriter
 from kadapt.run.step_logger import StepLogger
 from kadapt.run.stopping import StopAtStep
 from kadapt.run.stopping import StopAtTarget
-from kadapt.schedules import CosineMomentum
 
 
-def training_callbacks(run, steps):
+def training_callbacks(run, steps, schedule_callbacks, best_weights):
     """Backup first (it restores weights before the others look at them) and
     its committer last (an epoch's checkpoint follows that epoch's records);
-    momentum set before the step logger reads it; the step logger before the
-    MetaAdjuster changes anything at batch end.
+    the schedule's momentum set before the step logger reads it; the step
+    logger before the MetaAdjuster changes anything at batch end; the best
+    weights kept before the history is written.
 
     Args:
         run: `Run`. Its config, directory and data.
-        steps: Dict with `total_steps` and `warmup_steps`.
+        steps: Dict with `total_steps`.
+        schedule_callbacks: The recipe's (`recipe_callbacks`).
+        best_weights: The recipe's `best_weights_callback`, or `None`.
     """
     config, directory = run.config, run.directory
     (directory / files.META_DECISIONS).touch()  # empty with --meta off
-    momentum = CosineMomentum(
-        config.momentum_max, config.momentum_min, steps["total_steps"], steps["warmup_steps"]
-    )
     # Two checkpoints, and none cut short by Ctrl-C.
     backup = InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True)
     callbacks = [
         backup,
-        MomentumScheduler(momentum),
+        *schedule_callbacks,
         StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
         run.meta_adjuster,
+        best_weights,  # before the history: an epoch on disk is one whose checkpoint follows at once
         HistoryWriter(directory / files.HISTORY),
         keras.callbacks.TensorBoard(log_dir=str(directory / files.TENSORBOARD), write_graph=False),
     ]

@@ -9,12 +9,15 @@ import math
 from pathlib import Path
 
 from kadapt.batching.memory_budget import parse_memory_size
+from kadapt.recipes.config import SCHEDULES
 from kadapt.run.errors import UsageError
 
-MODEL_NAMES = ("small_cnn", "fast_resnet", "mlp")
+MODEL_NAMES = ("auto", "fast_resnet", "small_cnn", "mlp")
 DATA_NAMES = ("fashion_mnist", "digits")
 META_SETTINGS = ("default", "off")
 AUGMENT_SETTINGS = ("auto", "on", "off")
+SWITCHES = ("on", "off")
+SCHEDULE_NAMES = SCHEDULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,16 +25,20 @@ class RunConfig:
     """The options of one run (constructor arguments only; results go to `run.json`)."""
 
     data: str
-    model: str = "small_cnn"
+    model: str = "auto"  # fast_resnet for images of at least 16x16 pixels, mlp for the rest
     batch_size: int = 512
     memory_budget: str | None = None
     epochs: int = 10
-    learning_rate: float = 0.1  # peak of the cosine (SGD, Nesterov); small_cnn diverged at 0.3
-    min_learning_rate_ratio: float = 0.01  # lr_min = ratio * learning_rate
-    warmup_fraction: float = 0.05  # of all steps
-    momentum_max: float = 0.95
-    momentum_min: float = 0.85
-    weight_decay: float = 5e-4  # decoupled, Keras semantics: w -= lr * wd * w
+    # The recipe's switches: None takes `kadapt.recipes.FastFitConfig`'s default.
+    schedule: str | None = None
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+    label_smoothing: float | None = None
+    cutout: float | None = None
+    cutmix: float | None = None
+    mixup: float | None = None
+    ema: float | None = None
+    restore_best: str = "on"
     validation_split: float = 0.1
     meta: str = "default"
     target_accuracy: float | None = None
@@ -47,10 +54,13 @@ class RunConfig:
         _optional_positive_int("train_rows", self.train_rows)
         _choice("model", self.model, MODEL_NAMES)
         _choice("augment", self.augment, AUGMENT_SETTINGS)
+        _choice("restore_best", self.restore_best, SWITCHES)
+        if self.schedule is not None:
+            _choice("schedule", self.schedule, SCHEDULE_NAMES)
         _meta(self.meta)
         _fraction("validation_split", self.validation_split, high=0.5)
         _memory_budget(self.memory_budget)
-        if self.learning_rate <= 0:
+        if self.learning_rate is not None and self.learning_rate <= 0:
             raise UsageError(f"--learning-rate must be positive. Received: --learning-rate={self.learning_rate}")
         if self.target_accuracy is not None:
             _target(self.target_accuracy, self.validation_split)
@@ -83,13 +93,12 @@ def resolve_config(options, saved=None):
 
 
 def schedule_steps(config, train_rows):
-    """`(steps_per_epoch, total_steps, warmup_steps)` for `train_rows` rows."""
+    """`(steps_per_epoch, total_steps)` for `train_rows` rows."""
     steps_per_epoch = math.ceil(train_rows / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    warmup_steps = min(int(config.warmup_fraction * total_steps), total_steps - 1)
-    return steps_per_epoch, total_steps, warmup_steps
+    return steps_per_epoch, total_steps
 
 
 def _positive_int(name, value):

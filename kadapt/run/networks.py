@@ -11,6 +11,29 @@ from kadapt.run.errors import UsageError
 IMAGE_MODELS = ("small_cnn", "fast_resnet")
 
 
+def build_network(name, data, recipe):
+    """The network `kadapt train` trains: `fast_resnet` with the recipe's
+    switches and its whitening computed from `data.x_train`, or `build_model`.
+
+    Args:
+        name: String. A `--model` other than `"auto"`.
+        data: `TrainingData`.
+        recipe: `kadapt.recipes.FastFitConfig`.
+    """
+    if name != "fast_resnet":
+        return build_model(name, data.input_shape, data.num_classes)
+    from kadapt.recipes.training import recipe_network
+
+    _check_images(name, data.input_shape)
+    try:
+        return recipe_network(recipe, data.x_train, data.num_classes)
+    except ValueError as error:
+        raise UsageError(
+            f"--model {name} cannot take inputs of shape {tuple(data.input_shape)} ({_reason(error)}) "
+            "Use larger images or --model mlp."
+        ) from None
+
+
 def build_model(name, input_shape, num_classes):
     """A fresh, uncompiled model that outputs logits.
 
@@ -19,11 +42,7 @@ def build_model(name, input_shape, num_classes):
         input_shape: Tuple. One row's shape.
         num_classes: Int. Output logits.
     """
-    if name in IMAGE_MODELS and len(input_shape) != 3:
-        raise UsageError(
-            f"--model {name} needs images (height, width, channels); the data rows have shape "
-            f"{tuple(input_shape)}. Use --model mlp."
-        )
+    _check_images(name, input_shape)
     try:
         return _builder(name)(tuple(input_shape), num_classes)
     except ValueError as error:
@@ -31,6 +50,14 @@ def build_model(name, input_shape, num_classes):
             f"--model {name} cannot take inputs of shape {tuple(input_shape)} ({_reason(error)}) "
             "Use larger images or --model mlp."
         ) from None
+
+
+def _check_images(name, input_shape):
+    if name in IMAGE_MODELS and len(input_shape) != 3:
+        raise UsageError(
+            f"--model {name} needs images (height, width, channels); the data rows have shape "
+            f"{tuple(input_shape)}. Use --model mlp."
+        )
 
 
 def mlp(input_shape, num_classes, name="mlp"):

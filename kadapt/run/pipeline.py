@@ -1,5 +1,7 @@
-"""The `kadapt train` job: probe -> plan -> accumulate -> cosine LR and
-momentum -> augmentation -> MetaAdjuster -> evaluation -> save.
+"""The `kadapt train` job: the recipe of `kadapt.recipes` (network,
+schedule, augmentation, label smoothing, flip test-time augmentation) with
+probe -> plan -> accumulate, the MetaAdjuster, evaluation and save, in a run
+directory.
 
 `start_run` checks everything the user gave before it writes anything;
 `train` then runs the job in the run directory. An interrupt (Ctrl-C) leaves
@@ -13,34 +15,35 @@ import time
 
 import keras
 
-from kadapt.batching import accumulate
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
 from kadapt.batching.memory_budget import device_budget
-from kadapt.optimizers import SGD
+from kadapt.recipes import training as recipe
 from kadapt.run import run_directory as files
-from kadapt.run.augmentation import augmentation_pipeline
 from kadapt.run.callbacks import meta_adjuster
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
-from kadapt.run.input_pipeline import training_dataset
-from kadapt.run.networks import build_model
+from kadapt.run.networks import build_network
 from kadapt.run.plots import draw_plots
+from kadapt.run.recipe_options import augmentation_text
+from kadapt.run.recipe_options import network_name
+from kadapt.run.recipe_options import recipe_config
 from kadapt.run.run_directory import RunDirectory
-from kadapt.schedules import CosineAnnealing
 
 
 @dataclasses.dataclass
 class Run:
-    """What `start_run` prepared: the config, directory, data, network and
-    MetaAdjuster (`None` with `--meta off`)."""
+    """What `start_run` prepared: the config, its recipe, directory, data,
+    network (and its name) and MetaAdjuster (`None` with `--meta off`)."""
 
     config: object
+    recipe: object
     directory: RunDirectory
     data: object
+    model_name: str
     model: object
     meta_adjuster: object
     resume: bool
@@ -54,23 +57,23 @@ def start_run(options, out, overwrite=False, resume=False):
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
     data = load_data(config)
+    settings = recipe_config(config, data)
     keras.utils.set_random_seed(config.seed)
-    model = build_model(config.model, data.input_shape, data.num_classes)
+    name = network_name(config, data)
+    model = build_network(name, data, settings)
     adjuster = meta_adjuster(config, directory, data)
     directory.create(overwrite)
-    return Run(config, directory, data, model, adjuster, resume)
+    return Run(config, settings, directory, data, name, model, adjuster, resume)
 
 
 def train(run, echo=print):
     """Trains `run` (from `start_run`) and returns its `run.json` record."""
     started = time.time()
     config, directory, data = run.config, run.directory, run.data
-    steps = dict(zip(("steps_per_epoch", "total_steps", "warmup_steps"),
-                     schedule_steps(config, len(data.x_train))))
-    _compile(run.model, config, steps)
-    augmentation, augmentation_text = augmentation_pipeline(config.augment, config.data, data, config.seed)
-    resolved = {**steps, "data": data.summary(), "augmentation": augmentation_text,
-                "learning_rate_min": config.learning_rate * config.min_learning_rate_ratio}
+    steps = dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(data.x_train))))
+    recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
+    resolved = {**steps, "model": run.model_name, "data": data.summary(),
+                "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe)}
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
@@ -78,7 +81,7 @@ def train(run, echo=print):
         _write_config(directory, config, {**resolved, "plan": _plan(config.batch_size, micro)})
         trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        _fit(run, trainer, augmentation, steps, micro)
+        best = _fit(run, trainer, steps, micro)
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
@@ -86,27 +89,12 @@ def train(run, echo=print):
     except Exception as error:
         directory.update_run(status="failed", error=f"{type(error).__name__}: {error}")
         raise
-    return _finish(run, trainer, micro, started, echo)
+    return _finish(run, trainer, best, started, echo)
 
 
 def _write_config(directory, config, resolved):
     """`config.json`: the options as given or defaulted, and what they resolved to."""
     directory.write_json(files.CONFIG, {"options": config.to_dict(), "resolved": resolved})
-
-
-def _compile(model, config, steps):
-    schedule = CosineAnnealing(
-        config.learning_rate, config.learning_rate * config.min_learning_rate_ratio,
-        steps["total_steps"], steps["warmup_steps"],
-    )
-    optimizer = SGD(
-        schedule, momentum=config.momentum_max, nesterov=True, weight_decay=config.weight_decay
-    )
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
 
 
 def _micro_batch_size(run, echo):
@@ -125,8 +113,9 @@ def _micro_batch_size(run, echo):
 def _probe(run, echo):
     config, data = run.config, run.data
     budget = device_budget(config.memory_budget)
-    echo(f"probing {config.model} on {budget.device}, budget {budget.bytes / 2**20:.1f} MiB ({budget.source})")
+    echo(f"probing {run.model_name} on {budget.device}, budget {budget.bytes / 2**20:.1f} MiB ({budget.source})")
     rows = slice(0, 2 * config.batch_size)
+    sample = (data.x_train[rows], recipe.one_hot(data.y_train[rows], data.num_classes))
 
     def on_trial(trial):
         peak = "out of memory" if trial.peak_bytes is None else f"{trial.peak_bytes / 2**20:9.1f} MiB"
@@ -135,7 +124,7 @@ def _probe(run, echo):
 
     try:
         return probe_micro_batch(
-            run.model, (data.x_train[rows], data.y_train[rows]), memory_budget=config.memory_budget,
+            run.model, sample, memory_budget=config.memory_budget,
             max_micro_batch_size=config.batch_size, on_trial=on_trial,
         )
     except ValueError as error:  # the budget holds not even one row
@@ -148,30 +137,35 @@ def _plan(batch_size, micro):
 
 
 def _trainer(run, micro):
-    trainer = accumulate(run.model, micro, memory_budget=run.config.memory_budget)
+    trainer = recipe.micro_batched(run.model, micro, memory_budget=run.config.memory_budget)
     trainer(run.data.x_train[:1])  # BackupAndRestore restores into a built model
     return trainer
 
 
-def _fit(run, trainer, augmentation, steps, micro):
-    config, data = run.config, run.data
-    callbacks = training_callbacks(run, steps)
-    validation = (data.x_val, data.y_val) if len(data.x_val) else None
+def _fit(run, trainer, steps, micro):
+    """Trains; returns the best-weights callback (`None` with `--restore-best off`)."""
+    config, data, settings = run.config, run.data, run.recipe
+    validation = None
+    if len(data.x_val):
+        validation = (data.x_val, recipe.one_hot(data.y_val, data.num_classes))
+    best = recipe.best_weights_callback(settings, "val_loss" if validation else "loss", config.epochs)
+    callbacks = training_callbacks(run, steps, recipe.recipe_callbacks(settings, steps["total_steps"]), best)
+    batches = recipe.augmented_batches(
+        recipe.shuffled_batches(data.x_train, data.y_train, config.batch_size, data.num_classes, config.seed),
+        settings, config.seed)
     try:
-        trainer.fit(
-            training_dataset(data.x_train, data.y_train, config.batch_size, config.seed, augmentation),
-            epochs=config.epochs, validation_data=validation, validation_batch_size=micro,
-            callbacks=callbacks, verbose=1, shuffle=False,  # the dataset shuffles, seeded
-        )
+        trainer.fit(batches, epochs=config.epochs, validation_data=validation, validation_batch_size=micro,
+                    callbacks=callbacks, verbose=1, shuffle=False)  # the dataset shuffles, seeded
     finally:
         for callback in callbacks:
             if hasattr(callback, "close"):
                 callback.close()
+    return best
 
 
-def _finish(run, trainer, micro, started, echo):
+def _finish(run, trainer, best, started, echo):
     directory, data = run.directory, run.data
-    scores = trainer.evaluate(data.x_test, data.y_test, batch_size=micro, verbose=0, return_dict=True)
+    scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe)
     run.model.save(directory / files.MODEL)
     history = directory.read_json(files.HISTORY, {})
     record = {
@@ -179,14 +173,26 @@ def _finish(run, trainer, micro, started, echo):
         "wall_seconds": round(time.time() - started, 1),
         "epochs_completed": len(history.get("epoch", [])),
         "steps_completed": int(trainer.optimizer.iterations.numpy()),
-        "test_loss": float(scores["loss"]), "test_accuracy": float(scores["accuracy"]),
+        "weights": _weights_record(best, history),
+        "test_loss": scores["loss"], "test_accuracy": scores["accuracy"],
     }
     directory.update_run(**record)
     plots = draw_plots(directory)
     echo(f"test accuracy {record['test_accuracy']:.4f} (loss {record['test_loss']:.4f}) "
-         f"after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s")
+         f"after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
+         f"weights of {record['weights']['text']}")
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
     return directory.read_json(files.RUN)
+
+
+def _weights_record(best, history):
+    """Which epoch's weights `model.keras` holds (1-based, as Keras prints epochs)."""
+    last = len(history.get("epoch", []))
+    if best is None or best.best_weights is None:
+        return {"epoch": last, "restored": False, "text": f"the last epoch ({last})"}
+    epoch = best.best_epoch + 1
+    return {"epoch": epoch, "restored": True, "monitor": best.monitor, "value": float(best.best),
+            "text": f"epoch {epoch}, the best {best.monitor} ({float(best.best):.4f})"}
 
 
 def _now():

@@ -3,6 +3,7 @@
 from kadapt.run import run_directory as files
 
 MIB = 2**20
+_DECISION_COLORS = ("tab:red", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
 
 
 def draw_plots(run):
@@ -11,32 +12,62 @@ def draw_plots(run):
     drawn = []
     steps = run.read_jsonl(files.STEPS)
     if steps:
-        drawn.append(plot_training(steps, run.read_jsonl(files.META_DECISIONS), run / files.TRAINING_PLOT))
+        drawn.append(plot_training(steps, run.read_jsonl(files.META_DECISIONS), run.read_json(files.HISTORY, {}),
+                                   run / files.TRAINING_PLOT))
     probe = run.read_json(files.PROBE)
     if probe:
         drawn.append(plot_probe(probe, run / files.PROBE_PLOT))
     return drawn
 
 
-def plot_training(steps, decisions, path):
-    """Learning rate, momentum and loss against the step, one panel each, with
-    a vertical line at every MetaAdjuster decision."""
-    figure, axes = _figure(rows=3, height=7.5)
+def plot_training(steps, decisions, history, path):
+    """Learning rate, momentum, loss and accuracy against the step, one panel
+    each: the loss of every step, and per epoch (at its last step) the
+    validation loss and the training and validation accuracy. A vertical
+    line marks every MetaAdjuster decision, one colour and legend entry per
+    kind (its trigger)."""
+    figure, axes = _figure(rows=4, height=9.5)
     x = [s["step"] for s in steps]
-    panels = (("learning_rate", "learning rate", "linear"), ("momentum", "momentum", "linear"),
-              ("loss", "loss (this step)", "log"))
-    for axis, (key, label, scale) in zip(axes, panels):
-        values = [s.get(key) for s in steps]
-        axis.plot(x, [float("nan") if v is None else v for v in values], linewidth=1)
+    for axis, (key, label) in zip(axes, (("learning_rate", "learning rate"), ("momentum", "momentum"))):
+        axis.plot(x, [_number(s.get(key)) for s in steps], linewidth=1)
         axis.set_ylabel(label)
-        if scale == "log" and all(v is not None and v > 0 for v in values):
-            axis.set_yscale("log")
+    losses = [_number(s.get("loss")) for s in steps]
+    axes[2].plot(x, losses, linewidth=0.8, label="training loss (this step)")
+    if all(v > 0 for v in losses):
+        axes[2].set_yscale("log")
+    ends = _epoch_end_steps(steps, history)
+    _plot_epochs(axes[2], ends, history, (("val_loss", "validation loss"),), "loss")
+    _plot_epochs(axes[3], ends, history, (("accuracy", "training accuracy"), ("val_accuracy", "validation accuracy")),
+                 "accuracy")
+    for axis in axes:
         _mark_decisions(axis, decisions)
     axes[-1].set_xlabel("optimizer step")
     if decisions:
         axes[0].legend(loc="upper right", fontsize="small")
     axes[0].set_title(f"{len(x)} steps, {len(decisions)} adjustment decision(s)")
     return _save(figure, path)
+
+
+def _epoch_end_steps(steps, history):
+    """The step after each epoch of `history` (where its epoch-end values were measured)."""
+    last = {}
+    for step in steps:
+        last[step.get("epoch")] = step["step"] + 1
+    return [last.get(epoch) for epoch in history.get("epoch", [])]
+
+
+def _plot_epochs(axis, ends, history, series, ylabel):
+    for key, label in series:
+        points = [(e, v) for e, v in zip(ends, history.get(key, [])) if e is not None and v is not None]
+        if points:
+            axis.plot(*zip(*points), marker="o", markersize=3, linewidth=1, label=label)
+    axis.set_ylabel(ylabel)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(loc="best", fontsize="small")
+
+
+def _number(value):
+    return float("nan") if value is None else float(value)
 
 
 def plot_probe(probe, path):
@@ -76,10 +107,15 @@ def _plot_memory_model(axis, memory_model, sizes):
 
 
 def _mark_decisions(axis, decisions):
-    for index, decision in enumerate(decisions):
-        label = f"{decision.get('trigger')}: {decision.get('adjustment')}"
-        axis.axvline(decision["step"], color="tab:red", alpha=0.6, linewidth=1,
-                     label=label if index < 8 else None)
+    kinds = list(dict.fromkeys(d.get("trigger", "decision") for d in decisions))
+    labelled = set()
+    for decision in decisions:
+        kind = decision.get("trigger", "decision")
+        count = sum(d.get("trigger", "decision") == kind for d in decisions)
+        axis.axvline(decision["step"], color=_DECISION_COLORS[kinds.index(kind) % len(_DECISION_COLORS)],
+                     alpha=0.7, linewidth=1, linestyle="--",
+                     label=None if kind in labelled else f"MetaAdjuster: {kind} ({count}x)")
+        labelled.add(kind)
 
 
 def _figure(rows, height):

@@ -17,15 +17,15 @@ def summary(directory):
         ("run directory", str(directory.path)),
         ("status", record.get("status", "unknown")),
         ("data", _data_text(options, resolved)),
-        ("model", options["model"]),
+        ("model", resolved.get("model", options["model"])),
         ("batch plan", resolved.get("plan", {}).get("text", "not probed")),
         ("epochs", f"{len(history.get('epoch', []))} of {options['epochs']}"),
         ("optimizer steps", f"{len(steps)} logged of {resolved.get('total_steps', '?')}"),
         ("augmentation", resolved.get("augmentation", "?")),
         ("meta-adjuster", f"{options['meta']}, {len(directory.read_jsonl(files.META_DECISIONS))} decision(s)"),
     ]
-    rows += [(f"last {key}", f"{values[-1]:.4f}") for key, values in history.items()
-             if key != "epoch" and values and isinstance(values[-1], float)]
+    if "weights" in record:
+        rows.append(("saved weights", record["weights"]["text"]))
     if "test_accuracy" in record:
         rows.append(("test accuracy", f"{record['test_accuracy']:.4f} (loss {record['test_loss']:.4f})"))
     if "wall_seconds" in record:
@@ -37,6 +37,35 @@ def format_table(rows):
     """Two aligned columns."""
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+EPOCH_COLUMNS = (("loss", "loss"), ("accuracy", "accuracy"), ("val_loss", "val loss"),
+                 ("val_accuracy", "val accuracy"), ("meta_learning_rate", "learning rate"),
+                 ("meta_adjustments", "decisions"))
+
+
+def epoch_table(directory):
+    """One row per finished epoch of `history.json`: the losses, accuracies,
+    the learning rate at its end and the MetaAdjuster decisions in it; `""`
+    when no epoch finished."""
+    history = directory.read_json(files.HISTORY, {})
+    columns = [(key, title) for key, title in EPOCH_COLUMNS if key in history]
+    if not history.get("epoch"):
+        return ""
+    header = ["epoch"] + [title for _, title in columns]
+    body = [[str(epoch + 1)] + [_cell(history[key][i]) for key, _ in columns]
+            for i, epoch in enumerate(history["epoch"])]
+    widths = [max(len(row[c]) for row in [header] + body) for c in range(len(header))]
+    lines = [header, ["-" * w for w in widths]] + body
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in lines)
+
+
+def _cell(value):
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e6:
+        return str(int(value))
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _data_text(options, resolved):

@@ -1,0 +1,93 @@
+"""`FastFitConfig`: every switch of the training recipe, with the defaults it was measured with."""
+
+import dataclasses
+
+from kadapt.validation import check_range
+
+SCHEDULES = ("triangular", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class FastFitConfig:
+    """Everything the recipe (`kadapt.recipes.fast_fit`, `kadapt train`) can switch.
+
+    Attributes:
+        widths, residual_stages, whitening, identity_init, freeze_bn_scale,
+            bias_lr_multiplier: The network (`kadapt.models.fast_resnet`;
+            `whitening` is a bool here: compute it from the training data).
+        schedule: `"triangular"`: `PiecewiseLinear` 0 -> peak -> 0 with
+            constant momentum 0.9 (the speed records' choice); `"cosine"`:
+            `CosineAnnealing` learning rate with `CosineMomentum`
+            (0.95 -> 0.85 -> 0.95) through `MomentumScheduler`. Both Nesterov.
+            On Fashion-MNIST (14 epochs, 3 seeds) triangular gave 93.77% and
+            cosine 93.72% mean test accuracy: equal within seed noise; the
+            default is the (marginally) better one.
+        learning_rate: Peak learning rate (for the mean loss of a batch).
+        warmup_fraction: Fraction of the steps spent warming up.
+        weight_decay: Keras' decoupled decay: w -= lr * weight_decay * w each
+            step. A PyTorch SGD value wd_torch with momentum mu corresponds
+            to about wd_torch / (1 - mu), since PyTorch's decay passes through
+            the momentum buffer.
+        label_smoothing: Of the categorical cross-entropy.
+        flip, translate, cutout, cutmix, mixup: On-the-fly augmentation
+            (`kadapt.augment.augmentation`); `flip` also turns on flip
+            test-time augmentation in the recipe's evaluation.
+        ema_momentum: `None`, or the momentum of Keras' weight averaging
+            (`use_ema`); the averaged weights replace the trained ones at the
+            end of `fit`.
+        restore_best_weights: At the end of training, restore the weights of
+            the epoch with the best monitored value (`val_loss`, else `loss`),
+            as `keras.callbacks.EarlyStopping(restore_best_weights=True)`
+            does. Cannot be combined with `ema_momentum` (the averaged
+            weights would be replaced by unaveraged ones).
+    """
+
+    widths: tuple = (64, 128, 256)
+    residual_stages: tuple = (0, 2)
+    whitening: bool = True
+    identity_init: bool = True
+    freeze_bn_scale: bool = True
+    bias_lr_multiplier: float = 4.0
+    schedule: str = "triangular"
+    learning_rate: float = 0.2
+    warmup_fraction: float = 0.15
+    weight_decay: float = 5e-3
+    label_smoothing: float = 0.1
+    flip: bool = True
+    translate: float = 2 / 28
+    cutout: float = 0.0
+    cutmix: float = 0.0
+    mixup: float = 0.0
+    ema_momentum: float | None = None
+    restore_best_weights: bool = True
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"Argument `schedule` must be 'cosine' or 'triangular'. Received: schedule={self.schedule!r}"
+            )
+        check_range("learning_rate", self.learning_rate, low=0.0, low_open=True)
+        check_range("warmup_fraction", self.warmup_fraction, low=0.0, high=1.0, high_open=True)
+        check_range("weight_decay", self.weight_decay, low=0.0)
+        check_range("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
+        check_range("translate", self.translate, low=0.0, high=1.0, high_open=True)
+        check_range("cutout", self.cutout, low=0.0, high=1.0)
+        check_range("cutmix", self.cutmix, low=0.0, high=1.0)
+        check_range("mixup", self.mixup, low=0.0)
+        if self.ema_momentum is not None:
+            check_range("ema_momentum", self.ema_momentum, low=0.0, high=1.0, high_open=True)
+            if self.restore_best_weights:
+                raise ValueError(
+                    "Arguments `ema_momentum` and `restore_best_weights` cannot both be set: restoring "
+                    "an epoch's weights would discard the average. Pass restore_best_weights=False. "
+                    f"Received: ema_momentum={self.ema_momentum}, restore_best_weights=True"
+                )
+
+    @property
+    def augments(self):
+        """Whether any on-the-fly augmentation is on."""
+        return bool(self.flip or self.translate or self.cutout or self.cutmix or self.mixup)
+
+    def replace(self, **changes):
+        """A copy with `changes` applied (and checked)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,134 @@
+"""The steps of the training recipe, shared by `kadapt.recipes.fast_fit` and `kadapt train`.
+
+Each step is a small function of a `FastFitConfig`: the network, the
+optimizer with its schedule, the loss, the input pipeline with on-the-fly
+augmentation, the callbacks the schedule and the end of training need, the
+micro-batching and the evaluation. Both front doors call these and nothing
+else, so a change to the recipe reaches both.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kadapt.augment import augment_dataset
+from kadapt.augment import augmentation
+from kadapt.batching import accumulate
+from kadapt.callbacks import MomentumScheduler
+from kadapt.models.fast_resnet import fast_resnet
+from kadapt.models.fast_resnet import patch_whitening
+from kadapt.optimizers import SGD
+from kadapt.recipes.inference import predict_with_flips
+from kadapt.schedules import CosineAnnealing
+from kadapt.schedules import CosineMomentum
+from kadapt.schedules.piecewise_linear import PiecewiseLinear
+
+WHITENING_IMAGES = 5000  # enough for a stable 2x2 patch covariance
+MOMENTUM = 0.9  # of the triangular schedule
+COSINE_MOMENTUM = (0.95, 0.85)  # max, min: low momentum at the peak rate
+
+
+def recipe_network(config, images, num_classes):
+    """A fresh `fast_resnet` (logits out) for `images` (N, H, W, C), its
+    whitening computed from the first `WHITENING_IMAGES` of them."""
+    sample = np.asarray(images[:WHITENING_IMAGES], "float32")
+    whitening = patch_whitening(sample, patch_size=2) if config.whitening else None
+    return fast_resnet(
+        sample.shape[1:], num_classes, config.widths, config.residual_stages,
+        whitening=whitening, identity_init=config.identity_init,
+        freeze_bn_scale=config.freeze_bn_scale, bias_lr_multiplier=config.bias_lr_multiplier,
+    )
+
+
+def compile_recipe(model, config, total_steps):
+    """Compiles `model` with the recipe's optimizer, schedule and smoothed
+    cross-entropy on one-hot labels; returns it."""
+    model.compile(
+        optimizer=recipe_optimizer(config, total_steps),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing),
+        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+    )
+    return model
+
+
+def recipe_optimizer(config, total_steps):
+    """`kadapt.optimizers.SGD` (Nesterov, decoupled weight decay) on the
+    recipe's learning-rate schedule over `total_steps`."""
+    warmup = int(config.warmup_fraction * total_steps)
+    peak = config.learning_rate
+    if config.schedule == "cosine":
+        rate = CosineAnnealing(peak, 0.0, total_steps, warmup_steps=warmup)
+    else:
+        # No warmup (fewer than 1 / warmup_fraction steps): start at the peak,
+        # as CosineAnnealing does; [0, 1, 1] would not be a schedule at all.
+        rate = (PiecewiseLinear([0, warmup, total_steps], [0.0, peak, 0.0]) if warmup
+                else PiecewiseLinear([0, total_steps], [peak, 0.0]))
+    return SGD(rate, momentum=MOMENTUM, nesterov=True, weight_decay=config.weight_decay,
+               use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+
+
+def recipe_callbacks(config, total_steps):
+    """The callbacks the schedule needs: `MomentumScheduler` for `"cosine"`."""
+    if config.schedule != "cosine":
+        return []
+    warmup = int(config.warmup_fraction * total_steps)
+    return [MomentumScheduler(CosineMomentum(*COSINE_MOMENTUM, total_steps, warmup_steps=warmup))]
+
+
+def best_weights_callback(config, monitor, epochs):
+    """`EarlyStopping(restore_best_weights=True)` that never stops early, or
+    `None` when the config turns restoring off. Its `best_epoch` says which
+    epoch's weights the model ends with."""
+    if not config.restore_best_weights:
+        return None
+    return keras.callbacks.EarlyStopping(monitor=monitor, patience=epochs + 1, restore_best_weights=True)
+
+
+def one_hot(labels, num_classes):
+    """Float32 one-hot rows of int labels (N,); one-hot (N, C) labels pass through."""
+    labels = np.asarray(labels)
+    if labels.ndim == 2:
+        return labels.astype("float32")
+    return np.eye(num_classes, dtype="float32")[labels.astype(int)]
+
+
+def shuffled_batches(x, y, batch_size, num_classes, seed=None):
+    """Logical batches of `(x, one-hot y)`, reshuffled every epoch (seeded),
+    the last one ragged."""
+    dataset = tf.data.Dataset.from_tensor_slices((np.asarray(x, "float32"), one_hot(y, num_classes)))
+    return dataset.shuffle(len(x), seed=seed, reshuffle_each_iteration=True).batch(batch_size)
+
+
+def augmented_batches(batches, config, seed=None):
+    """`batches` augmented on the fly as `config` says, prefetched.
+
+    With a `seed` the batches are augmented one after the other, so each
+    draws the same state of the layers' seed generators on every run (in
+    parallel they would race for it); the prefetch still overlaps the
+    augmentation with training.
+    """
+    if not config.augments:
+        return batches.prefetch(tf.data.AUTOTUNE)
+    pipeline = augmentation(config.flip, config.translate, config.cutout, config.cutmix, config.mixup, seed=seed)
+    return augment_dataset(batches, pipeline, parallel=seed is None).prefetch(tf.data.AUTOTUNE)
+
+
+def micro_batched(model, micro_batch_size, memory_budget=None):
+    """The model that trains: `model` itself when `micro_batch_size` is
+    `None`, else `kadapt.accumulate(model, micro_batch_size)` (an int, or
+    `"auto"` to probe), which recovers from out-of-memory within
+    `memory_budget`."""
+    if micro_batch_size is None:
+        return model
+    return accumulate(model, micro_batch_size, memory_budget=memory_budget)
+
+
+def evaluate_recipe(model, x, y, config, batch_size=512):
+    """`{"loss", "accuracy"}` on `(x, int labels y)`: the cross-entropy (not
+    smoothed) and accuracy of the logits, averaged with the mirrored images'
+    when `config.flip` (flip test-time augmentation)."""
+    logits = predict_with_flips(model, x, batch_size=batch_size, flip=config.flip)
+    labels = np.asarray(y).astype(int)
+    loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    return {"loss": float(np.mean(keras.ops.convert_to_numpy(loss))),
+            "accuracy": float(np.mean(logits.argmax(-1) == labels))}

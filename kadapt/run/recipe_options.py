@@ -1,0 +1,70 @@
+"""From `kadapt train`'s options to the recipe: the `FastFitConfig` and the network."""
+
+from kadapt.recipes import FastFitConfig
+from kadapt.run.errors import UsageError
+
+FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
+FAST_RESNET_MIN_PIXELS = 16  # three 2x poolings and a global one need 16x16 images
+_RECIPE_OPTIONS = ("schedule", "learning_rate", "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup")
+_MIXING = ("cutout", "cutmix", "mixup")
+
+
+def network_name(config, data):
+    """The `--model` to build: `"auto"` is `fast_resnet` for images of at least
+    16x16 pixels and `mlp` for the rest."""
+    if config.model != "auto":
+        return config.model
+    big_images = data.is_image and min(data.input_shape[:2]) >= FAST_RESNET_MIN_PIXELS
+    return "fast_resnet" if big_images else "mlp"
+
+
+def recipe_config(config, data):
+    """The `FastFitConfig` of a `RunConfig` on `data` (`TrainingData`).
+
+    Options the user did not give keep the recipe's defaults. Images are
+    shifted (and mirrored where the classes survive it: Fashion-MNIST) unless
+    `--augment off`; rows that are not images are never augmented, and asking
+    for it there is a `UsageError`.
+    """
+    given = {name: getattr(config, name) for name in _RECIPE_OPTIONS if getattr(config, name) is not None}
+    _check_augmentation(config, data, given)
+    augment = data.is_image and config.augment != "off"
+    defaults = FastFitConfig()
+    given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
+    given.setdefault("translate", defaults.translate if augment else 0.0)
+    if config.ema is not None:
+        given["ema_momentum"] = config.ema
+    given["restore_best_weights"] = config.restore_best == "on"
+    try:
+        return defaults.replace(**given)
+    except ValueError as error:
+        raise UsageError(_as_flags(str(error))) from None
+
+
+def augmentation_text(recipe):
+    """A short description of the on-the-fly augmentation, for config.json and the report."""
+    parts = [f"translate {recipe.translate:.3f}"] if recipe.translate else []
+    parts += ["horizontal flip (and flip test-time augmentation)"] if recipe.flip else []
+    parts += [f"{name} {getattr(recipe, name)}" for name in _MIXING if getattr(recipe, name)]
+    return ", ".join(parts) or "off"
+
+
+def _check_augmentation(config, data, given):
+    asked = [f"--{name}" for name in _MIXING if given.get(name)]
+    if config.augment == "on" and not data.is_image:
+        raise UsageError("--augment on needs image data; these rows are not images.")
+    if asked and not data.is_image:
+        raise UsageError(f"{', '.join(asked)} augment images; the rows of --data {config.data} are not images "
+                         f"(shape {tuple(data.input_shape)}). Drop {', '.join(asked)}.")
+    if asked and config.augment == "off":
+        raise UsageError(f"{', '.join(asked)} cannot apply with --augment off. Drop one of them.")
+
+
+def _as_flags(message):
+    """A `FastFitConfig` error in the command's words (`ema_momentum` is `--ema`)."""
+    for name, flag in (("ema_momentum", "ema"), ("restore_best_weights", "restore-best")):
+        message = message.replace(name, flag)
+    for name in _RECIPE_OPTIONS:
+        message = message.replace(f"`{name}`", f"--{name.replace('_', '-')}").replace(
+            f"{name}=", f"--{name.replace('_', '-')}=")
+    return message.replace("`ema`", "--ema").replace("`restore-best`", "--restore-best")

@@ -1,0 +1,82 @@
+"""One recipe, two front doors: `kadapt train` and `kadapt.recipes.fast_fit`
+train the same model from the same rows and seed; both end with the best
+epoch's weights."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from helpers import max_relative_difference
+from kadapt import cli
+from kadapt.recipes import FastFitConfig
+from kadapt.recipes import fast_fit
+
+ROWS, VALIDATION, BATCH, EPOCHS, SEED = 48, 12, 16, 2, 3
+
+
+def _images(rows, seed):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(rows, 16, 16)).astype("uint8"), rng.integers(0, 3, size=rows)
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("front_doors")
+    (x, y), (x_test, y_test) = _images(ROWS, 0), _images(8, 1)
+    np.savez(folder / "images.npz", x_train=x, y_train=y, x_test=x_test, y_test=y_test)
+    out = folder / "run"
+    assert cli.main(["train", "--data", str(folder / "images.npz"), "--model", "fast_resnet",
+                     "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--memory-budget", "512MiB",
+                     "--meta", "off", "--validation-split", str(VALIDATION / ROWS), "--seed", str(SEED),
+                     "--out", str(out)]) == 0
+    return x, y, out
+
+
+def test_kadapt_train_and_fast_fit_train_the_same_model(cli_run):
+    x, y, out = cli_run
+    micro = json.loads((out / "probe.json").read_text())["micro_batch_size"]
+    pixels = x.astype("float32") / 255.0  # as `kadapt train` prepares uint8 images
+    cut = ROWS - VALIDATION
+    model = fast_fit(pixels[:cut], y[:cut], validation_data=(pixels[cut:], y[cut:]), epochs=EPOCHS,
+                     batch_size=BATCH, config=FastFitConfig(flip=False), seed=SEED, micro_batch_size=micro)
+    saved = keras.saving.load_model(out / "model.keras")
+    assert len(saved.weights) == len(model.weights)
+    for ours, theirs in zip(saved.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+    # The oracle can fail: a third seed trains another model.
+    other = fast_fit(pixels[:cut], y[:cut], validation_data=(pixels[cut:], y[cut:]), epochs=EPOCHS,
+                     batch_size=BATCH, config=FastFitConfig(flip=False), seed=SEED + 1, micro_batch_size=micro)
+    assert max_relative_difference(other.get_weights(), model.get_weights()) > 1e-2
+
+
+def test_the_run_directory_says_which_epochs_weights_it_saved(cli_run):
+    _, _, out = cli_run
+    weights = json.loads((out / "run.json").read_text())["weights"]
+    val_loss = json.loads((out / "history.json").read_text())["val_loss"]
+    assert weights["restored"] and weights["monitor"] == "val_loss"
+    assert weights["epoch"] == int(np.argmin(val_loss)) + 1
+    assert weights["value"] == pytest.approx(min(val_loss))
+
+
+class EpochWeights(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights, self.val_loss = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append(self.model.get_weights())
+        self.val_loss.append(logs["val_loss"])
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_fast_fit_ends_with_the_best_epochs_weights(restore):
+    x, y = _images(32, 2)
+    seen = EpochWeights()
+    # A rate this high makes the validation loss jump about, so the best epoch is rarely the last.
+    config = FastFitConfig(widths=(4, 8), residual_stages=(0,), learning_rate=2.0, restore_best_weights=restore)
+    model = fast_fit(x, y, validation_data=_images(16, 3), epochs=4, batch_size=8, config=config, seed=0,
+                     callbacks=[seen])
+    epoch = int(np.argmin(seen.val_loss)) if restore else len(seen.val_loss) - 1
+    for ours, oracle in zip(model.get_weights(), seen.weights[epoch], strict=True):
+        np.testing.assert_array_equal(ours, oracle)
