@@ -1,7 +1,6 @@
 """MetaAdjuster inside model.fit, proven by the weights against a NumPy oracle."""
 
 import json
-import math
 
 import keras
 import keras_tuner
@@ -53,19 +52,16 @@ def fit(model, adjuster, epochs=4):
     return model.fit(x, y, batch_size=ROWS, epochs=epochs, shuffle=False, verbose=0, callbacks=[adjuster])
 
 
-def cosine(step, lr_max=0.05, lr_min=0.01, total_steps=4):
-    return lr_min + 0.5 * (lr_max - lr_min) * (1 + math.cos(math.pi * step / total_steps))
-
-
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_learning_rate_multiplier_reaches_the_compiled_step_under_a_schedule(accumulate):
-    schedule = kadapt.CosineAnnealing(lr_max=0.05, lr_min=0.01, total_steps=4)
+    # A rising (warmup-like) schedule: a slowdown under an annealing one is left alone.
+    schedule = kadapt.schedules.PiecewiseLinear([0, 4], [0.02, 0.06])
     model = linear_model(kadapt.optimizers.SGD(schedule), accumulate)
     adjuster = MetaAdjuster(constant_meta_model(LR_UP), monitor="loss", check_every=1,
                             trigger=fires_once_at_step_3(), verbose=0)
     fit(model, adjuster)
     x, y = regression_data()
-    rates = [cosine(t) * (3.0 if t == 3 else 1.0) for t in range(4)]
+    rates = [(0.02 + 0.01 * t) * (3.0 if t == 3 else 1.0) for t in range(4)]
     np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * 4), rtol=1e-5)
     assert [d["step"] for d in adjuster.decisions] == [3]
     assert adjuster.decisions[0]["trigger"] == "plateau"
@@ -111,6 +107,30 @@ def test_a_decision_before_the_last_observation_still_applies():
     fit(model, adjuster, epochs=4)
     assert [d["step"] for d in adjuster.decisions] == [3]
     np.testing.assert_allclose(model.optimizer.momentum.numpy(), 0.95)
+
+
+def test_a_slowdown_while_the_schedule_anneals_is_left_to_the_schedule():
+    # The rate falls every step, so the plateau at the third observation is the schedule's doing.
+    rates = [0.05, 0.04, 0.03, 0.02, 0.01]
+    schedule = kadapt.schedules.PiecewiseLinear(list(range(5)), rates)
+    model = linear_model(kadapt.optimizers.SGD(schedule, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster, epochs=5)
+    assert adjuster.decisions == []
+    x, y = regression_data()
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * 5), rtol=1e-5)
+
+
+def test_a_slowdown_under_a_constant_rate_is_acted_on():
+    model = linear_model(kadapt.optimizers.SGD(0.05, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), verbose=0)
+    fit(model, adjuster, epochs=5)
+    assert [(d["step"], d["trigger"]) for d in adjuster.decisions] == [(3, "plateau")]
+    x, y = regression_data()
+    np.testing.assert_allclose(model.get_weights()[0],
+                               numpy_descent(x, y, [0.05] * 3 + [0.005] * 2, [0.0] * 5), rtol=1e-5)
 
 
 def test_a_diverging_run_is_rolled_back_and_its_learning_rate_lowered(tmp_path):

@@ -26,6 +26,8 @@ _NOT_ROLLED_BACK = {"iteration", "learning_rate", "learning_rate_multiplier", "m
 # After a rollback only these may follow: the step that diverged must not be retried as it was.
 _REDUCTIONS = np.array([a.get("learning_rate_multiplier", 1.0) < 1.0 for a in action_lib.ACTIONS])
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == 0.1 for a in action_lib.ACTIONS])
+_SLOWDOWNS = ("plateau", "slow_progress")
+_ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
 _FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
 
 
@@ -52,7 +54,11 @@ class MetaAdjuster(keras.callbacks.Callback):
     a velocity built at the diverging rate would carry the restored weights
     straight back out. A run never ends on non-finite weights.
 
-    Nothing is adjusted at the last observation (the end of `epochs x steps`,
+    A slowdown (plateau, slow progress) is left alone while the optimizer's
+    learning-rate schedule is annealing — its rate before this step lower
+    than at the last observation — because a decaying schedule is meant to
+    slow the loss, and cutting the rate on top of it only ends the run early;
+    divergence and oscillation are still acted on. Nothing is adjusted at the last observation (the end of `epochs x steps`,
     or once something stopped training): no later step would feel it. A
     divergence there is still rolled back, and logged as a rollback.
 
@@ -127,6 +133,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._since_divergence = None
         self._epoch_decisions, self._interval_start = 0, (0, 0.0)
         self._last_epoch_ending = False
+        self._scheduled = []
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / DECISIONS_FILE).touch()
@@ -195,7 +202,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             # A training loss was measured before the latest updates: the weights now are
             # confirmed good only by the next observation.
             self._last_good, self._pending = self._pending, snapshot
-        if reason is not None and self._is_final():
+        if reason in _SLOWDOWNS and self._annealing():
+            self.trigger.adjusted()  # the schedule's own "adjustment": wait a full patience again
+        elif reason is not None and self._is_final():
             if reason == "divergence":
                 self._log(self._record(reason, {}, "rollback (training ends)", 1.0, self.history.window()))
         elif reason is not None:
@@ -203,12 +212,18 @@ class MetaAdjuster(keras.callbacks.Callback):
         elif self._since_divergence is not None:
             self._since_divergence += 1
 
+    def _annealing(self):
+        """Whether the schedule (the rate before the live multiplier) fell since the last observation."""
+        scheduled = self._scheduled
+        return len(scheduled) >= 2 and scheduled[-1] < scheduled[-2] * (1 - _ANNEALING_TOLERANCE)
+
     def _read_rates(self):
         optimizer = self.model.optimizer
         return applied_learning_rate(optimizer), current_momentum(optimizer)
 
     def _observation(self, loss, val_loss, weights):
         self._rates = learning_rate, momentum = self._read_rates()
+        self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
         return Observation(step=self._step, loss=loss, val_loss=None if val_loss is None else float(val_loss),
                            learning_rate=learning_rate, momentum=momentum, weights=weights,
                            budget_used=self._budget_used())
@@ -243,6 +258,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         action = action_lib.ACTIONS[index]
         action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
         self._rates = self._read_rates()
+        # A float rate the action just set is not the schedule annealing.
+        self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         self.trigger.adjusted()
         self._log(self._record(reason, dict(action), action_lib.describe(action), confidence, window))
 

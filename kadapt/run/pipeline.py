@@ -66,8 +66,11 @@ def start_run(options, out, overwrite=False, resume=False):
     return Run(config, settings, directory, data, name, model, adjuster, resume)
 
 
-def train(run, echo=print):
-    """Trains `run` (from `start_run`) and returns its `run.json` record."""
+def train(run, echo=print, callbacks=()):
+    """Trains `run` (from `start_run`) and returns its `run.json` record.
+
+    `callbacks` (Keras callbacks) run after kadapt's own, e.g. to measure
+    something at every epoch end."""
     started = time.time()
     config, directory, data = run.config, run.directory, run.data
     steps = dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(data.x_train))))
@@ -81,7 +84,7 @@ def train(run, echo=print):
         _write_config(directory, config, {**resolved, "plan": _plan(config.batch_size, micro)})
         trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        best = _fit(run, trainer, steps, micro)
+        best = _fit(run, trainer, steps, micro, list(callbacks))
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
@@ -142,7 +145,7 @@ def _trainer(run, micro):
     return trainer
 
 
-def _fit(run, trainer, steps, micro):
+def _fit(run, trainer, steps, micro, extra_callbacks):
     """Trains; returns the best-weights callback (`None` with `--restore-best off`)."""
     config, data, settings = run.config, run.data, run.recipe
     validation = None
@@ -150,6 +153,7 @@ def _fit(run, trainer, steps, micro):
         validation = (data.x_val, recipe.one_hot(data.y_val, data.num_classes))
     best = recipe.best_weights_callback(settings, "val_loss" if validation else "loss", config.epochs)
     callbacks = training_callbacks(run, steps, recipe.recipe_callbacks(settings, steps["total_steps"]), best)
+    callbacks = callbacks[:-1] + extra_callbacks + callbacks[-1:]  # the backup's committer stays last
     batches = recipe.augmented_batches(
         recipe.shuffled_batches(data.x_train, data.y_train, config.batch_size, data.num_classes, config.seed),
         settings, config.seed)
