@@ -153,6 +153,28 @@ def test_report_redraws_the_plots_and_prints_a_summary(trained, capsys):
     assert re.search(r"status +completed", out)
     assert re.search(r"batch plan +logical batch 16", out)
     assert re.search(r"test accuracy +\d\.\d{4}", out)
+    assert re.search(r"saved weights +epoch [12], the best val_loss", out)
+    history = json.loads((run / "history.json").read_text())
+    table = out[out.index("epoch  "):].splitlines()
+    assert table[0].split() == ["epoch", "loss", "accuracy", "val", "loss", "val", "accuracy"]
+    assert [line.split()[0] for line in table[2:]] == ["1", "2"]
+    assert float(table[3].split()[3]) == pytest.approx(history["val_loss"][1], rel=1e-3)
+
+
+def test_training_plot_shows_validation_and_one_legend_entry_per_kind_of_decision():
+    from kadapt.run.plots import training_figure
+
+    steps = [{"step": s, "epoch": s // 4, "loss": 1.0 / (s + 1), "learning_rate": 0.1, "momentum": 0.9}
+             for s in range(8)]
+    history = {"epoch": [0, 1], "loss": [0.5, 0.3], "accuracy": [0.6, 0.8], "val_loss": [0.6, 0.4],
+               "val_accuracy": [0.55, 0.75]}
+    decisions = [{"step": s, "trigger": t} for s, t in ((2, "plateau"), (4, "divergence"), (6, "plateau"))]
+    axes = training_figure(steps, decisions, history).axes
+    assert axes[0].get_legend_handles_labels()[1] == ["MetaAdjuster: plateau (2x)", "MetaAdjuster: divergence (1x)"]
+    assert [t.get_text() for t in axes[2].get_legend().get_texts()] == ["training loss (this step)", "validation loss"]
+    assert [t.get_text() for t in axes[3].get_legend().get_texts()] == ["training accuracy", "validation accuracy"]
+    validation = [line for line in axes[2].get_lines() if line.get_label() == "validation loss"][0]
+    assert list(validation.get_xdata()) == [4, 8] and list(validation.get_ydata()) == [0.6, 0.4]
 
 
 def test_report_marks_meta_decisions_on_the_training_plot(trained, capsys):
@@ -277,6 +299,47 @@ def test_bad_arguments_end_in_one_line(argv, message, tmp_path, monkeypatch):
     assert text.startswith("kadapt: error: ") and "\n" not in text
     assert message in text
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "fast_resnet"], "--model fast_resnet needs images (height, width, channels); the data rows "
+                                     "have shape (3,). Use --model mlp."),
+        (["--cutout", "0.5"], "--cutout augment images; the rows of --data"),
+        (["--mixup", "0.2", "--cutmix", "1.0"], "--cutmix, --mixup augment images"),
+        (["--augment", "on"], "--augment on needs image data"),
+        (["--memory-budget", "1KiB"], "--memory-budget 1KiB is too small for this model: it is smaller than one sample"),
+    ],
+    ids=["fast_resnet", "cutout", "mixing", "augment on", "budget below one row"],
+)
+def test_recipe_flags_that_cannot_apply_to_vectors_end_in_one_line(argv, message, tmp_path):
+    path = _npz(tmp_path, "vectors.npz", x_train=np.zeros((8, 3), "float32"), y_train=np.arange(8) % 2,
+                x_test=np.zeros((4, 3), "float32"), y_test=np.arange(4) % 2)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", path, "--meta", "off", *argv, "--out", str(tmp_path / "run")])
+    text = str(raised.value)
+    assert text.startswith("kadapt: error: ") and "\n" not in text
+    assert message in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ema", "0.99"], "--ema averages the weights, and --restore-best on would replace the average"),
+        (["--ema", "1.5", "--restore-best", "off"], "Argument --ema must be in [0.0, 1.0). Received: --ema=1.5"),
+        (["--cutout", "0.5", "--augment", "off"], "--cutout cannot apply with --augment off"),
+        (["--label-smoothing", "2"], "--label-smoothing must be"),
+    ],
+)
+def test_recipe_flags_that_contradict_end_in_one_line(argv, message, tmp_path):
+    path = str(write_tiny_npz(tmp_path / "tiny.npz"))
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", path, "--meta", "off", *argv, "--out", str(tmp_path / "run")])
+    text = str(raised.value)
+    assert text.startswith("kadapt: error: ") and "\n" not in text
+    assert message in text
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,8 @@ def _probe(run, echo):
             max_micro_batch_size=config.batch_size, on_trial=on_trial,
         )
     except ValueError as error:  # the budget holds not even one row
-        raise UsageError(" ".join(str(error).split())) from None
+        reason = " ".join(str(error).split()).replace("Argument `memory_budget` is", "it is")
+        raise UsageError(f"--memory-budget {config.memory_budget} is too small for this model: {reason}") from None
 
 
 def _plan(batch_size, micro):
@@ -185,8 +186,17 @@ def _finish(run, trainer, best, started, echo):
     echo(f"test accuracy {record['test_accuracy']:.4f} (loss {record['test_loss']:.4f}) "
          f"after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
+    if run.meta_adjuster is not None:
+        echo(_decisions_text(directory.read_jsonl(files.META_DECISIONS)))
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
     return directory.read_json(files.RUN)
+
+
+def _decisions_text(decisions):
+    if not decisions:
+        return "MetaAdjuster: no decision (nothing called for one)"
+    listed = "; ".join(f"step {d['step']} {d['trigger']} -> {d['action']}" for d in decisions)
+    return f"MetaAdjuster: {len(decisions)} decision(s): {listed}"
 
 
 def _weights_record(best, history):

@@ -21,6 +21,11 @@ def draw_plots(run):
 
 
 def plot_training(steps, decisions, history, path):
+    """Draws `training_figure` to `path`; returns `path`."""
+    return _save(training_figure(steps, decisions, history), path)
+
+
+def training_figure(steps, decisions, history):
     """Learning rate, momentum, loss and accuracy against the step, one panel
     each: the loss of every step, and per epoch (at its last step) the
     validation loss and the training and validation accuracy. A vertical
@@ -45,7 +50,7 @@ def plot_training(steps, decisions, history, path):
     if decisions:
         axes[0].legend(loc="upper right", fontsize="small")
     axes[0].set_title(f"{len(x)} steps, {len(decisions)} adjustment decision(s)")
-    return _save(figure, path)
+    return figure
 
 
 def _epoch_end_steps(steps, history):

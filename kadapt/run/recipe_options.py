@@ -32,6 +32,9 @@ def recipe_config(config, data):
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
+    if config.ema is not None and config.restore_best == "on":
+        raise UsageError(f"--ema averages the weights, and --restore-best on would replace the average with "
+                         f"one epoch's weights: add --restore-best off. Received: --ema={config.ema}")
     if config.ema is not None:
         given["ema_momentum"] = config.ema
     given["restore_best_weights"] = config.restore_best == "on"
@@ -62,9 +65,8 @@ def _check_augmentation(config, data, given):
 
 def _as_flags(message):
     """A `FastFitConfig` error in the command's words (`ema_momentum` is `--ema`)."""
-    for name, flag in (("ema_momentum", "ema"), ("restore_best_weights", "restore-best")):
-        message = message.replace(name, flag)
+    message = message.replace("`ema_momentum`", "--ema").replace("ema_momentum=", "--ema=")
     for name in _RECIPE_OPTIONS:
         message = message.replace(f"`{name}`", f"--{name.replace('_', '-')}").replace(
             f"{name}=", f"--{name.replace('_', '-')}=")
-    return message.replace("`ema`", "--ema").replace("`restore-best`", "--restore-best")
+    return message
