@@ -1,5 +1,6 @@
 """`kadapt train`: the whole adaptive pipeline on a data set, into a run directory."""
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ def add_train_arguments(subparsers):
     add("--batch-size", type=int, help=f"logical batch: rows per optimizer step (default: {DEFAULTS.batch_size})")
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
     add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
+    add("--widths", type=_widths,
+        help=f"fast_resnet's channels per stage (default: {','.join(map(str, RECIPE.widths))})")
     add("--schedule", choices=SCHEDULE_NAMES,
         help=f"triangular LR with momentum 0.9, or cosine LR with cosine momentum (default: {RECIPE.schedule})")
     add("--learning-rate", type=float, help=f"peak learning rate (default: {RECIPE.learning_rate})")
@@ -68,7 +71,7 @@ the test rows (flip test-time augmentation where images are flipped) and save
 model.keras, history, per-step log, plots and TensorBoard logs.
 """
 
-_OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "schedule", "learning_rate",
+_OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "widths", "schedule", "learning_rate",
             "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup", "ema", "restore_best", "meta",
             "target_accuracy", "augment", "validation_split", "seed", "max_steps", "train_rows")
 
@@ -91,6 +94,13 @@ def _default_out(args):
         raise UsageError("--resume needs --out, the run directory to continue.")
     data = Path(args.data or "data").stem
     return f"runs/{data}-{args.model or 'auto'}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _widths(text):
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, e.g. 64,128,256: {text!r}") from None
 
 
 def _echo(line):

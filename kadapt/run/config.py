@@ -26,10 +26,11 @@ class RunConfig:
 
     data: str
     model: str = "auto"  # fast_resnet for images of at least 16x16 pixels, mlp for the rest
-    batch_size: int = 512
+    batch_size: int = 256  # the recipe's measured batch (kadapt.recipes.fast_fit)
     memory_budget: str | None = None
     epochs: int = 10
     # The recipe's switches: None takes `kadapt.recipes.FastFitConfig`'s default.
+    widths: tuple | None = None
     schedule: str | None = None
     learning_rate: float | None = None
     weight_decay: float | None = None
@@ -55,6 +56,8 @@ class RunConfig:
         _choice("model", self.model, MODEL_NAMES)
         _choice("augment", self.augment, AUGMENT_SETTINGS)
         _choice("restore_best", self.restore_best, SWITCHES)
+        if self.widths is not None:
+            _widths(self.widths)
         if self.schedule is not None:
             _choice("schedule", self.schedule, SCHEDULE_NAMES)
         _meta(self.meta)
@@ -81,6 +84,8 @@ def resolve_config(options, saved=None):
         if "data" not in given:
             raise UsageError("--data is required: fashion_mnist, digits, or a .npz file.")
         return RunConfig(**given)
+    if saved.get("widths") is not None:
+        saved = {**saved, "widths": tuple(saved["widths"])}  # JSON keeps a list
     changed = sorted(k for k, v in given.items() if saved.get(k) != v)
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')}={given[k]} (saved: {saved.get(k)})" for k in changed)
@@ -125,6 +130,12 @@ def _meta(value):
         raise UsageError(
             f"--meta must be default, off, or an existing .keras meta-model file. Received: --meta={value}"
         )
+
+
+def _widths(value):
+    if not value or any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in value):
+        raise UsageError(f"--widths must be positive integers, one per stage, e.g. 64,128,256. "
+                         f"Received: --widths={value}")
 
 
 def _fraction(name, value, high):
