@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test install install-test data benchmarks clean
+.PHONY: demo test install install-test data postgres benchmarks clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,20 @@ data:
 		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null; }; \
 	fi
 
+# The recipe (fast_resnet) under a simulated 80 MiB device: 2 micro-batches per logical batch of 256.
 demo: install data
-	$(VENV)/bin/kadapt train --data fashion_mnist --model small_cnn --batch-size 512 --memory-budget 96MiB --epochs 10 --augment off --meta default --out runs/demo --overwrite
+	$(VENV)/bin/kadapt train --data fashion_mnist --memory-budget 80MiB --epochs 8 --out runs/demo --overwrite
 
-test: install-test data
+# PostgreSQL for the record-store tests (each test run starts a throwaway cluster), where apt is available and it is missing.
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1 \
+		&& command -v apt-get >/dev/null 2>&1; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -q postgresql >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q postgresql >/dev/null; }; \
+	fi
+
+test: install-test data postgres
 	$(PY) -m pytest -n 2 --dist loadfile tests  # two workers; a module stays on one (its shared fixtures)
 
 benchmarks: install data

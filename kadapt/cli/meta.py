@@ -28,14 +28,16 @@ def add_meta_arguments(subparsers):
 
 
 def _store_argument(parser):
-    parser.add_argument("--store", required=True, help="an SQLite record store (created if missing)")
+    parser.add_argument("--store", required=True,
+                        help="a record store: an SQLite file path (created if missing) or a "
+                             "postgresql://user@host:port/database URL (schema created on first use)")
 
 
-def _open_store(path):
+def _open_store(location):
     from kadapt.meta import RecordStore
 
     try:
-        return RecordStore(path)
+        return RecordStore(location)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
@@ -53,7 +55,7 @@ def run_collect(args):
         raise UsageError(str(error)) from None
     store = _open_store(args.store)
     appended = collect(store, task_list, seed=args.seed)
-    print(f"{appended} records appended; {store.count()} in {args.store}")
+    print(f"{appended} records appended; {store.count()} in {store.location}")
     return 0
 
 

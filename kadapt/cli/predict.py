@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from kadapt.recipes.inference import predict_with_flips
 from kadapt.run import RunDirectory
 from kadapt.run import UsageError
 from kadapt.run import run_directory as files
@@ -25,10 +26,12 @@ def run_predict(args):
         raise UsageError(f"--output must name a .npy file. Received: --output={args.output}")
     directory = RunDirectory(args.run_dir)
     model = _load_model(directory)
-    seed = (directory.read_json(files.CONFIG) or {}).get("options", {}).get("seed", 0)
-    x, y = load_inputs(args.data, seed)
+    config = directory.read_json(files.CONFIG) or {}
+    x, y = load_inputs(args.data, config.get("options", {}).get("seed", 0))
     _check_shape(model, x, args.data)
-    classes = np.argmax(model.predict(x, batch_size=PREDICT_BATCH_SIZE, verbose=0), axis=-1)
+    # As the run evaluated: with flip test-time augmentation where its recipe flipped the images.
+    flip = bool(config.get("resolved", {}).get("recipe", {}).get("flip", False))
+    classes = np.argmax(predict_with_flips(model, x, batch_size=PREDICT_BATCH_SIZE, flip=flip), axis=-1)
     print(f"predicted {len(classes)} rows of {args.data} with {directory / files.MODEL}")
     if y is not None:
         print(f"accuracy {np.mean(classes == y):.4f} ({int(np.sum(classes == y))} of {len(y)} right)")

@@ -1,4 +1,4 @@
-"""`RecordStore`: the SQLite file of adjustment records that collectors append to."""
+"""`RecordStore`: adjustment records in an SQLite file (the embedded default) or on a PostgreSQL server."""
 
 import contextlib
 import json
@@ -9,68 +9,81 @@ import sqlite3
 import time
 
 import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
 from kadapt.meta.adjustment_record import AdjustmentRecord
 
 SCHEMA_VERSION = 1
 FORMAT = "kadapt-records"
-# Writers queue for the write lock; one commit takes milliseconds, so waiting 30 s
+# Writers queue for SQLite's write lock; one commit takes milliseconds, so waiting 30 s
 # only runs out when some writer is stuck.
 BUSY_TIMEOUT_SECONDS = 30.0
+CONNECT_TIMEOUT_SECONDS = 10  # a PostgreSQL server that does not answer in this is unreachable
 _SQLITE_HEADER = b"SQLite format 3\x00"
+_CREATION_LOCK = 0x6B61646170  # "kadap": serializes first-use schema creation on a server
 
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
-    """CREATE TABLE records (
-        id INTEGER PRIMARY KEY,
-        run_id TEXT NOT NULL,
-        task TEXT NOT NULL,
-        family TEXT NOT NULL,
-        step INTEGER NOT NULL,
-        features BLOB NOT NULL,
-        rows INTEGER NOT NULL,
-        cols INTEGER NOT NULL,
-        hyperparameters TEXT NOT NULL,
-        adjustment TEXT NOT NULL,
-        outcome TEXT NOT NULL,
-        created REAL NOT NULL,
-        UNIQUE (run_id, step, adjustment)
-    )""",
-    "CREATE INDEX records_run_task_step ON records (run_id, task, step)",
+_METADATA = sa.MetaData()
+_META = sa.Table(
+    "meta", _METADATA,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
 )
-_INSERT = """INSERT INTO records (run_id, task, family, step, features, rows, cols,
-    hyperparameters, adjustment, outcome, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
-_SELECT = """SELECT run_id, task, family, step, features, rows, cols,
-    hyperparameters, adjustment, outcome FROM records ORDER BY id"""
+_RECORDS = sa.Table(
+    "records", _METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("family", sa.Text, nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("features", sa.LargeBinary, nullable=False),
+    sa.Column("rows", sa.Integer, nullable=False),
+    sa.Column("cols", sa.Integer, nullable=False),
+    sa.Column("hyperparameters", sa.Text, nullable=False),
+    sa.Column("adjustment", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),
+    sa.UniqueConstraint("run_id", "step", "adjustment"),
+    sa.Index("records_run_task_step", "run_id", "task", "step"),
+)
+_COLUMNS = ("run_id", "task", "family", "step", "features", "rows", "cols",
+            "hyperparameters", "adjustment", "outcome", "created")
 
 
 class RecordStoreError(ValueError):
-    """A file that is not a kadapt record store of this schema version."""
+    """A location that is not a kadapt record store of this schema version, or cannot be reached."""
 
 
 class RecordStore:
-    """The SQLite file of `AdjustmentRecord`s, safe for several writing processes.
+    """`AdjustmentRecord`s in SQLite or PostgreSQL, safe for many writing processes.
 
-    Each append is one transaction in SQLite's WAL mode, so parallel
-    collectors (KerasTuner trials, `multiprocessing` workers) append at once
+    One code path for both engines (SQLAlchemy Core, bound parameters only):
+
+    - a path, or `sqlite:///path`: an SQLite file in WAL mode — the embedded
+      default, for one machine;
+    - `postgresql://user[:password]@host:port/database`: a PostgreSQL server
+      (driver psycopg 3), for collectors on many processes and hosts.
+
+    Each append is one transaction, so parallel collectors append at once
     without losing records, and a writer killed mid-append loses only what it
     had not committed. Records are unique by (run_id, step, adjustment). A
     collector that appends each run's (or decision point's) records with one
     `append_many` resumes by skipping what `contains(run_id)` (or
     `contains(run_id, step)`) finds.
 
-    Opening a path that does not exist creates the store. A file that is not
-    a kadapt record store of schema version `SCHEMA_VERSION` raises
-    `RecordStoreError` and is left unchanged.
+    The schema is created on first use. A file or database that is not a
+    kadapt record store of schema version `SCHEMA_VERSION`, an unreachable
+    server or a missing database raises `RecordStoreError` naming the
+    location (password masked) and the fix; nothing is written then.
 
-    Every call opens its own SQLite connection and closes it before
-    returning: a connection open in a process that forks makes SQLite lose the
-    child's commits, so the store holds none between calls and may be passed
-    to forked or spawned processes. Do not fork while iterating over it.
-    `close()` marks the store closed; later calls raise `ValueError`.
+    No connection is held between calls (each call opens one and closes it),
+    so the store may be passed to forked or spawned processes. Do not fork
+    while iterating over it. `close()` marks the store closed; later calls
+    raise `ValueError`.
 
     Args:
-        path: str or path-like. The store file.
+        location: str or path-like. A path, an `sqlite:///` URL or a
+            `postgresql://` URL.
 
     Example:
 
@@ -80,7 +93,7 @@ class RecordStore:
         features=np.zeros((8, 4)), hyperparameters={"learning_rate": 0.5},
         adjustment={"learning_rate_multiplier": 0.3}, outcome={"diverged": False},
     )
-    with RecordStore("records.sqlite") as store:
+    with RecordStore("records.sqlite") as store:   # or "postgresql://kadapt@db-host:5432/records"
         if not store.contains("run-0"):
             store.append_many([record])  # all records of the run at once
         print(len(store), store.families())  # 1 ['digits']
@@ -88,18 +101,25 @@ class RecordStore:
     ```
     """
 
-    def __init__(self, path):
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(
-                "Argument `path` must be a str or path-like. "
-                f"Received: path={path!r} (of type {type(path).__name__})"
-            )
-        self.path = pathlib.Path(path).absolute()
+    def __init__(self, location):
+        self.url, self.path = _parse_location(location)
+        self._shown = self.url.set(drivername=self.url.get_backend_name())
         self._closed = False
-        _create_or_check(self.path)
+        self._engine, self._engine_pid = None, None
+        if self.path is not None:
+            _prepare_sqlite_file(self.path)
+        self._create_or_check()
+
+    @property
+    def location(self):
+        """The path (SQLite) or the URL with its password masked (PostgreSQL)."""
+        return str(self.path) if self.path is not None else self._shown.render_as_string(hide_password=True)
 
     def __repr__(self):
-        return f"RecordStore({str(self.path)!r})"
+        return f"RecordStore({self.location!r})"
+
+    def __getstate__(self):
+        return {**self.__dict__, "_engine": None, "_engine_pid": None}
 
     def __enter__(self):
         return self
@@ -108,7 +128,7 @@ class RecordStore:
         self.close()
 
     def close(self):
-        """Marks the store closed; the file stays as it is."""
+        """Marks the store closed; the records stay as they are."""
         self._closed = True
 
     def append(self, record):
@@ -128,30 +148,30 @@ class RecordStore:
         """Returns whether a record of run `run_id` (at `step`, if given) is stored."""
         if not isinstance(run_id, str):
             raise TypeError(f"Argument `run_id` must be a str. Received: run_id={run_id!r}")
-        if step is None:
-            query = "SELECT 1 FROM records WHERE run_id = ? LIMIT 1"
-            return bool(self._fetch_all(query, (run_id,)))
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-            raise TypeError(f"Argument `step` must be an int or None. Received: step={step!r}")
-        query = "SELECT 1 FROM records WHERE run_id = ? AND step = ? LIMIT 1"
-        return bool(self._fetch_all(query, (run_id, int(step))))
+        query = sa.select(sa.literal(1)).select_from(_RECORDS).where(_RECORDS.c.run_id == run_id)
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+                raise TypeError(f"Argument `step` must be an int or None. Received: step={step!r}")
+            query = query.where(_RECORDS.c.step == int(step))
+        return bool(self._fetch_all(query.limit(1)))
 
     def count(self):
         """Returns the number of records."""
-        return self._fetch_all("SELECT COUNT(*) FROM records")[0][0]
+        return self._fetch_all(sa.select(sa.func.count()).select_from(_RECORDS))[0][0]
 
     def __len__(self):
         return self.count()
 
     def __iter__(self):
         """Yields the records in the order they were appended."""
+        query = sa.select(*(_RECORDS.c[name] for name in _COLUMNS[:-1])).order_by(_RECORDS.c.id)
         with self._connect() as connection:
-            for row in connection.execute(_SELECT):
+            for row in connection.execute(query):
                 yield _from_row(row)
 
     def families(self):
         """Returns the sorted list of distinct task families."""
-        rows = self._fetch_all("SELECT DISTINCT family FROM records ORDER BY family")
+        rows = self._fetch_all(sa.select(_RECORDS.c.family).distinct().order_by(_RECORDS.c.family))
         return [family for (family,) in rows]
 
     def export_jsonl(self, path):
@@ -174,28 +194,188 @@ class RecordStore:
         self._insert(rows)
         return len(rows)
 
+    def _engine_here(self):
+        """This process's engine (an engine's state must not cross a fork)."""
+        if self._engine is None or self._engine_pid != os.getpid():
+            self._engine, self._engine_pid = _engine(self.url, self.path), os.getpid()
+        return self._engine
+
     @contextlib.contextmanager
-    def _connect(self):
+    def _connect(self, write=False):
         if self._closed:
             raise ValueError(f"{self!r} is closed.")
-        with contextlib.closing(_connect(self.path, "rw")) as connection:
-            yield connection
+        try:
+            with self._engine_here().connect() as connection:
+                if not write:
+                    yield connection
+                    return
+                with connection.execution_options(kadapt_write=True).begin():
+                    yield connection
+        except sa.exc.OperationalError as error:
+            raise RecordStoreError(_unreachable_message(self.location, self.path, error)) from None
 
-    def _fetch_all(self, query, parameters=()):
+    def _fetch_all(self, query):
         with self._connect() as connection:
-            return connection.execute(query, parameters).fetchall()
+            return connection.execute(query).fetchall()
 
     def _insert(self, labelled_rows):
-        with self._connect() as connection, _write_transaction(connection):
+        with self._connect(write=True) as connection:
             for label, row in labelled_rows:
                 try:
-                    connection.execute(_INSERT, row)
-                except sqlite3.IntegrityError as error:
+                    connection.execute(_RECORDS.insert(), [dict(zip(_COLUMNS, row))])
+                except sa.exc.IntegrityError as error:
                     raise ValueError(
-                        f"{label} is already in {self.path}: run_id={row[0]!r}, step={row[3]}, "
+                        f"{label} is already in {self.location}: run_id={row[0]!r}, step={row[3]}, "
                         f"adjustment={row[8]}. A resumed collector skips stored runs with "
                         "`contains(run_id)` or decision points with `contains(run_id, step)`."
                     ) from error
+
+    def _create_or_check(self):
+        """Creates the schema on first use, else checks that it is a store of this version."""
+        with self._connect(write=True) as connection:
+            if self.path is None:
+                connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_CREATION_LOCK)))
+            if not _has_schema(connection, self.location):
+                _METADATA.create_all(connection)
+                connection.execute(_META.insert(), [{"key": "format", "value": FORMAT},
+                                                    {"key": "schema_version", "value": str(SCHEMA_VERSION)}])
+
+
+def _parse_location(location):
+    """`(SQLAlchemy URL, path or None)` of a path, an sqlite:/// URL or a postgresql:// URL."""
+    if not isinstance(location, (str, os.PathLike)):
+        raise TypeError(
+            "Argument `location` must be a path, an sqlite:/// URL or a postgresql:// URL. "
+            f"Received: location={location!r} (of type {type(location).__name__})"
+        )
+    if isinstance(location, os.PathLike) or "://" not in location:
+        path = pathlib.Path(location).absolute()
+        return sa.engine.URL.create("sqlite", database=str(path)), path
+    try:
+        url = sa.engine.make_url(location)
+    except sa.exc.ArgumentError:
+        raise ValueError(f"Argument `location` is not a database URL. Received: location={location!r}") from None
+    backend = url.get_backend_name()
+    if backend == "sqlite" and url.database:
+        path = pathlib.Path(url.database).absolute()
+        return url.set(database=str(path)), path
+    if backend == "postgresql":
+        return url.set(drivername="postgresql+psycopg"), None
+    raise ValueError(
+        "Argument `location` must be a path, an sqlite:///path URL or a postgresql:// URL. "
+        f"Received: location={url.render_as_string(hide_password=True)!r}"
+    )
+
+
+def _engine(url, path):
+    if path is None:
+        return sa.create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS})
+    # SQLite through the standard library: opened read-write, never created here (the
+    # store created the file), in autocommit mode so that a write transaction can take
+    # the write lock at BEGIN; reads run outside a transaction.
+    engine = sa.create_engine("sqlite://", creator=lambda: _sqlite_connect(path, "rw"), poolclass=NullPool)
+    sa.event.listen(engine, "begin", _begin_sqlite)
+    return engine
+
+
+def _sqlite_connect(path, mode):
+    return sqlite3.connect(f"{path.as_uri()}?mode={mode}", uri=True, timeout=BUSY_TIMEOUT_SECONDS,
+                           isolation_level=None, check_same_thread=False)
+
+
+def _begin_sqlite(connection):
+    # IMMEDIATE takes the write lock at BEGIN, where the busy timeout lets writers
+    # queue; a deferred transaction that reads first fails at once when another
+    # writer committed in between.
+    if connection.get_execution_options().get("kadapt_write"):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _prepare_sqlite_file(path):
+    """Checks an existing file without writing to it, then creates it if needed and puts
+    it in WAL mode (a property of the file, set outside any transaction)."""
+    if path.exists():
+        _check_sqlite_file(path)
+    try:
+        connection = _sqlite_connect(path, "rwc")
+    except sqlite3.OperationalError as error:
+        raise RecordStoreError(f"{path} cannot be opened ({error}).") from error
+    with contextlib.closing(connection):
+        mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if mode != "wal":
+        raise RecordStoreError(
+            f"{path} could not be put in SQLite's WAL mode (it is in {mode!r} mode). "
+            "Put the store on a local file system."
+        )
+
+
+def _unreachable_message(location, path, error):
+    reason = " ".join(str(error.orig if getattr(error, "orig", None) else error).split())
+    if path is not None:
+        return f"{location} cannot be opened ({reason})."
+    if "does not exist" in reason and "database" in reason:
+        return (f"{location}: the database does not exist ({reason}). Create it first, e.g. "
+                "`createdb -h HOST -p PORT -U USER NAME`, or name an existing one in the URL.")
+    return (f"{location} cannot be reached ({reason}). Start the server, or fix the host, port, user "
+            "or password in the URL.")
+
+
+def _check_sqlite_file(path):
+    """Raises unless `path` is empty or a store, reading it without any write."""
+    with open(path, "rb") as file:
+        header = file.read(len(_SQLITE_HEADER))
+    if not header:
+        return
+    if header != _SQLITE_HEADER:
+        raise RecordStoreError(f"{path} is not a kadapt record store: it is not an SQLite file.")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
+            tables = [name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            meta = _sqlite_meta(connection) if "meta" in tables else {}
+    except sqlite3.DatabaseError as error:
+        raise RecordStoreError(
+            f"{path} is not a kadapt record store: SQLite cannot read it ({error})."
+        ) from error
+    if tables:
+        _check_marker(meta, str(path), "an SQLite database")
+
+
+def _sqlite_meta(connection):
+    try:
+        return {key: str(value) for key, value in connection.execute("SELECT key, value FROM meta")}
+    except sqlite3.OperationalError:
+        return {}  # a foreign table named `meta`
+
+
+def _has_schema(connection, location):
+    """Returns False for a database without tables, True for a store, else raises."""
+    tables = sa.inspect(connection).get_table_names()
+    if not tables:
+        return False
+    meta = {}
+    if "meta" in tables:
+        try:
+            with connection.begin_nested():
+                meta = {key: str(value) for key, value in connection.execute(sa.select(_META.c.key, _META.c.value))}
+        except sa.exc.DBAPIError:
+            meta = {}  # a foreign table named `meta`
+    _check_marker(meta, location, "a database")
+    return True
+
+
+def _check_marker(meta, location, kind):
+    if meta.get("format") != FORMAT:
+        raise RecordStoreError(
+            f"{location} is not a kadapt record store: it is {kind} without the "
+            f"marker format={FORMAT!r}. Pass a new location or the location of a record store."
+        )
+    if meta.get("schema_version") != str(SCHEMA_VERSION):
+        raise RecordStoreError(
+            f"{location} is a kadapt record store of schema version "
+            f"{meta.get('schema_version')}; this kadapt reads version {SCHEMA_VERSION}. "
+            "Export it with `RecordStore.export_jsonl` under the kadapt version that wrote "
+            "it and import the file into a new store, or collect the records again."
+        )
 
 
 def _checked_record(name, record):
@@ -205,104 +385,6 @@ def _checked_record(name, record):
             f"Received: {name}={record!r} (of type {type(record).__name__})"
         )
     return record
-
-
-def _create_or_check(path):
-    """Creates the store at `path` if the file does not exist, else checks it is one."""
-    if path.exists():
-        _check_existing(path)
-    with contextlib.closing(_connect(path, "rwc")) as connection:
-        _use_wal(connection, path)
-        with _write_transaction(connection):
-            if not _has_schema(connection, path):
-                for statement in _SCHEMA:
-                    connection.execute(statement)
-                connection.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [("format", FORMAT), ("schema_version", SCHEMA_VERSION)],
-                )
-
-
-def _connect(path, mode):
-    try:
-        return sqlite3.connect(
-            f"{path.as_uri()}?mode={mode}",
-            uri=True,
-            timeout=BUSY_TIMEOUT_SECONDS,
-            isolation_level=None,
-        )
-    except sqlite3.OperationalError as error:
-        raise RecordStoreError(f"{path} cannot be opened ({error}).") from error
-
-
-def _check_existing(path):
-    """Raises unless `path` is empty or a store, reading it without any write."""
-    with open(path, "rb") as file:
-        header = file.read(len(_SQLITE_HEADER))
-    if not header:
-        return
-    if header != _SQLITE_HEADER:
-        raise RecordStoreError(f"{path} is not a kadapt record store: it is not an SQLite file.")
-    try:
-        with contextlib.closing(_connect(path, "ro")) as connection:
-            _has_schema(connection, path)
-    except sqlite3.DatabaseError as error:
-        raise RecordStoreError(
-            f"{path} is not a kadapt record store: SQLite cannot read it ({error})."
-        ) from error
-
-
-def _has_schema(connection, path):
-    """Returns False for a database without tables, True for a store, else raises."""
-    query = "SELECT name FROM sqlite_master WHERE type = 'table'"
-    tables = {name for (name,) in connection.execute(query)}
-    if not tables:
-        return False
-    meta = _meta(connection) if "meta" in tables else {}
-    if meta.get("format") != FORMAT:
-        raise RecordStoreError(
-            f"{path} is not a kadapt record store: it is an SQLite database without the "
-            f"marker format={FORMAT!r}. Pass a new path or the path of a record store."
-        )
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise RecordStoreError(
-            f"{path} is a kadapt record store of schema version "
-            f"{meta.get('schema_version')!r}; this kadapt reads version {SCHEMA_VERSION}. "
-            "Export it with `RecordStore.export_jsonl` under the kadapt version that wrote "
-            "it and import the file into a new store, or collect the records again."
-        )
-    return True
-
-
-def _meta(connection):
-    try:
-        return dict(connection.execute("SELECT key, value FROM meta"))
-    except sqlite3.OperationalError:
-        return {}  # a foreign table named `meta`
-
-
-def _use_wal(connection, path):
-    mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    if mode != "wal":
-        raise RecordStoreError(
-            f"{path} could not be put in SQLite's WAL mode (it is in {mode!r} mode). "
-            "Put the store on a local file system."
-        )
-
-
-@contextlib.contextmanager
-def _write_transaction(connection):
-    # IMMEDIATE takes the write lock at BEGIN, where the busy timeout lets
-    # writers queue; a deferred transaction that reads first fails at once when
-    # another writer committed in between.
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        yield connection
-    except BaseException:
-        if connection.in_transaction:
-            connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
 
 
 def _to_row(record):
@@ -331,7 +413,7 @@ def _from_row(row):
         task=task,
         family=family,
         step=step,
-        features=np.frombuffer(blob, dtype="<f4").reshape(rows, cols),
+        features=np.frombuffer(bytes(blob), dtype="<f4").reshape(rows, cols),
         hyperparameters=json.loads(hyperparameters),
         adjustment=json.loads(adjustment),
         outcome=json.loads(outcome),
