@@ -31,6 +31,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
+from fashion_mnist_fast import arm_summary  # noqa: E402  (the same summary as the recipe's benchmark)
 from kadapt.recipes import predict_with_flips  # noqa: E402
 from kadapt.run import start_run  # noqa: E402
 from kadapt.run import train  # noqa: E402
@@ -88,16 +89,6 @@ def run_kadapt(seed, options, meta):
 def seconds_to(curve, accuracy):
     reached = [point["seconds"] for point in curve if point["accuracy"] >= accuracy]
     return reached[0] if reached else None
-
-
-def arm_summary(runs):
-    to_91 = [run["seconds_to_91"] for run in runs]
-    return {
-        "mean_accuracy": float(np.mean([run["accuracy"] for run in runs])),
-        "accuracies": [run["accuracy"] for run in runs],
-        "mean_wall_seconds": float(np.mean([run["wall_seconds"] for run in runs])),
-        "mean_seconds_to_91": None if None in to_91 else float(np.mean(to_91)),
-    }
 
 
 def verdict(arms):

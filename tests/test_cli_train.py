@@ -249,6 +249,17 @@ def _epochs_done(run):
         return []
 
 
+def test_expand_appends_generated_samples_before_training(tmp_path):
+    path = str(write_tiny_npz(tmp_path / "tiny.npz"))
+    out = tmp_path / "expanded"
+    assert cli.main(["train", "--data", path, *TINY, "--epochs", "1", "--expand", "0.5",
+                     "--expand-method", "cutmix", "--out", str(out)]) == 0
+    resolved = json.loads((out / "config.json").read_text())["resolved"]
+    assert resolved["train_rows"] == 58 + 29  # 58 training rows and round(0.5 * 58) generated
+    assert resolved["total_steps"] == 6 == json.loads((out / "run.json").read_text())["steps_completed"]
+    assert "expanded by 0.5 x the rows (cutmix)" in resolved["augmentation"]
+
+
 def test_digits_with_an_mlp_and_max_steps(tmp_path):
     out = tmp_path / "digits"
     assert cli.main(["train", "--data", "digits", "--model", "mlp", "--batch-size", "64",
@@ -309,9 +320,10 @@ def test_bad_arguments_end_in_one_line(argv, message, tmp_path, monkeypatch):
         (["--cutout", "0.5"], "--cutout augment images; the rows of --data"),
         (["--mixup", "0.2", "--cutmix", "1.0"], "--cutmix, --mixup augment images"),
         (["--augment", "on"], "--augment on needs image data"),
+        (["--expand", "0.5"], "--expand augment images; the rows of --data"),
         (["--memory-budget", "1KiB"], "--memory-budget 1KiB is too small for this model: it is smaller than one sample"),
     ],
-    ids=["fast_resnet", "cutout", "mixing", "augment on", "budget below one row"],
+    ids=["fast_resnet", "cutout", "mixing", "augment on", "expand", "budget below one row"],
 )
 def test_recipe_flags_that_cannot_apply_to_vectors_end_in_one_line(argv, message, tmp_path):
     path = _npz(tmp_path, "vectors.npz", x_train=np.zeros((8, 3), "float32"), y_train=np.arange(8) % 2,

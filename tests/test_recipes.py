@@ -91,3 +91,18 @@ def test_fast_fit_rejects_unusable_datasets(arguments, message):
 def test_config_rejects_an_unknown_schedule():
     with pytest.raises(ValueError, match=r"`schedule` must be 'cosine' or 'triangular'. Received: schedule='linear'"):
         FastFitConfig(schedule="linear")
+
+
+def test_fast_fit_expands_the_training_rows_before_the_schedule_counts_them():
+    x, y = _data()
+    config = FastFitConfig(**{**TINY.__dict__, "expand": 0.5, "expand_method": "mixup"})
+    model = fast_fit(x, y, epochs=1, batch_size=BATCH, config=config, seed=0)
+    assert int(model.optimizer.iterations.numpy()) == 3  # ceil((32 + 16) / 16)
+
+
+def test_fast_fit_refuses_expand_with_a_dataset():
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x[..., None].astype("float32"), y)).batch(BATCH)
+    config = FastFitConfig(**{**TINY.__dict__, "expand": 0.5})
+    with pytest.raises(ValueError, match="`config.expand` appends samples to arrays"):
+        fast_fit(dataset, config=config, num_classes=3)

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from kadapt.recipes import FastFitConfig
+from kadapt.recipes.config import EXPAND_METHODS
 from kadapt.run import RunConfig
 from kadapt.run import UsageError
 from kadapt.run import start_run
@@ -41,6 +42,9 @@ def add_train_arguments(subparsers):
     add("--cutout", type=float, help="erase a patch of this fraction of the image (default: off)")
     add("--cutmix", type=float, help="CutMix factor (default: off)")
     add("--mixup", type=float, help="MixUp alpha (default: off)")
+    add("--expand", type=float, help="append this many generated samples per training image before training "
+                                      "(kadapt.augment.expand; default: off)")
+    add("--expand-method", choices=EXPAND_METHODS, help="how --expand makes samples (default: mixup)")
     add("--ema", type=float, help="average the weights with this momentum, e.g. 0.99 (needs --restore-best off)")
     add("--restore-best", choices=SWITCHES,
         help="end with the weights of the epoch with the best val_loss (default: on)")
@@ -72,8 +76,9 @@ model.keras, history, per-step log, plots and TensorBoard logs.
 """
 
 _OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "widths", "schedule", "learning_rate",
-            "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup", "ema", "restore_best", "meta",
-            "target_accuracy", "augment", "validation_split", "seed", "max_steps", "train_rows")
+            "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup", "expand", "expand_method", "ema",
+            "restore_best", "meta", "target_accuracy", "augment", "validation_split", "seed", "max_steps",
+            "train_rows")
 
 
 def run_train(args):

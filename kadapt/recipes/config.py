@@ -5,6 +5,7 @@ import dataclasses
 from kadapt.validation import check_range
 
 SCHEDULES = ("triangular", "cosine")
+EXPAND_METHODS = ("mixup", "cutmix", "cutout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,10 @@ class FastFitConfig:
         flip, translate, cutout, cutmix, mixup: On-the-fly augmentation
             (`kadapt.augment.augmentation`); `flip` also turns on flip
             test-time augmentation in the recipe's evaluation.
+        expand: Float >= 0. Before training, append `expand x N` generated
+            samples (`kadapt.augment.expand`, `expand_method`) with soft
+            labels to the N training images; 0 turns it off.
+        expand_method: `"mixup"`, `"cutmix"` or `"cutout"`.
         ema_momentum: `None`, or the momentum of Keras' weight averaging
             (`use_ema`); the averaged weights replace the trained ones at the
             end of `fit`.
@@ -58,6 +63,8 @@ class FastFitConfig:
     cutout: float = 0.0
     cutmix: float = 0.0
     mixup: float = 0.0
+    expand: float = 0.0
+    expand_method: str = "mixup"
     ema_momentum: float | None = None
     restore_best_weights: bool = True
 
@@ -74,6 +81,10 @@ class FastFitConfig:
         check_range("cutout", self.cutout, low=0.0, high=1.0)
         check_range("cutmix", self.cutmix, low=0.0, high=1.0)
         check_range("mixup", self.mixup, low=0.0)
+        check_range("expand", self.expand, low=0.0)
+        if self.expand_method not in EXPAND_METHODS:
+            raise ValueError(f"Argument `expand_method` must be one of {', '.join(EXPAND_METHODS)}. "
+                             f"Received: expand_method={self.expand_method!r}")
         if self.ema_momentum is not None:
             check_range("ema_momentum", self.ema_momentum, low=0.0, high=1.0, high_open=True)
             if self.restore_best_weights:

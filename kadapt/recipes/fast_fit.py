@@ -73,7 +73,7 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     check_range("batch_size", batch_size, low=1, integer=True)
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    train, images, num_classes = _training_data(x, y, batch_size, num_classes, seed)
+    train, images, num_classes = _training_data(x, y, batch_size, num_classes, seed, config)
     steps = epochs * int(train.cardinality())
     model = training.compile_recipe(training.recipe_network(config, images, num_classes), config, steps)
     trainer = training.micro_batched(model, micro_batch_size, memory_budget)
@@ -91,16 +91,20 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     return model
 
 
-def _training_data(x, y, batch_size, num_classes, seed):
+def _training_data(x, y, batch_size, num_classes, seed, config):
     """`(batches, images for the whitening, num_classes)`."""
     if isinstance(x, tf.data.Dataset):
+        if config.expand:
+            raise ValueError("`config.expand` appends samples to arrays; with a dataset, expand the arrays "
+                             "before making it (kadapt.augment.expand). Received: a tf.data.Dataset")
         if y is not None:
             raise ValueError(f"Argument `y` must be None when `x` is a dataset. Received: y={type(y).__name__}")
         batches, num_classes = _dataset_batches(x, num_classes)
         images = next(iter(batches.unbatch().batch(training.WHITENING_IMAGES)))[0].numpy()
         return batches, images, num_classes
     images, labels, num_classes = _arrays(x, y, num_classes)
-    return training.shuffled_batches(images, labels, batch_size, num_classes, seed), images, num_classes
+    rows, labels = training.expanded(images, labels, config, num_classes, seed)
+    return training.shuffled_batches(rows, labels, batch_size, num_classes, seed), images, num_classes
 
 
 def _dataset_batches(dataset, num_classes):

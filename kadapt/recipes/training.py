@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from kadapt.augment import augment_dataset
 from kadapt.augment import augmentation
+from kadapt.augment import expand
 from kadapt.batching import accumulate
 from kadapt.callbacks import MomentumScheduler
 from kadapt.models.fast_resnet import fast_resnet
@@ -90,6 +91,14 @@ def one_hot(labels, num_classes):
     if labels.ndim == 2:
         return labels.astype("float32")
     return np.eye(num_classes, dtype="float32")[labels.astype(int)]
+
+
+def expanded(x, y, config, num_classes, seed=None):
+    """`(x, one-hot or soft y)`: the training rows with `config.expand x N`
+    generated samples appended when `config.expand` is on."""
+    if not config.expand:
+        return x, one_hot(y, num_classes)
+    return expand(x, y, method=config.expand_method, factor=config.expand, num_classes=num_classes, seed=seed)
 
 
 def shuffled_batches(x, y, batch_size, num_classes, seed=None):

@@ -21,7 +21,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights):
 
     Args:
         run: `Run`. Its config, directory and data.
-        steps: Dict with `total_steps`.
+        steps: Dict with `total_steps` and `train_rows` (expanded samples included).
         schedule_callbacks: The recipe's (`recipe_callbacks`).
         best_weights: The recipe's `best_weights_callback`, or `None`.
     """
@@ -32,7 +32,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights):
     callbacks = [
         backup,
         *schedule_callbacks,
-        StepLogger(directory / files.STEPS, config.batch_size, len(run.data.x_train)),
+        StepLogger(directory / files.STEPS, config.batch_size, steps["train_rows"]),
         run.meta_adjuster,
         best_weights,  # before the history: an epoch on disk is one whose checkpoint follows at once
         HistoryWriter(directory / files.HISTORY),

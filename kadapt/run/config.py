@@ -38,6 +38,8 @@ class RunConfig:
     cutout: float | None = None
     cutmix: float | None = None
     mixup: float | None = None
+    expand: float | None = None
+    expand_method: str | None = None
     ema: float | None = None
     restore_best: str = "on"
     validation_split: float = 0.1

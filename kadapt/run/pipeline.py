@@ -73,7 +73,9 @@ def train(run, echo=print, callbacks=()):
     something at every epoch end."""
     started = time.time()
     config, directory, data = run.config, run.directory, run.data
-    steps = dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(data.x_train))))
+    rows = recipe.expanded(data.x_train, data.y_train, run.recipe, data.num_classes, config.seed)
+    steps = {"train_rows": len(rows[0]),
+             **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
     recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
     resolved = {**steps, "model": run.model_name, "data": data.summary(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe)}
@@ -84,7 +86,7 @@ def train(run, echo=print, callbacks=()):
         _write_config(directory, config, {**resolved, "plan": _plan(config.batch_size, micro)})
         trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        best = _fit(run, trainer, steps, micro, list(callbacks))
+        best = _fit(run, trainer, rows, steps, micro, list(callbacks))
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
@@ -146,7 +148,7 @@ def _trainer(run, micro):
     return trainer
 
 
-def _fit(run, trainer, steps, micro, extra_callbacks):
+def _fit(run, trainer, rows, steps, micro, extra_callbacks):
     """Trains; returns the best-weights callback (`None` with `--restore-best off`)."""
     config, data, settings = run.config, run.data, run.recipe
     validation = None
@@ -156,8 +158,7 @@ def _fit(run, trainer, steps, micro, extra_callbacks):
     callbacks = training_callbacks(run, steps, recipe.recipe_callbacks(settings, steps["total_steps"]), best)
     callbacks = callbacks[:-1] + extra_callbacks + callbacks[-1:]  # the backup's committer stays last
     batches = recipe.augmented_batches(
-        recipe.shuffled_batches(data.x_train, data.y_train, config.batch_size, data.num_classes, config.seed),
-        settings, config.seed)
+        recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed), settings, config.seed)
     try:
         trainer.fit(batches, epochs=config.epochs, validation_data=validation, validation_batch_size=micro,
                     callbacks=callbacks, verbose=1, shuffle=False)  # the dataset shuffles, seeded

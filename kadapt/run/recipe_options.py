@@ -5,8 +5,10 @@ from kadapt.run.errors import UsageError
 
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
 FAST_RESNET_MIN_PIXELS = 16  # three 2x poolings and a global one need 16x16 images
-_RECIPE_OPTIONS = ("widths", "schedule", "learning_rate", "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup")
+_RECIPE_OPTIONS = ("widths", "schedule", "learning_rate", "weight_decay", "label_smoothing", "cutout", "cutmix",
+                   "mixup", "expand", "expand_method")
 _MIXING = ("cutout", "cutmix", "mixup")
+_IMAGE_ONLY = _MIXING + ("expand",)
 
 
 def network_name(config, data):
@@ -49,11 +51,13 @@ def augmentation_text(recipe):
     parts = [f"translate {recipe.translate:.3f}"] if recipe.translate else []
     parts += ["horizontal flip (and flip test-time augmentation)"] if recipe.flip else []
     parts += [f"{name} {getattr(recipe, name)}" for name in _MIXING if getattr(recipe, name)]
+    if recipe.expand:
+        parts.append(f"expanded by {recipe.expand} x the rows ({recipe.expand_method})")
     return ", ".join(parts) or "off"
 
 
 def _check_augmentation(config, data, given):
-    asked = [f"--{name}" for name in _MIXING if given.get(name)]
+    asked = [f"--{name}" for name in _IMAGE_ONLY if given.get(name)]
     if config.augment == "on" and not data.is_image:
         raise UsageError("--augment on needs image data; these rows are not images.")
     if asked and not data.is_image:
