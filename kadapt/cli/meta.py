@@ -63,13 +63,21 @@ def run_train(args):
     from pathlib import Path
 
     from kadapt.meta import train_meta_model
+    from kadapt.tuning import distributed_search
 
+    try:
+        search = distributed_search()  # before the store opens: a bad setting creates no file
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     store = _open_store(args.store)
     try:
         _, report = train_meta_model(store, Path(args.output).parent / "tuner", args.output,
                                      max_trials=args.max_trials, epochs=args.epochs, seed=args.seed)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if report is None:
+        print(f"worker {search.tuner_id}: its trials are done; the chief saves {args.output}")
+        return 0
     print(json.dumps(report["mean"], indent=1))
     print(f"saved {args.output} (report: {Path(args.output).with_suffix('.json')})")
     return 0

@@ -10,6 +10,7 @@ import numpy as np
 from kadapt.meta.hyper_model import MetaHyperModel
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
+from kadapt.tuning.distributed_search import distributed_search
 
 BATCH_SIZE = 64
 PATIENCE = 5
@@ -27,6 +28,13 @@ def train_meta_model(store, directory, output=None, *, validation_families=None,
     best), beside always-keep and the rule baseline. The saved model is
     trained on every family for the median early-stopped epoch count.
 
+    Under KerasTuner's distributed mode (`KERASTUNER_TUNER_ID`,
+    `KERASTUNER_ORACLE_IP`, `KERASTUNER_ORACLE_PORT`; see
+    `kadapt.tuning.DistributedSearch`) every process runs this with the same
+    arguments and a shared `directory`. The chief serves the search until all
+    trials have ended, then alone reports, trains and saves; a worker runs
+    trials, writes no output and returns `(None, None)`.
+
     Args:
         store: `kadapt.meta.RecordStore` (or any iterable of records).
         directory: Path. KerasTuner's working directory.
@@ -40,20 +48,22 @@ def train_meta_model(store, directory, output=None, *, validation_families=None,
         verbose: Int. Keras verbosity. Defaults to `0`.
 
     Returns:
-        `(model, report)`.
+        `(model, report)`; `(None, None)` on a distributed search's worker.
     """
+    search = distributed_search()
+    worker = search is not None and not search.is_chief
     records = list(store)
     data = decision_data(records)
     families = sorted(set(data.families.tolist()))
     validation_families = _validation_families(families, validation_families, seed)
     held_out = np.isin(data.families, validation_families)
     keras.utils.set_random_seed(seed)
-    tuner = keras_tuner.RandomSearch(MetaHyperModel(), objective="val_loss", max_trials=max_trials,
-                                     seed=seed, directory=str(directory), project_name="meta_model",
-                                     overwrite=True)
+    tuner = _tuner(directory, max_trials, seed, worker)
     train, validation = data.subset(~held_out), data.subset(held_out)
     tuner.search(train.x, train.targets(), validation_data=(validation.x, validation.targets()),
                  epochs=epochs, batch_size=BATCH_SIZE, callbacks=[_early_stopping()], verbose=verbose)
+    if worker:  # the chief reports and saves
+        return None, None
     hyperparameters = tuner.get_best_hyperparameters(1)[0]
     per_family, stopped = _leave_one_family_out(data, families, hyperparameters, epochs, seed)
     model = _fit(data, hyperparameters, int(np.median(stopped)), seed)
@@ -77,6 +87,14 @@ def _validation_families(families, requested, seed):
         raise ValueError(f"Argument `validation_families` must name some, not all, of the store's "
                          f"families {families}. Received: validation_families={list(requested)}")
     return list(requested)
+
+
+def _tuner(directory, max_trials, seed, worker):
+    # KerasTuner's overwrite deletes the project directory; on a worker that
+    # is the chief's trials and those the other workers are running.
+    return keras_tuner.RandomSearch(MetaHyperModel(), objective="val_loss", max_trials=max_trials,
+                                    seed=seed, directory=str(directory), project_name="meta_model",
+                                    overwrite=not worker)
 
 
 def _early_stopping():
