@@ -70,6 +70,9 @@ def run_train(args):
     except ValueError as error:
         raise UsageError(str(error)) from None
     store = _open_store(args.store)
+    if search is not None:
+        role = "serves the search at" if search.is_chief else "runs trials for the chief at"
+        print(f"{search.tuner_id} {role} {search.oracle_ip}:{search.oracle_port}", flush=True)
     try:
         _, report = train_meta_model(store, Path(args.output).parent / "tuner", args.output,
                                      max_trials=args.max_trials, epochs=args.epochs, seed=args.seed)
