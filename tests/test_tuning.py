@@ -52,3 +52,15 @@ def test_bad_hyper_model_arguments():
         kadapt.tuning.AccumulatingHyperModel(_build, 4, [8, 0])
     with pytest.raises(TypeError, match="`build_model` must be a callable"):
         kadapt.tuning.AccumulatingHyperModel("mlp", 4, [8])
+
+
+def test_the_best_model_is_the_best_trials_trained_model(tmp_path):
+    x, y = classification_data(rows=40)
+    hyper_model = kadapt.tuning.AccumulatingHyperModel(_build, micro_batch_size=4, batch_sizes=[8, 20])
+    tuner = keras_tuner.RandomSearch(hyper_model, objective="val_loss", max_trials=2, seed=0,
+                                     directory=tmp_path)
+    tuner.search(x, y, epochs=2, validation_split=0.25, verbose=0)
+    best = tuner.get_best_models(1)[0]
+    # Keras validates on the last quarter of the rows.
+    assert best.evaluate(x[30:], y[30:], verbose=0) == pytest.approx(
+        tuner.oracle.get_best_trials(1)[0].score, rel=1e-5)

@@ -43,6 +43,14 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
             **self.accumulation_config(),
         }
 
+    def build_from_config(self, config):
+        # Keras builds a subclassed model here by tracing `call`, which builds
+        # the wrapped model (every weight is its) but leaves the wrapper
+        # unbuilt, and `load_weights` (KerasTuner's `get_best_models`) refuses
+        # an unbuilt model.
+        super().build_from_config(config)
+        self.built = self.model.built
+
     def compile_from_config(self, config):
         config = keras.saving.deserialize_keras_object(config)
         if self.model.compiled:
