@@ -54,6 +54,13 @@ def test_bad_hyper_model_arguments():
         kadapt.tuning.AccumulatingHyperModel("mlp", 4, [8])
 
 
+def test_the_batch_size_is_in_the_search_space_before_any_trial(tmp_path):
+    hyper_model = kadapt.tuning.AccumulatingHyperModel(_build, micro_batch_size=4, batch_sizes=[8, 20, 40])
+    tuner = keras_tuner.RandomSearch(hyper_model, objective="loss", max_trials=1, directory=tmp_path)
+    space = {hp.name: hp.values for hp in tuner.oracle.get_space().space}
+    assert space == {"batch_size": [8, 20, 40], "learning_rate": [0.05, 0.2]}
+
+
 def test_the_best_model_is_the_best_trials_trained_model(tmp_path):
     x, y = classification_data(rows=40)
     hyper_model = kadapt.tuning.AccumulatingHyperModel(_build, micro_batch_size=4, batch_sizes=[8, 20])

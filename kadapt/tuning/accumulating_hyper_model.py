@@ -29,6 +29,27 @@ class AccumulatingHyperModel(keras_tuner.HyperModel):
                                      max_trials=6)
     tuner.search(x, y, epochs=2, validation_split=0.2)
     ```
+
+    Across processes, with KerasTuner's distributed mode: run the same script
+    in a chief and in workers that share `directory`, each with its own
+    `KERASTUNER_TUNER_ID` (`chief`, `tuner0`, `tuner1`, ...) and the chief's
+    `KERASTUNER_ORACLE_IP` and `KERASTUNER_ORACLE_PORT`. A worker must not
+    overwrite (that deletes the other processes' trials), and only the chief
+    asks for the best model: a worker's `search` returns when no trial is
+    left, possibly after the chief has gone. See
+    `kadapt.tuning.DistributedSearch`.
+
+    ```python
+    search = kadapt.tuning.distributed_search()  # None in one process
+    worker = search is not None and not search.is_chief
+    tuner = keras_tuner.RandomSearch(hyper_model, objective="val_loss",
+                                     max_trials=6, directory="/shared/search",
+                                     project_name="batch_size",
+                                     overwrite=not worker)
+    tuner.search(x, y, epochs=2, validation_split=0.2)  # chief: until all end
+    if not worker:
+        tuner.get_best_models(1)[0].save("best.keras")
+    ```
     """
 
     def __init__(self, build_model, micro_batch_size, batch_sizes, **kwargs):
@@ -50,6 +71,12 @@ class AccumulatingHyperModel(keras_tuner.HyperModel):
                 f"`model.compile(...)` inside it. Received: an uncompiled model {model.name!r}"
             )
         return accumulate(model, self.micro_batch_size)
+
+    def declare_hyperparameters(self, hp):
+        # Declared before the first trial so that the oracle draws it for every
+        # trial: otherwise the trials started before one ended (one per worker
+        # in a distributed search) would all run the first batch size.
+        hp.Choice("batch_size", self.batch_sizes)
 
     def fit(self, hp, model, *args, **kwargs):
         if "batch_size" in kwargs:
