@@ -2,10 +2,15 @@ from kadapt import environment
 
 environment.configure_tensorflow()  # before TensorFlow loads, as the `kadapt` command does
 
+import itertools  # noqa: E402
+import os  # noqa: E402
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+import postgres  # noqa: E402
 
 # Two logical CPU devices, so tf.distribute.MirroredStrategy can be tested.
 # This must happen before TensorFlow initializes its devices.
@@ -30,3 +35,19 @@ def _fresh_keras_state():
     yield
     keras.mixed_precision.set_global_policy("float32")
 
+
+
+_DATABASE_NAMES = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """`(host, port, user)` of a throwaway PostgreSQL server on 127.0.0.1 (postgres.py), one per test process."""
+    with postgres.cluster() as address:
+        yield address
+
+
+@pytest.fixture
+def url(server):
+    """The URL of a new, empty database on the throwaway server, for each test."""
+    return postgres.create_database(*server, f"records_{os.getpid()}_{next(_DATABASE_NAMES)}")

@@ -306,3 +306,15 @@ def test_other_schema_version_is_refused_with_the_fix(tmp_path):
     ):
         RecordStore(path)
     assert _sha256(path) == digest
+
+
+def test_a_store_from_before_claims_gets_the_claims_table_and_keeps_its_records(tmp_path):
+    path = tmp_path / "records.sqlite"
+    with RecordStore(path) as store:
+        store.append_many([_record(step=step) for step in range(3)])
+    with sqlite3.connect(path) as connection:
+        connection.execute("DROP TABLE claims")  # as a store written before collection had claims
+    with RecordStore(path) as store:
+        assert len(store) == 3 and [r.step for r in store] == [0, 1, 2]
+        assert store.finished_tasks(["run-0", "run-1"]) == {"run-0"}  # stored runs count as finished
+        assert store.claim_task(["run-0", "run-1"], "A", 10.0) == "run-1"

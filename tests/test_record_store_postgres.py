@@ -2,7 +2,6 @@
 postgres.py): one code path with SQLite, concurrent writers, a killed writer, and
 every location that is not a store refused without a write."""
 
-import itertools
 import multiprocessing
 import os
 import signal
@@ -17,25 +16,12 @@ from kadapt.meta.record_store import RecordStore
 from kadapt.meta.record_store import RecordStoreError
 
 FORK = multiprocessing.get_context("fork")  # a spawned child would import TensorFlow again
-_NAMES = itertools.count()
 
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     """Replaces conftest's per-test Keras reset, which these Keras-free tests do not need."""
     yield
-
-
-@pytest.fixture(scope="module")
-def server():
-    with postgres.cluster() as address:
-        yield address
-
-
-@pytest.fixture
-def url(server):
-    """A new, empty database for each test."""
-    return postgres.create_database(*server, f"records_{os.getpid()}_{next(_NAMES)}")
 
 
 def _record(run_id="run-0", step=0, features=None):
@@ -70,7 +56,7 @@ def test_the_store_round_trips_records_on_the_server(url):
         back = list(store)
     assert all(_same(a, b) for a, b in zip(back, records, strict=True))  # features bit-exact
     assert np.isnan(back[0].outcome["loss_after"])
-    assert _tables(url) == ["meta", "records"]
+    assert _tables(url) == ["claims", "meta", "records"]
     assert RecordStore(url).count() == 5  # a second opening checks and reuses the schema
 
 

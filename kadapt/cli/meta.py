@@ -13,6 +13,12 @@ def add_meta_arguments(subparsers):
     collect.add_argument("--families", default=None, help="comma-separated task families (default: the training families)")
     collect.add_argument("--tasks-per-family", type=int, default=40)
     collect.add_argument("--seed", type=int, default=0)
+    collect.add_argument("--workers", type=int, default=1,
+                         help="collector processes on this host (default 1); collectors on other hosts join "
+                              "by running the same command against the same --store URL")
+    collect.add_argument("--lease", type=float, default=None, metavar="SECONDS",
+                         help="how long a task claimed by a collector that stopped answering stays held "
+                              "(default 120)")
     collect.set_defaults(run=run_collect)
     train = commands.add_parser("train", help="KerasTuner search, split by task family; saves a .keras model")
     _store_argument(train)
@@ -53,8 +59,13 @@ def run_collect(args):
         task_list = [tasks.make_task(f, seed) for seed in range(args.tasks_per_family) for f in families]
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.workers < 1:
+        raise UsageError(f"--workers must be a positive int. Received: {args.workers}")
+    if args.lease is not None and not (0 < args.lease < float("inf")):
+        raise UsageError(f"--lease must be a positive number of seconds. Received: {args.lease}")
     store = _open_store(args.store)
-    appended = collect(store, task_list, seed=args.seed)
+    lease = {} if args.lease is None else {"lease_seconds": args.lease}
+    appended = collect(store, task_list, seed=args.seed, workers=args.workers, **lease)
     print(f"{appended} records appended; {store.count()} in {store.location}")
     return 0
 

@@ -20,6 +20,12 @@ The score of a candidate is log(val_loss after / val_loss before), clipped to
 import copy
 import dataclasses
 import math
+import multiprocessing
+import os
+import socket
+import threading
+import time
+import uuid
 
 import keras
 import numpy as np
@@ -29,6 +35,7 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
+from kadapt.meta.record_store import checked_lease
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 
@@ -53,42 +60,173 @@ class CollectionConfig:
     explore: float = 0.3
 
 
-def collect(store, tasks, config=CollectionConfig(), seed=0, progress=True):
+LEASE_SECONDS = 120.0  # a dead collector's task is taken over this long after its last heartbeat
+POLL_SECONDS = 1.0  # how often a collector with nothing to claim, or a progress bar, looks again
+
+
+def collect(store, tasks, config=CollectionConfig(), seed=0, progress=True, *, workers=1,
+            lease_seconds=LEASE_SECONDS):
     """Runs `tasks`, branching at decision points, and appends records to `store`.
 
-    A task's records are appended in one transaction when the task ends, and a
-    task whose records are already in the store is skipped, so an interrupted
-    collection resumes where it stopped without recomputing anything.
+    Tasks are claimed through the store, so collectors in other processes and
+    on other hosts that point at the same store (a PostgreSQL URL) and the same
+    task list share the work: each task is collected exactly once. A claim is a
+    lease that a running collector renews; when a collector dies, its task is
+    taken over once the lease has run out. A task's records are appended in
+    one transaction when it ends, and finished tasks are skipped, so an
+    interrupted collection resumes where it stopped. A task's exploration seed
+    is `(seed, its index in tasks)`, whoever runs it.
 
     Args:
         store: `kadapt.meta.RecordStore`.
-        tasks: Iterable of `kadapt.meta.tasks.Task`.
+        tasks: Iterable of `kadapt.meta.tasks.Task`, with distinct names.
         config: `CollectionConfig`.
         seed: Int. Seeds the exploration choices.
-        progress: Bool. Shows a Keras progress bar. Defaults to `True`.
+        progress: Bool. Shows a Keras progress bar of the tasks finished by
+            all collectors. Defaults to `True`.
+        workers: Int. Collector processes to start on this host; `1` collects
+            in this process. Each gets an equal share of the CPU threads.
+            Defaults to `1`.
+        lease_seconds: Float. How long a claim holds without renewal.
+            Defaults to `LEASE_SECONDS`.
 
     Returns:
-        The number of records appended.
+        The number of records appended by this call's collectors.
 
     Example:
 
     ```python
     from kadapt.meta import RecordStore, collect, tasks
-    store = RecordStore("records.sqlite")
-    collect(store, [tasks.make_task("digits", seed) for seed in range(10)])
+    store = RecordStore("postgresql://kadapt@db-host:5432/records")
+    collect(store, [tasks.make_task("digits", seed) for seed in range(10)], workers=2)
     ```
     """
     tasks = list(tasks)
-    bar = keras.utils.Progbar(len(tasks), unit_name="task", stateful_metrics=["records"]) if progress else None
-    appended = 0
-    for index, task in enumerate(tasks):
-        if not store.contains(task.name):
-            records = TaskRun(task, config, np.random.default_rng([seed, index])).run()
-            store.append_many(records)
-            appended += len(records)
+    _check_collect_arguments(tasks, workers, lease_seconds)
+    names = [task.name for task in tasks]
+    bar = _TaskProgress(store, names) if progress else None
+    if workers == 1 or len(store.finished_tasks(names)) == len(names):
+        return Collector(store, tasks, config, seed, lease_seconds).run(bar)
+    return _collect_in_processes(store, tasks, config, seed, lease_seconds, workers, bar)
+
+
+def _check_collect_arguments(tasks, workers, lease_seconds):
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"Argument `workers` must be a positive int. Received: workers={workers!r}")
+    checked_lease(lease_seconds)
+    names = [task.name for task in tasks]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"Argument `tasks` must have distinct names; repeated: {repeated[:3]}. "
+                         "Make each task once (a name says family, model, optimizer, rate and seed).")
+
+
+class Collector:
+    """One collector: claims a task, runs it, stores it, until every task is finished."""
+
+    def __init__(self, store, tasks, config, seed, lease_seconds):
+        self.store, self.tasks, self.config, self.seed = store, tasks, config, seed
+        self.lease_seconds = lease_seconds
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.index = {task.name: index for index, task in enumerate(tasks)}
+
+    def run(self, bar=None):
+        names = list(self.index)
+        appended = 0
+        with _Heartbeat(self.store, self.owner, self.lease_seconds):
+            while True:
+                name = self.store.claim_task(names, self.owner, self.lease_seconds)
+                if name is None:
+                    if len(self.store.finished_tasks(names)) == len(names):
+                        break
+                    time.sleep(POLL_SECONDS)  # the rest is held by live collectors, or leased by dead ones
+                    continue
+                index = self.index[name]
+                records = TaskRun(self.tasks[index], self.config, np.random.default_rng([self.seed, index])).run()
+                appended += self.store.finish_task(name, self.owner, records)
+                if bar is not None:
+                    bar.update()
         if bar is not None:
-            bar.update(index + 1, values=[("records", store.count())], finalize=index + 1 == len(tasks))
+            bar.update(final=True)
+        return appended
+
+
+class _Heartbeat:
+    """Renews a collector's leases every third of a lease, in a thread, while the context lasts."""
+
+    def __init__(self, store, owner, lease_seconds):
+        self.store, self.owner, self.lease_seconds = store, owner, lease_seconds
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="kadapt-lease", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop.set()
+        self.thread.join()
+
+    def _beat(self):
+        while not self.stop.wait(self.lease_seconds / 3):
+            self.store.renew_claims(self.owner, self.lease_seconds)
+
+
+class _TaskProgress:
+    """A Keras progress bar of the tasks finished by all collectors of `names`."""
+
+    def __init__(self, store, names):
+        self.store, self.names = store, names
+        self.bar = keras.utils.Progbar(len(names), unit_name="task", stateful_metrics=["records"])
+        self.shown, self.finalized = None, False
+
+    def update(self, final=False):
+        done = len(self.store.finished_tasks(self.names))
+        final = final or done == len(self.names)
+        if self.finalized or (done == self.shown and not final):
+            return
+        self.bar.update(done, values=[("records", self.store.count())], finalize=final)
+        self.shown, self.finalized = done, final
+
+
+def _collect_in_processes(store, tasks, config, seed, lease_seconds, workers, bar):
+    """Starts `workers` collector processes, follows their progress, returns their appended count."""
+    context = multiprocessing.get_context("spawn")  # a forked child would share TensorFlow's threads
+    results = context.Queue()
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    processes = [context.Process(target=_collector_process, name=f"kadapt-collector-{number}",
+                                 args=(store, tasks, config, seed, lease_seconds, threads, results))
+                 for number in range(workers)]
+    for process in processes:
+        process.start()
+    try:
+        while any(process.is_alive() for process in processes):
+            if bar is not None:
+                bar.update()
+            for process in processes:
+                process.join(POLL_SECONDS / len(processes))
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+    appended = sum(results.get() for process in processes if process.exitcode == 0)
+    failed = [f"{process.name} (exit code {process.exitcode})" for process in processes if process.exitcode != 0]
+    if bar is not None:
+        bar.update(final=True)
+    if failed:
+        missing = len(tasks) - len(store.finished_tasks([task.name for task in tasks]))
+        raise RuntimeError(f"Collectors failed: {', '.join(failed)}; {missing} of {len(tasks)} tasks are not "
+                           f"collected. Run the same collection again to finish them (finished tasks are skipped).")
     return appended
+
+
+def _collector_process(store, tasks, config, seed, lease_seconds, threads, results):
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    results.put(Collector(store, tasks, config, seed, lease_seconds).run())
 
 
 class TaskRun:

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import math
 import numbers
 import os
 import pathlib
@@ -22,6 +23,7 @@ BUSY_TIMEOUT_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 10  # a PostgreSQL server that does not answer in this is unreachable
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _CREATION_LOCK = 0x6B61646170  # "kadap": serializes first-use schema creation on a server
+_CLAIM_LOCK = 0x6B61646171  # serializes task claims on a server (SQLite's BEGIN IMMEDIATE does it there)
 
 _METADATA = sa.MetaData()
 _META = sa.Table(
@@ -45,6 +47,16 @@ _RECORDS = sa.Table(
     sa.Column("created", sa.Float, nullable=False),
     sa.UniqueConstraint("run_id", "step", "adjustment"),
     sa.Index("records_run_task_step", "run_id", "task", "step"),
+)
+# One row per task a collector has claimed: who holds it, until when (the database's
+# clock, in seconds since the epoch), and whether its records are stored. Added to
+# schema version 1 stores on first use (a new table; the records are untouched).
+_CLAIMS = sa.Table(
+    "claims", _METADATA,
+    sa.Column("task", sa.Text, primary_key=True),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("expires", sa.Float, nullable=False),
+    sa.Column("finished", sa.Boolean, nullable=False),
 )
 _COLUMNS = ("run_id", "task", "family", "step", "features", "rows", "cols",
             "hyperparameters", "adjustment", "outcome", "created")
@@ -194,6 +206,88 @@ class RecordStore:
         self._insert(rows)
         return len(rows)
 
+    def claim_task(self, tasks, owner, lease_seconds):
+        """Claims the first of `tasks` (names) that is neither finished nor held; returns it or `None`.
+
+        One transaction, serialized with every other claim, so two collectors
+        never hold one task. A claim is held for `lease_seconds` by the
+        database's clock; `renew_claims` extends it while the task runs. When
+        a collector dies, its lease runs out and the next claim takes the task
+        over. A task counts as finished when `finish_task` stored it, or when
+        records of its run are in the store (a store collected before claims).
+        """
+        names = _checked_names(tasks)
+        lease = checked_lease(lease_seconds)
+        with self._connect(write=True) as connection:
+            self._lock_claims(connection)
+            now = _now(connection)
+            held = {task: (holder, expires, finished) for task, holder, expires, finished in connection.execute(
+                sa.select(_CLAIMS.c.task, _CLAIMS.c.owner, _CLAIMS.c.expires, _CLAIMS.c.finished)
+                .where(_CLAIMS.c.task.in_(names)))}
+            stored = _stored_runs(connection, names)
+            for name in names:
+                holder, expires, finished = held.get(name, (None, -math.inf, False))
+                if finished or name in stored or (expires > now and holder != owner):
+                    continue
+                if name in held:
+                    connection.execute(_CLAIMS.update().where(_CLAIMS.c.task == name)
+                                       .values(owner=owner, expires=now + lease))
+                else:
+                    connection.execute(_CLAIMS.insert(), [{"task": name, "owner": owner,
+                                                           "expires": now + lease, "finished": False}])
+                return name
+        return None
+
+    def renew_claims(self, owner, lease_seconds):
+        """Extends the leases of `owner`'s unfinished claims to `lease_seconds` from now."""
+        lease = checked_lease(lease_seconds)
+        with self._connect(write=True) as connection:
+            self._lock_claims(connection)
+            connection.execute(_CLAIMS.update().where((_CLAIMS.c.owner == owner) & ~_CLAIMS.c.finished)
+                               .values(expires=_now(connection) + lease))
+
+    def finish_task(self, task, owner, records):
+        """Stores a claimed task's records and marks it finished, in one transaction.
+
+        Returns the number of records stored: 0 when another collector
+        finished the task first (it took the task over after `owner`'s lease
+        ran out), so each task's records are stored exactly once.
+        """
+        (name,) = _checked_names([task])
+        rows = [(f"records[{index}]", _to_row(_checked_record(f"records[{index}]", record)))
+                for index, record in enumerate(records)]
+        with self._connect(write=True) as connection:
+            self._lock_claims(connection)
+            finished = connection.execute(sa.select(_CLAIMS.c.finished).where(_CLAIMS.c.task == name)).scalar()
+            if finished or _stored_runs(connection, [name]):
+                return 0
+            self._insert_rows(connection, rows)
+            values = {"owner": owner, "expires": _now(connection), "finished": True}
+            if finished is None:
+                connection.execute(_CLAIMS.insert(), [{"task": name, **values}])
+            else:
+                connection.execute(_CLAIMS.update().where(_CLAIMS.c.task == name).values(**values))
+        return len(rows)
+
+    def claims(self, tasks=None):
+        """`{task: (owner, finished)}` of the claims (of `tasks`, if given)."""
+        query = sa.select(_CLAIMS.c.task, _CLAIMS.c.owner, _CLAIMS.c.finished)
+        if tasks is not None:
+            query = query.where(_CLAIMS.c.task.in_(_checked_names(tasks)))
+        return {task: (owner, bool(finished)) for task, owner, finished in self._fetch_all(query)}
+
+    def finished_tasks(self, tasks):
+        """The set of `tasks` (names) whose records are stored."""
+        names = _checked_names(tasks)
+        with self._connect() as connection:
+            finished = {task for (task,) in connection.execute(
+                sa.select(_CLAIMS.c.task).where(_CLAIMS.c.task.in_(names) & _CLAIMS.c.finished))}
+            return finished | _stored_runs(connection, names)
+
+    def _lock_claims(self, connection):
+        if self.path is None:
+            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
+
     def _engine_here(self):
         """This process's engine (an engine's state must not cross a fork)."""
         if self._engine is None or self._engine_pid != os.getpid():
@@ -220,15 +314,18 @@ class RecordStore:
 
     def _insert(self, labelled_rows):
         with self._connect(write=True) as connection:
-            for label, row in labelled_rows:
-                try:
-                    connection.execute(_RECORDS.insert(), [dict(zip(_COLUMNS, row))])
-                except sa.exc.IntegrityError as error:
-                    raise ValueError(
-                        f"{label} is already in {self.location}: run_id={row[0]!r}, step={row[3]}, "
-                        f"adjustment={row[8]}. A resumed collector skips stored runs with "
-                        "`contains(run_id)` or decision points with `contains(run_id, step)`."
-                    ) from error
+            self._insert_rows(connection, labelled_rows)
+
+    def _insert_rows(self, connection, labelled_rows):
+        for label, row in labelled_rows:
+            try:
+                connection.execute(_RECORDS.insert(), [dict(zip(_COLUMNS, row))])
+            except sa.exc.IntegrityError as error:
+                raise ValueError(
+                    f"{label} is already in {self.location}: run_id={row[0]!r}, step={row[3]}, "
+                    f"adjustment={row[8]}. A resumed collector skips stored runs with "
+                    "`contains(run_id)` or decision points with `contains(run_id, step)`."
+                ) from error
 
     def _create_or_check(self):
         """Creates the schema on first use, else checks that it is a store of this version."""
@@ -239,6 +336,38 @@ class RecordStore:
                 _METADATA.create_all(connection)
                 connection.execute(_META.insert(), [{"key": "format", "value": FORMAT},
                                                     {"key": "schema_version", "value": str(SCHEMA_VERSION)}])
+            elif "claims" not in sa.inspect(connection).get_table_names():
+                _CLAIMS.create(connection)
+
+
+def _now(connection):
+    """The database's clock in seconds since the epoch: one clock for the collectors of all hosts."""
+    if connection.dialect.name == "sqlite":
+        now = sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")
+    else:
+        now = sa.text("SELECT extract(epoch FROM clock_timestamp())::float8")
+    return float(connection.execute(now).scalar())
+
+
+def _stored_runs(connection, names):
+    """The names among `names` that have records (run ids)."""
+    query = sa.select(_RECORDS.c.run_id).distinct().where(_RECORDS.c.run_id.in_(names))
+    return {run_id for (run_id,) in connection.execute(query)}
+
+
+def _checked_names(tasks):
+    names = list(tasks) if not isinstance(tasks, str) else None
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"Argument `tasks` must be a list of task names (str). Received: tasks={tasks!r}")
+    return names
+
+
+def checked_lease(lease_seconds):
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, numbers.Real) or not (
+            math.isfinite(lease_seconds) and lease_seconds > 0):
+        raise ValueError(
+            f"Argument `lease_seconds` must be a positive number of seconds. Received: lease_seconds={lease_seconds!r}")
+    return float(lease_seconds)
 
 
 def _parse_location(location):
