@@ -126,6 +126,20 @@ class AccumulatingTrainStep:
                 f"Received: batch_size={batch_size}"
             )
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras (3.15) builds from the first batch by `strategy.reduce("MEAN", batch)`,
+        # which MultiWorkerMirroredStrategy cannot do with a structure of per-replica
+        # values (keras-team/keras#20585). The build needs only shapes and dtypes:
+        # this replica's own part of the batch has them.
+        strategy = self._distribute_strategy
+        if iterator is not None and strategy is not None:
+            for _, _, batches in iterator:
+                data_batch = tf.nest.map_structure(
+                    lambda value: strategy.experimental_local_results(value)[0], next(batches))
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
     def make_train_function(self, force=False):
         if self.train_function is None or force:
             self.train_function = RecoveringTrainFunction(self)
@@ -141,22 +155,23 @@ class AccumulatingTrainStep:
         num_micro = num_full + tf.cast(tail > 0, tf.int32)
         layers = ghost_batch_norm.batch_norm_layers(self)
         weights = self._noise_weights()
+        denominator = _loss_denominator(batch_size)
         with ghost_batch_norm.per_logical_step_momentum(layers, num_micro):
             # The first micro-batch runs outside the loop: it builds the model,
             # metrics and loss on the first trace (variables cannot be created
             # inside the loop) and its gradients seed the float32 sum.
-            total = self._micro_step(micro_batches.first_rows(batch, micro), batch_size, weights)
-            total = self._accumulate_full(batch, batch_size, num_full, total, weights)
+            total = self._micro_step(micro_batches.first_rows(batch, micro), denominator, weights)
+            total = self._accumulate_full(batch, denominator, num_full, total, weights)
             total = tf.cond(
                 tf.logical_and(tail > 0, num_full > 0),
-                lambda: self._accumulate_tail(batch, batch_size, num_full, total, weights),
+                lambda: self._accumulate_tail(batch, denominator, num_full, total, weights),
                 lambda: total,
             )
         gradients, loss, noise = total
         if self.measure_noise:
             self._track_noise(gradients, noise, batch_size, weights)
         self._apply_once(gradients)
-        self._track_loss(loss, batch_size)
+        self._track_loss(loss, batch_size, denominator)
         return self.get_metrics_result()
 
     def _noise_weights(self):
@@ -195,7 +210,7 @@ class AccumulatingTrainStep:
                 [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)], variables
             )
 
-    def _accumulate_full(self, batch, batch_size, num_full, total, weights):
+    def _accumulate_full(self, batch, denominator, num_full, total, weights):
         """Adds the full micro-batches 1 .. num_full - 1, one at a time."""
         micro = self._traced_micro_batch_size()
 
@@ -204,7 +219,7 @@ class AccumulatingTrainStep:
             # exist, so at most one micro-batch's activations are alive.
             with tf.control_dependencies(tf.nest.flatten(total)):
                 rows = micro_batches.slice_rows(batch, index * micro, micro)
-            return index + 1, self._add(total, self._micro_step(rows, batch_size, weights))
+            return index + 1, self._add(total, self._micro_step(rows, denominator, weights))
 
         _, total = tf.while_loop(
             lambda index, _: index < num_full,
@@ -214,10 +229,10 @@ class AccumulatingTrainStep:
         )
         return total
 
-    def _accumulate_tail(self, batch, batch_size, num_full, total, weights):
+    def _accumulate_tail(self, batch, denominator, num_full, total, weights):
         with tf.control_dependencies(tf.nest.flatten(total)):
             rows = micro_batches.rows_from(batch, num_full * self._traced_micro_batch_size())
-        return self._add(total, self._micro_step(rows, batch_size, weights))
+        return self._add(total, self._micro_step(rows, denominator, weights))
 
     def _traced_micro_batch_size(self):
         if self._micro_batch_size is None:
@@ -228,11 +243,11 @@ class AccumulatingTrainStep:
             )
         return self._micro_batch_size
 
-    def _micro_step(self, rows, batch_size, noise_weights=None):
+    def _micro_step(self, rows, denominator, noise_weights=None):
         """Returns the float32 gradients, loss share and noise statistics of
-        one micro-batch."""
+        one micro-batch (its share: its rows over `_loss_denominator`)."""
         x, y, sample_weight = rows
-        share = tf.cast(rows_of(x), tf.float32) / tf.cast(batch_size, tf.float32)
+        share = tf.cast(rows_of(x), tf.float32) / denominator
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             variables = self.trainable_variables
@@ -262,13 +277,27 @@ class AccumulatingTrainStep:
         summed = [a + b for a, b in zip(gradients, step_gradients)]
         return summed, loss + step_loss, noise + step_noise
 
-    def _track_loss(self, loss, batch_size):
-        # `compute_loss` divides by the replica count under tf.distribute;
-        # the reported loss is the per-replica batch's own mean, as in Keras.
+    def _track_loss(self, loss, batch_size, denominator):
+        # `compute_loss` divides by the replica count under tf.distribute; the
+        # reported loss is the mean over all replicas' rows (each replica adds
+        # its own batch's mean, weighted by its rows), as in Keras.
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        own_mean = loss * replicas * denominator / tf.cast(batch_size, tf.float32)
         for metric in self.metrics:
             if metric.name == "loss":
-                metric.update_state(loss * replicas, sample_weight=batch_size)
+                metric.update_state(own_mean, sample_weight=batch_size)
+
+
+def _loss_denominator(batch_size):
+    """The rows one replica's loss is averaged over: its own batch; under
+    tf.distribute, the global batch over the replica count (one all-reduce),
+    so that every row of the global batch weighs the same even when the
+    replicas' shares differ (a ragged last batch split unevenly)."""
+    rows = tf.cast(batch_size, tf.float32)
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return rows
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, rows) / context.num_replicas_in_sync
 
 
 def _dense_float32(gradient, variable):
