@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import micro_batches
+from kadapt.batching import multi_worker
 from kadapt.batching.memory_budget import parse_memory_size
 from kadapt.batching.micro_batches import batch_size_of as rows_of
 from kadapt.batching.noise_scale import NoiseScale
@@ -139,6 +140,13 @@ class AccumulatingTrainStep:
                 break
             iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    def make_test_function(self, force=False):
+        if not multi_worker.in_multi_worker_mode(self.distribute_strategy):
+            return super().make_test_function(force)
+        if self.test_function is None or force:
+            self.test_function = multi_worker.StepsFunction(self, self.test_step)
+        return self.test_function
 
     def make_train_function(self, force=False):
         if self.train_function is None or force:

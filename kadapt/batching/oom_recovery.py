@@ -72,16 +72,18 @@ class RecoveringTrainFunction:
         """The traced one-step function for the current micro-batch size."""
         micro = self.model.micro_batch_size
         if self._step is None or micro != self._traced_micro_batch_size:
-            self._step = _trace(self.model)
+            self._step = replica_step_function(self.model, self.model.train_step)
             self._traced_micro_batch_size = micro
         return self._step
 
 
-def _trace(model):
+def replica_step_function(model, step):
+    """`step` (a model's `train_step` or `test_step`) run on every replica, traced
+    unless the model runs eagerly; returns the first replica's outputs."""
     strategy = model.distribute_strategy
 
     def one_step(data):
-        outputs = strategy.run(model.train_step, args=(data,))
+        outputs = strategy.run(step, args=(data,))
         # Metric results are synchronized across replicas: any replica's
         # values are the global ones.
         return tf.nest.map_structure(

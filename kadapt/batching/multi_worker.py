@@ -1,0 +1,40 @@
+"""Keras 3 `fit` and `evaluate` under `tf.distribute.MultiWorkerMirroredStrategy`.
+
+Keras (3.15) cannot run either there (keras-team/keras#20585): it builds the
+model from `strategy.reduce("MEAN", first batch)`, which fails on a structure
+of per-replica values, and it averages each step's metric results with
+`strategy.reduce("MEAN", value, axis=0)`, which fails on a scalar. kadapt's
+models build from this replica's own part of the first batch
+(`AccumulatingTrainStep._maybe_symbolic_build`) and, in multi-worker mode,
+evaluate with `StepsFunction` over `test_step`: the metrics are synchronized
+across workers already, so any replica's results are the global ones — as in
+kadapt's train function.
+"""
+
+import tensorflow as tf
+
+from kadapt.batching.oom_recovery import replica_step_function
+
+
+def in_multi_worker_mode(strategy):
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning more than this process."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        strategy.extended._in_multi_worker_mode())
+
+
+class StepsFunction:
+    """Callable `iterator -> logs` that runs `steps_per_execution` steps of `step`."""
+
+    def __init__(self, model, step):
+        self.model, self.step = model, step
+        self._function = None
+
+    def __call__(self, iterator):
+        if self._function is None:
+            self._function = replica_step_function(self.model, self.step)
+        outputs = None
+        for _, data in zip(range(self.model.steps_per_execution), iterator):
+            outputs = self._function(data)
+        if outputs is None:
+            raise StopIteration
+        return outputs
