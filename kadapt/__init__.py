@@ -12,7 +12,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = (
-    "augment", "batching", "callbacks", "datasets", "environment", "meta", "models",
+    "augment", "batching", "callbacks", "datasets", "distribute", "environment", "meta", "models",
     "optimizers", "recipes", "schedules", "tuning",
 )
 _NAMES = {

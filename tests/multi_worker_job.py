@@ -4,7 +4,8 @@
 
 Sets TF_CONFIG for worker INDEX of a cluster on 127.0.0.1, trains under
 `tf.distribute.MultiWorkerMirroredStrategy` and writes what the test compares
-to OUTPUT_DIR/worker-INDEX.npz.
+to OUTPUT_DIR (SCENARIO "exactness": KIND-worker-INDEX.npz for kadapt.accumulate and
+kadapt.AccumulatingModel; "killed": trains until a peer is gone, then writes the error).
 """
 
 import json
@@ -28,19 +29,39 @@ import multi_worker_oracle as oracle  # noqa: E402
 
 import kadapt  # noqa: E402
 
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-x, y = oracle.data()
-with strategy.scope():
-    if scenario == "accumulate":
+strategy = kadapt.distribute.multi_worker_strategy(collective_timeout_seconds=60)
+if scenario == "killed":  # trains until a peer is killed; writes the error that ends it
+    with strategy.scope():
         model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.MICRO)
-    else:
-        network = oracle.network()
-        model = kadapt.AccumulatingModel(network.inputs, network.outputs, micro_batch_size=oracle.MICRO)
-    oracle.compile_model(model)
-dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(oracle.BATCH)
-history = model.fit(dataset, epochs=oracle.EPOCHS, validation_data=dataset, verbose=0)
-evaluation = model.evaluate(dataset, verbose=0)
-predictions = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(oracle.BATCH), verbose=0)
-np.savez(os.path.join(output, f"worker-{index}.npz"),
-         *model.get_weights(), iterations=int(model.optimizer.iterations.numpy()),
-         history=json.dumps(history.history), evaluation=np.array(evaluation), predictions=predictions)
+        oracle.compile_model(model)
+    x, y = oracle.data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(oracle.BATCH).repeat()
+
+    class Started(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 20:
+                open(os.path.join(output, f"worker-{index}.started"), "w").close()
+
+    try:
+        model.fit(dataset, epochs=1, steps_per_epoch=10**7, verbose=0, callbacks=[Started()])
+    except Exception as error:  # noqa: BLE001  (the test reads which error ended the run)
+        with open(os.path.join(output, f"worker-{index}.error"), "w") as file:
+            file.write(f"{type(error).__name__}: {error}")
+        sys.exit(3)
+    sys.exit(0)
+x, y = oracle.data()
+for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both, one after the other
+    with strategy.scope():
+        if kind == "accumulate":
+            model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.MICRO)
+        else:
+            network = oracle.network()
+            model = kadapt.AccumulatingModel(network.inputs, network.outputs, micro_batch_size=oracle.MICRO)
+        oracle.compile_model(model)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(oracle.BATCH)
+    history = model.fit(dataset, epochs=oracle.EPOCHS, validation_data=dataset, verbose=0)
+    evaluation = model.evaluate(dataset, verbose=0)
+    predictions = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(oracle.BATCH), verbose=0)
+    np.savez(os.path.join(output, f"{kind}-worker-{index}.npz"),
+             *model.get_weights(), iterations=int(model.optimizer.iterations.numpy()),
+             history=json.dumps(history.history), evaluation=np.array(evaluation), predictions=predictions)

@@ -4,8 +4,11 @@ against one process training the whole batch with plain Keras (the oracle)."""
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ import postgres
 
 JOB = Path(__file__).with_name("multi_worker_job.py")
 JOB_TIMEOUT_SECONDS = 240
+LOST_PEER_SECONDS = 90  # bound on how long a worker may take to notice that its peer is gone
 
 
 def run_workers(count, output, *arguments):
@@ -39,7 +43,14 @@ def run_workers(count, output, *arguments):
             log.close()
     codes = [process.returncode for process in processes]
     assert codes == [0] * count, "\n".join((Path(output) / f"worker-{i}.log").read_text()[-3000:] for i in range(count))
-    return [np.load(Path(output) / f"worker-{index}.npz") for index in range(count)]
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """The "exactness" job on two workers: its output directory."""
+    output = tmp_path_factory.mktemp("two-workers")
+    run_workers(2, output, "exactness")
+    return output
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +69,9 @@ def _weights(result):
     return [result[f"arr_{index}"] for index in range(len(result.files) - 4)]
 
 
-@pytest.mark.parametrize("scenario", ["accumulate", "accumulating_model"])
-def test_two_workers_train_as_one_process_with_whole_batches(scenario, single_process, tmp_path):
-    results = run_workers(2, tmp_path, scenario)
+@pytest.mark.parametrize("kind", ["accumulate", "accumulating_model"])
+def test_two_workers_train_as_one_process_with_whole_batches(kind, single_process, two_workers):
+    results = [np.load(two_workers / f"{kind}-worker-{index}.npz") for index in range(2)]
     expected = single_process
     for result in results:
         assert int(result["iterations"]) == oracle.STEPS  # one step per logical batch across workers
@@ -73,3 +84,68 @@ def test_two_workers_train_as_one_process_with_whole_batches(scenario, single_pr
         np.testing.assert_allclose(result["predictions"], expected["predictions"], rtol=1e-5, atol=1e-6)
     for got, other in zip(_weights(results[0]), _weights(results[1]), strict=True):
         np.testing.assert_array_equal(got, other)  # every worker holds the same weights
+
+
+def test_a_killed_worker_makes_the_other_exit_with_a_clear_error(tmp_path):
+    ports = ",".join(str(postgres.free_port()) for _ in range(2))
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    processes = [subprocess.Popen([sys.executable, str(JOB), str(index), ports, str(tmp_path), "killed"],
+                                  env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for index in range(2)]
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not (tmp_path / "worker-0.started").exists() and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in processes), "a worker ended before training"
+            time.sleep(0.1)
+        processes[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = processes[0].wait(timeout=LOST_PEER_SECONDS)
+        waited = time.monotonic() - killed_at
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    assert code == 3 and waited < LOST_PEER_SECONDS
+    error = (tmp_path / "worker-0.error").read_text()
+    assert error.startswith("WorkerLostError: A worker of the multi-worker job stopped answering mid-run")
+    assert "restart all of them" in error and "\n" not in error
+
+
+@pytest.mark.parametrize("config, message", [
+    (None, "TF_CONFIG is not set"),
+    ("{cluster", "TF_CONFIG is not JSON"),
+    ('{"task": {"type": "worker", "index": 0}}', 'TF_CONFIG has no "cluster" object'),
+    ('{"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}', "has a job 'ps'"),
+    ('{"cluster": {"worker": ["127.0.0.1"]}, "task": {"type": "worker", "index": 0}}', "has the address '127.0.0.1'"),
+    ('{"cluster": {"worker": ["127.0.0.1:5", "127.0.0.1:5"]}, "task": {"type": "worker", "index": 0}}',
+     "more than once"),
+    ('{"cluster": {"worker": ["127.0.0.1:5"]}, "task": {"type": "chief", "index": 0}}', "task must name this process"),
+    ('{"cluster": {"worker": ["127.0.0.1:5"]}, "task": {"type": "worker", "index": 1}}',
+     "task index must be an int in [0, 1)"),
+    ('{"cluster": {"worker": ["192.0.2.1:2222"]}, "task": {"type": "worker", "index": 0}}',
+     "this host cannot listen there"),
+])
+def test_a_malformed_tf_config_is_refused_before_any_training(config, message, monkeypatch):
+    from kadapt import distribute
+
+    if config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", config)
+    with pytest.raises(ValueError) as raised:
+        distribute.multi_worker_strategy()
+    assert message in str(raised.value)
+
+
+def test_a_port_in_use_is_refused_naming_the_task(monkeypatch):
+    from kadapt import distribute
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("TF_CONFIG", f'{{"cluster": {{"worker": ["127.0.0.1:{port}", "127.0.0.1:1"]}}, '
+                                        '"task": {"type": "worker", "index": 0}}')
+        with pytest.raises(ValueError, match=f"worker 0 at 127.0.0.1:{port}, but the port is in use"):
+            distribute.multi_worker_strategy()

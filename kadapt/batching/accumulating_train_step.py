@@ -115,7 +115,12 @@ class AccumulatingTrainStep:
             # Keras ignores `shuffle` for a dataset (it shuffles itself) and
             # warns when the default True is left in: say what it does.
             kwargs.setdefault("shuffle", False)
-        return super().fit(x, y, batch_size=batch_size, **kwargs)
+        try:
+            return super().fit(x, y, batch_size=batch_size, **kwargs)
+        except multi_worker.PEER_ERRORS as error:
+            if not multi_worker.in_multi_worker_mode(self.distribute_strategy):
+                raise
+            raise multi_worker.worker_lost(error) from None
 
     def _check_noise_batch(self, batch_size):
         micro = self._micro_batch_size

@@ -16,6 +16,25 @@ import tensorflow as tf
 from kadapt.batching.oom_recovery import replica_step_function
 
 
+class WorkerLostError(RuntimeError):
+    """A peer of a multi-worker job stopped answering (killed, crashed, cut off) mid-run."""
+
+
+# What a collective raises when a peer is gone: the connection reset (Unavailable), the
+# collective timeout (DeadlineExceeded), or the abort that follows on the other ops.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+               tf.errors.AbortedError)
+
+
+def worker_lost(error):
+    """`WorkerLostError` for a collective's `error`: what happened, in one line, and what to do."""
+    first = next((line.strip() for line in str(error.message).splitlines() if line.strip()), "")
+    return WorkerLostError(
+        f"A worker of the multi-worker job stopped answering mid-run ({type(error).__name__}: {first[:300]}). "
+        "Every worker stops; restart all of them (with `--resume`, or your BackupAndRestore callback) to "
+        "continue from the last checkpoint.")
+
+
 def in_multi_worker_mode(strategy):
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning more than this process."""
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
