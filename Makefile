@@ -44,7 +44,7 @@ postgres:
 	fi
 
 test: install-test data postgres
-	$(PY) -m pytest -n 2 --dist loadfile tests  # two workers; a module stays on one (its shared fixtures)
+	$(PY) -m pytest -n 2 --dist loadfile --durations=12 tests  # two workers; a module stays on one (its shared fixtures)
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation.py

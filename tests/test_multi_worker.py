@@ -149,3 +149,30 @@ def test_a_port_in_use_is_refused_naming_the_task(monkeypatch):
                                         '"task": {"type": "worker", "index": 0}}')
         with pytest.raises(ValueError, match=f"worker 0 at 127.0.0.1:{port}, but the port is in use"):
             distribute.multi_worker_strategy()
+
+
+def test_kadapt_train_on_two_workers_writes_only_from_the_chief(tmp_path):
+    from helpers import write_tiny_npz
+
+    write_tiny_npz(tmp_path / "tiny.npz")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(scratch)}
+    environment.pop("TF_CONFIG", None)
+    command = [sys.executable, "-m", "kadapt.cli", "train", "--data", "tiny.npz", "--model", "small_cnn",
+               "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", "2",
+               "--out", "runs/two", "--workers", "2"]
+    result = subprocess.run(command, cwd=tmp_path, env=environment, text=True, capture_output=True,
+                            timeout=JOB_TIMEOUT_SECONDS)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "starting 2 workers on 127.0.0.1" in result.stdout
+    assert "the smallest that fits on every one of the 2 workers" in result.stdout
+    run = tmp_path / "runs" / "two"
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "completed" and record["steps_completed"] == 8  # 58 rows, global batch 16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "tiny.npz", "tmp"]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["two"]  # the chief's directory only
+    (worker,) = [p for p in scratch.iterdir() if p.name.startswith("kadapt-worker-1-")]
+    assert (worker / "run.json").is_file()  # worker 1 wrote its files into its scratch directory
+    probe = json.loads((run / "probe.json").read_text())
+    assert probe["micro_batch_size"] == json.loads((worker / "probe.json").read_text())["micro_batch_size"] <= 8

@@ -49,8 +49,9 @@ def main(argv=None):
     environment.load_tensorflow(verbose=verbose)
     from kadapt.run.errors import UsageError
 
-    args = build_parser().parse_args([arg for arg in argv if arg != VERBOSE])
-    args.verbose = verbose
+    argv = [arg for arg in argv if arg != VERBOSE]
+    args = build_parser().parse_args(argv)
+    args.verbose, args.argv = verbose, argv
     try:
         return args.run(args)
     except (UsageError, environment.AllocatorStatisticsError) as error:

@@ -1,6 +1,7 @@
 """`kadapt train`: the whole adaptive pipeline on a data set, into a run directory."""
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,9 @@ from kadapt.run.config import AUGMENT_SETTINGS
 from kadapt.run.config import MODEL_NAMES
 from kadapt.run.config import SCHEDULE_NAMES
 from kadapt.run.config import SWITCHES
+from kadapt.run.run_directory import RunDirectory
+from kadapt.run.workers import ClusterMember
+from kadapt.run.workers import launch_local_workers
 
 DEFAULTS = RunConfig(data="fashion_mnist")
 RECIPE = FastFitConfig()
@@ -57,6 +61,10 @@ def add_train_arguments(subparsers):
     add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")
     add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
     add("--out", help="the run directory (default: runs/DATA-MODEL-TIME)")
+    add("--workers", type=int, default=1,
+        help="train on N local worker processes (tf.distribute.MultiWorkerMirroredStrategy, 127.0.0.1); "
+             "--batch-size is the global batch. A TF_CONFIG in the environment makes this process one "
+             "worker of that cluster instead (multi-host runs)")
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     existing.add_argument("--resume", action="store_true",
@@ -83,8 +91,11 @@ _OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "widths", 
 
 def run_train(args):
     out = args.out or _default_out(args)
+    if args.workers != 1:
+        return _launch(args, out)
+    member = ClusterMember.from_environment()
     run = start_run({name: getattr(args, name) for name in _OPTIONS}, out,
-                    overwrite=args.overwrite, resume=args.resume)
+                    overwrite=args.overwrite, resume=args.resume, member=member)
     try:
         train(run, echo=_echo)
     except KeyboardInterrupt:
@@ -92,6 +103,31 @@ def run_train(args):
               f"`kadapt train --resume --out {out}`", file=sys.stderr)
         return 130
     return 0
+
+
+def _launch(args, out):
+    if args.workers < 1:
+        raise UsageError(f"--workers must be a positive int. Received: {args.workers}")
+    if os.environ.get("TF_CONFIG"):
+        raise UsageError("--workers starts its own local cluster, but TF_CONFIG is set (this process is "
+                         "already one worker of a cluster): drop --workers, or unset TF_CONFIG.")
+    RunDirectory(out).check_new_run(args.overwrite, args.resume)  # before any worker starts
+    argv = _without_workers(args.argv)
+    if args.out is None:
+        argv += ["--out", out]  # one directory for all: the default name has the time in it
+    return launch_local_workers(args.workers, argv, echo=_echo)
+
+
+def _without_workers(argv):
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            kept.append(arg)
+    return kept
 
 
 def _default_out(args):

@@ -1,15 +1,22 @@
 """What kadapt's optimizers share: hyperparameters kept in variables."""
 
 import keras
+import tensorflow as tf
 
 from kadapt.validation import check_range
 
 
 def slot_key(variable):
     """The same key for a Keras variable and the backend variable it holds
-    (`update_step` receives the latter)."""
+    (`update_step` receives the latter) — under tf.distribute, for a mirrored
+    variable and the replica's component of it (as Keras' own `_var_key`)."""
     if isinstance(variable, keras.Variable):
         variable = variable.value
+    if hasattr(variable, "_distributed_container"):
+        variable = variable._distributed_container()
+    elif not isinstance(variable, tf.distribute.DistributedValues) and hasattr(
+            getattr(variable, "handle", None), "_distributed_container"):
+        variable = variable.handle._distributed_container()
     return variable.ref()
 
 

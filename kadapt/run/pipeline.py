@@ -10,6 +10,7 @@ logged, `run.json` with status "interrupted" and the `BackupAndRestore`
 state that `--resume` continues from.
 """
 
+import contextlib
 import dataclasses
 import time
 
@@ -47,23 +48,52 @@ class Run:
     model: object
     meta_adjuster: object
     resume: bool
+    member: object = None  # `kadapt.run.workers.ClusterMember` of a multi-worker run, else None
+    probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
+
+    def scope(self):
+        """The distribution strategy's scope in a multi-worker run (else a no-op)."""
+        return self.member.strategy.scope() if self.member else contextlib.nullcontext()
 
 
-def start_run(options, out, overwrite=False, resume=False):
+def start_run(options, out, overwrite=False, resume=False, member=None):
     """Validates the options, data, network and output directory, then
-    creates the directory. Raises `UsageError` before writing anything."""
+    creates the directory. Raises `UsageError` before writing anything.
+
+    With `member` (a multi-worker run), the network is built under its
+    strategy, and a worker that is not the chief writes into a scratch
+    directory instead of `out`."""
     directory = RunDirectory(out)
     directory.check_new_run(overwrite, resume)
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
+    if member is not None:
+        _check_split(config.batch_size, member.workers)
+        if not member.is_chief:
+            directory, overwrite = RunDirectory(member.scratch_directory(out, resume)), True
     data = load_data(config)
     settings = recipe_config(config, data)
     keras.utils.set_random_seed(config.seed)
     name = network_name(config, data)
-    model = build_network(name, data, settings)
-    adjuster = meta_adjuster(config, directory, data)
-    directory.create(overwrite)
-    return Run(config, settings, directory, data, name, model, adjuster, resume)
+    run = Run(config, settings, directory, data, name, build_network(name, data, settings), None, resume, member)
+    if member is not None:
+        # Variables made under the strategy draw other initial values than the same seed gives
+        # one process; the workers start from the one-process network's weights instead. That
+        # network (outside the strategy) is also the one the probe's trial steps train.
+        run.probe_model = run.model
+        with run.scope():
+            run.model = build_network(name, data, settings)
+        run.model.set_weights(run.probe_model.get_weights())
+    run.meta_adjuster = meta_adjuster(config, directory, data)
+    if not (resume and member is not None and not member.is_chief):
+        directory.create(overwrite)
+    return run
+
+
+def _check_split(batch_size, workers):
+    if batch_size % workers:
+        raise UsageError(f"--batch-size {batch_size} is the global batch of {workers} workers: use a "
+                         f"multiple of {workers}, e.g. {batch_size - batch_size % workers or workers}.")
 
 
 def train(run, echo=print, callbacks=()):
@@ -76,15 +106,17 @@ def train(run, echo=print, callbacks=()):
     rows = recipe.expanded(data.x_train, data.y_train, run.recipe, data.num_classes, config.seed)
     steps = {"train_rows": len(rows[0]),
              **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
-    recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
+    with run.scope():
+        recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
     resolved = {**steps, "model": run.model_name, "data": data.summary(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe)}
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
         micro = _micro_batch_size(run, echo)
-        _write_config(directory, config, {**resolved, "plan": _plan(config.batch_size, micro)})
-        trainer = _trainer(run, micro)
+        _write_config(directory, config, {**resolved, "plan": _plan(_share(run), micro)})
+        with run.scope():
+            trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
         best = _fit(run, trainer, rows, steps, micro, list(callbacks))
     except KeyboardInterrupt:
@@ -109,17 +141,31 @@ def _micro_batch_size(run, echo):
         echo(f"resuming with the probed micro-batch {saved['micro_batch_size']}")
         return saved["micro_batch_size"]
     result = _probe(run, echo)
-    run.directory.write_json(files.PROBE, result.to_dict())
+    micro = result.micro_batch_size
+    if run.member is not None:
+        micro = run.member.smallest(micro)  # every worker traces the same step
+        echo(f"micro-batch {micro}: the smallest that fits on every one of the {run.member.workers} workers")
+    run.directory.write_json(files.PROBE, {**result.to_dict(), "micro_batch_size": micro})
     draw_plots(run.directory)
-    echo(f"plan: {_plan(run.config.batch_size, result.micro_batch_size)['text']}")
-    return result.micro_batch_size
+    echo(f"plan: {_plan(_share(run), micro)['text']}")
+    return micro
+
+
+def _share(run):
+    """The rows of a logical batch that this worker trains: all of them on one worker."""
+    return run.config.batch_size // (run.member.workers if run.member else 1)
 
 
 def _probe(run, echo):
     config, data = run.config, run.data
     budget = device_budget(config.memory_budget)
     echo(f"probing {run.model_name} on {budget.device}, budget {budget.bytes / 2**20:.1f} MiB ({budget.source})")
-    rows = slice(0, 2 * config.batch_size)
+    model = run.model
+    if run.member is not None:
+        # The probe's trial steps run on this worker alone (their sizes may differ between
+        # workers), on the twin of the network outside the strategy.
+        model = recipe.compile_recipe(run.probe_model, run.recipe, 1)
+    rows = slice(0, 2 * _share(run))
     sample = (data.x_train[rows], recipe.one_hot(data.y_train[rows], data.num_classes))
 
     def on_trial(trial):
@@ -129,8 +175,8 @@ def _probe(run, echo):
 
     try:
         return probe_micro_batch(
-            run.model, sample, memory_budget=config.memory_budget,
-            max_micro_batch_size=config.batch_size, on_trial=on_trial,
+            model, sample, memory_budget=config.memory_budget,
+            max_micro_batch_size=_share(run), on_trial=on_trial,
         )
     except ValueError as error:  # the budget holds not even one row
         reason = " ".join(str(error).split()).replace("Argument `memory_budget` is", "it is")

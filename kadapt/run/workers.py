@@ -1,0 +1,154 @@
+"""`kadapt train` on several workers: `tf.distribute.MultiWorkerMirroredStrategy`.
+
+`--workers N` starts N local worker processes of the same command, each
+with TF_CONFIG for its task on a free 127.0.0.1 port and an equal share of
+the CPU threads (`KADAPT_WORKER_THREADS`), and waits for them. A `kadapt
+train` that finds TF_CONFIG set (a worker started so, or one of a real
+multi-host job) is a `ClusterMember`:
+
+- the chief (task "chief", else worker 0) writes the run directory; every
+  other worker writes only into a scratch directory of its own, a copy of
+  the chief's run directory on `--resume` (so every worker's
+  BackupAndRestore resumes at the same epoch);
+- the logical batch (`--batch-size`) is the global one, split over the
+  workers; each worker probes its own share and all train with the
+  smallest micro-batch found (one collective);
+- the logs that callbacks see are synchronized across workers, so the
+  MetaAdjuster and the best-weights choice decide the same on every worker.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kadapt.run.errors import UsageError
+
+THREADS_VARIABLE = "KADAPT_WORKER_THREADS"
+POLL_SECONDS = 0.2
+STOP_GRACE_SECONDS = 30  # after one worker failed, the others get this long to end on their own
+
+
+@dataclasses.dataclass
+class ClusterMember:
+    """This process's part in a multi-worker run."""
+
+    strategy: object
+    index: int
+    workers: int
+    is_chief: bool
+
+    @classmethod
+    def from_environment(cls):
+        """The member TF_CONFIG describes, or `None` when TF_CONFIG is not set."""
+        if not os.environ.get("TF_CONFIG"):
+            return None
+        from kadapt import distribute
+
+        threads = os.environ.get(THREADS_VARIABLE)
+        try:
+            config = distribute.check_tf_config()
+            if threads:
+                _set_threads(int(threads))
+            strategy = distribute.multi_worker_strategy()
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        cluster, task = config["cluster"], config["task"]
+        workers = sum(len(members) for members in cluster.values())
+        is_chief = task["type"] == "chief" or ("chief" not in cluster and task["index"] == 0)
+        return cls(strategy, task["index"] + (1 if task["type"] == "worker" and "chief" in cluster else 0),
+                   workers, is_chief)
+
+    def scratch_directory(self, out, resume):
+        """Where a worker that is not the chief writes: its own temporary directory."""
+        scratch = Path(tempfile.mkdtemp(prefix=f"kadapt-worker-{self.index}-"))
+        if resume and Path(out).is_dir():
+            shutil.copytree(out, scratch, dirs_exist_ok=True)
+        return scratch
+
+    def smallest(self, value):
+        """The minimum of `value` (an int) over all workers: one collective."""
+        import tensorflow as tf
+
+        strategy = self.strategy
+
+        @tf.function
+        def gather():
+            return strategy.run(lambda: tf.distribute.get_replica_context().all_gather(
+                tf.constant([int(value)], tf.int64), axis=0))
+
+        gathered = strategy.experimental_local_results(gather())[0]
+        return int(tf.reduce_min(gathered).numpy())
+
+
+def _set_threads(threads):
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def launch_local_workers(count, argv, echo=print):
+    """Runs `kadapt` with `argv` in `count` worker processes of one local cluster; returns the exit code.
+
+    The chief's output is this command's; the others' go to their scratch
+    logs (named on failure). When a worker fails, the others end within
+    `STOP_GRACE_SECONDS` (they notice the lost peer) or are stopped.
+    """
+    ports = [_free_port() for _ in range(count)]
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    threads = max(1, (os.cpu_count() or 1) // count)
+    logs = Path(tempfile.mkdtemp(prefix="kadapt-workers-"))
+    echo(f"starting {count} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
+         f"({threads} CPU thread(s) each); worker logs in {logs}")
+    processes = []
+    for index in range(count):
+        environment = {**os.environ, THREADS_VARIABLE: str(threads),
+                       "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        output = None if index == 0 else open(logs / f"worker-{index}.log", "w")
+        processes.append(subprocess.Popen([sys.executable, "-m", "kadapt.cli", *argv], env=environment,
+                                          stdout=output, stderr=subprocess.STDOUT if output else None))
+        if output is not None:
+            output.close()
+    try:
+        return _wait(processes, logs, echo)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def _wait(processes, logs, echo):
+    failed_at = None
+    while any(process.poll() is None for process in processes):
+        failed = [p for p in processes if p.poll() not in (None, 0)]
+        if failed and failed_at is None:
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > STOP_GRACE_SECONDS:
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            break
+        time.sleep(POLL_SECONDS)
+    for process in processes:
+        process.wait()
+    codes = [process.returncode for process in processes]
+    bad = [(index, code) for index, code in enumerate(codes) if code != 0]
+    for index, code in bad:
+        where = "above" if index == 0 else str(logs / f"worker-{index}.log")
+        echo(f"kadapt: worker {index} exited with code {code} (its output: {where})")
+    return bad[0][1] if bad else 0
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
