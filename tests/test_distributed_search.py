@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import postgres
+
 import kadapt
 from distributed_accumulating_search import MICRO_BATCH_SIZE
 from distributed_accumulating_search import VALIDATION_SPLIT
@@ -118,11 +120,12 @@ def meta_records(runs=40):
 
 
 @pytest.fixture(scope="module")
-def searches(tmp_path_factory):
+def searches(tmp_path_factory, server):
     folder = tmp_path_factory.mktemp("distributed")
-    with RecordStore(folder / "records.sqlite") as store:
+    url = postgres.create_database(*server, f"search_{os.getpid()}")  # every process reads the server
+    with RecordStore(url) as store:
         store.append_many(meta_records())
-    meta = [sys.executable, "-m", "kadapt.cli", "meta", "train", "--store", store.location,
+    meta = [sys.executable, "-m", "kadapt.cli", "meta", "train", "--store", url,
             "--output", str(folder / "meta" / "out" / "meta.keras"), "--max-trials", str(MAX_TRIALS),
             "--epochs", "1"]
     accumulating = [sys.executable, str(SCRIPT), str(folder / "accumulating"), str(MAX_TRIALS)]
