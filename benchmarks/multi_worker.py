@@ -20,7 +20,6 @@ size of the model's gradients (the collective a step runs) and reports the mean 
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,9 @@ def main():
 
 
 def _cluster(workers, args):
-    ports = ",".join(str(_free_port()) for _ in range(workers))
+    from kadapt.run.workers import free_port  # here: a worker configures TensorFlow before it loads
+
+    ports = ",".join(str(free_port()) for _ in range(workers))
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     with tempfile.TemporaryDirectory() as folder:
         results = [Path(folder) / f"worker-{index}.json" for index in range(workers)]
@@ -128,12 +129,6 @@ def _worker(index, ports, result, args):
         tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(all_reduce()))
     Path(result).write_text(json.dumps({"seconds": clock.seconds, "all_reduce_seconds": time.perf_counter() - start}))
     return 0
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def launch_local_workers(count, argv, echo=print):
     logs (named on failure). When a worker fails, the others end within
     `STOP_GRACE_SECONDS` (they notice the lost peer) or are stopped.
     """
-    ports = [_free_port() for _ in range(count)]
+    ports = [free_port() for _ in range(count)]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     threads = max(1, (os.cpu_count() or 1) // count)
     logs = Path(tempfile.mkdtemp(prefix="kadapt-workers-"))
@@ -148,7 +148,7 @@ def _wait(processes, logs, echo):
     return bad[0][1] if bad else 0
 
 
-def _free_port():
+def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
