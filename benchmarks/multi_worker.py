@@ -85,8 +85,7 @@ def _worker(index, ports, result, args):
 
     import kadapt
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    environment.set_cpu_threads(1)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = len(ports)
     rows = workers * args.batch * (args.steps + args.warmup)

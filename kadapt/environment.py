@@ -134,6 +134,20 @@ def is_tensorflow_log_line(line):
     return bool(_CPP_LOG_LINE.match(line)) or line.startswith(_ABSL_PREAMBLE)
 
 
+def thread_share(processes):
+    """The CPU threads each of `processes` processes on this host gets: an equal share, at least 1."""
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
+def set_cpu_threads(threads):
+    """Limits TensorFlow in this process to `threads` intra-op and inter-op threads; call it
+    before TensorFlow runs its first operation (or creates a distribution strategy)."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
 def allocator_statistics_available(device="CPU:0"):
     """Whether `tf.config.experimental.get_memory_info(device)` works here."""
     import tensorflow as tf

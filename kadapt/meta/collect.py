@@ -30,6 +30,7 @@ import uuid
 import keras
 import numpy as np
 
+from kadapt import environment
 from kadapt.batching import training_state
 from kadapt.meta import actions as action_lib
 from kadapt.meta.adjustment_record import AdjustmentRecord
@@ -193,7 +194,7 @@ def _collect_in_processes(store, tasks, config, seed, lease_seconds, workers, ba
     """Starts `workers` collector processes, follows their progress, returns their appended count."""
     context = multiprocessing.get_context("spawn")  # a forked child would share TensorFlow's threads
     results = context.Queue()
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = environment.thread_share(workers)
     processes = [context.Process(target=_collector_process, name=f"kadapt-collector-{number}",
                                  args=(store, tasks, config, seed, lease_seconds, threads, results))
                  for number in range(workers)]
@@ -222,10 +223,7 @@ def _collect_in_processes(store, tasks, config, seed, lease_seconds, workers, ba
 
 
 def _collector_process(store, tasks, config, seed, lease_seconds, threads, results):
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    environment.set_cpu_threads(threads)
     results.put(Collector(store, tasks, config, seed, lease_seconds).run())
 
 

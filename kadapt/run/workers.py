@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kadapt import environment
 from kadapt.run.errors import UsageError
 
 THREADS_VARIABLE = "KADAPT_WORKER_THREADS"
@@ -54,10 +55,10 @@ class ClusterMember:
 
         threads = os.environ.get(THREADS_VARIABLE)
         try:
-            config = distribute.check_tf_config()
             if threads:
-                _set_threads(int(threads))
-            strategy = distribute.multi_worker_strategy()
+                environment.set_cpu_threads(int(threads))
+            strategy = distribute.multi_worker_strategy()  # checks TF_CONFIG first
+            config = distribute.check_tf_config(bind=False)  # this process listens there now
         except ValueError as error:
             raise UsageError(str(error)) from None
         cluster, task = config["cluster"], config["task"]
@@ -88,13 +89,6 @@ class ClusterMember:
         return int(tf.reduce_min(gathered).numpy())
 
 
-def _set_threads(threads):
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
-
-
 def launch_local_workers(count, argv, echo=print):
     """Runs `kadapt` with `argv` in `count` worker processes of one local cluster; returns the exit code.
 
@@ -104,16 +98,16 @@ def launch_local_workers(count, argv, echo=print):
     """
     ports = [free_port() for _ in range(count)]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    threads = max(1, (os.cpu_count() or 1) // count)
+    threads = environment.thread_share(count)
     logs = Path(tempfile.mkdtemp(prefix="kadapt-workers-"))
     echo(f"starting {count} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
          f"({threads} CPU thread(s) each); worker logs in {logs}")
     processes = []
     for index in range(count):
-        environment = {**os.environ, THREADS_VARIABLE: str(threads),
-                       "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        variables = {**os.environ, THREADS_VARIABLE: str(threads),
+                     "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
         output = None if index == 0 else open(logs / f"worker-{index}.log", "w")
-        processes.append(subprocess.Popen([sys.executable, "-m", "kadapt.cli", *argv], env=environment,
+        processes.append(subprocess.Popen([sys.executable, "-m", "kadapt.cli", *argv], env=variables,
                                           stdout=output, stderr=subprocess.STDOUT if output else None))
         if output is not None:
             output.close()
