@@ -59,7 +59,7 @@ for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both,
             model = kadapt.AccumulatingModel(network.inputs, network.outputs, micro_batch_size=oracle.MICRO)
         oracle.compile_model(model)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(oracle.BATCH)
-    history = model.fit(dataset, epochs=oracle.EPOCHS, validation_data=dataset, verbose=0)
+    history = model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, validation_data=dataset, verbose=0)
     evaluation = model.evaluate(dataset, verbose=0)
     predictions = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(oracle.BATCH), verbose=0)
     np.savez(os.path.join(output, f"{kind}-worker-{index}.npz"),

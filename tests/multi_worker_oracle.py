@@ -1,9 +1,11 @@
 """The training problem of tests/test_multi_worker.py, shared by the workers and the oracle:
 71 rows (the last batch of 16 has 7, split 4/3 over two workers; micro-batches of 3 leave
-ragged tails), SGD with momentum and a cosine schedule counted in logical steps."""
+ragged tails), reshuffled every epoch (seeded), SGD with momentum and a cosine schedule counted
+in logical steps."""
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import kadapt
 
@@ -14,6 +16,13 @@ STEPS = EPOCHS * -(-ROWS // BATCH)
 def data():
     rng = np.random.default_rng(0)
     return rng.normal(size=(ROWS, 5)).astype("float32"), rng.integers(0, 3, ROWS).astype("int32")
+
+
+def training_batches(x, y):
+    """Batches in a new seeded order every epoch: the first epoch must see the first order (a
+    batch drawn before training, e.g. to build the model, would shift every epoch by one)."""
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    return dataset.shuffle(ROWS, seed=0, reshuffle_each_iteration=True).batch(BATCH)
 
 
 def network():

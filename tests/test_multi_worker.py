@@ -58,8 +58,8 @@ def single_process():
     """Plain Keras, one process, whole batches: weights, history, evaluation, predictions."""
     x, y = oracle.data()
     model = oracle.compile_model(oracle.network())
-    history = model.fit(x, y, batch_size=oracle.BATCH, epochs=oracle.EPOCHS, shuffle=False,
-                        validation_data=(x, y), verbose=0)
+    history = model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, validation_data=(x, y),
+                        validation_batch_size=oracle.BATCH, shuffle=False, verbose=0)
     return {"weights": model.get_weights(), "history": history.history,
             "evaluation": np.array(model.evaluate(x, y, batch_size=oracle.BATCH, verbose=0)),
             "predictions": model.predict(x, batch_size=oracle.BATCH, verbose=0)}
@@ -151,7 +151,7 @@ def test_a_port_in_use_is_refused_naming_the_task(monkeypatch):
             distribute.multi_worker_strategy()
 
 
-def test_kadapt_train_on_two_workers_writes_only_from_the_chief(tmp_path):
+def test_kadapt_train_on_two_workers_writes_only_from_the_chief_and_trains_as_one_process(tmp_path, monkeypatch):
     from helpers import write_tiny_npz
 
     write_tiny_npz(tmp_path / "tiny.npz")
@@ -176,3 +176,16 @@ def test_kadapt_train_on_two_workers_writes_only_from_the_chief(tmp_path):
     assert (worker / "run.json").is_file()  # worker 1 wrote its files into its scratch directory
     probe = json.loads((run / "probe.json").read_text())
     assert probe["micro_batch_size"] == json.loads((worker / "probe.json").read_text())["micro_batch_size"] <= 8
+    # The same run in one process (the plain command, in-process) trains the same model.
+    from kadapt import cli
+    from kadapt import load_model
+
+    one = tmp_path / "runs" / "one"
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", *command[command.index("--data"):command.index("--out")], "--out", str(one)]) == 0
+    histories = [json.loads((path / "history.json").read_text()) for path in (run, one)]
+    for key in ("loss", "val_loss", "accuracy"):
+        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-5)
+    weights = [load_model(path / "model.keras").get_weights() for path in (run, one)]
+    for got, want in zip(*weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

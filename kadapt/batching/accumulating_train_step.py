@@ -136,13 +136,17 @@ class AccumulatingTrainStep:
         # Keras (3.15) builds from the first batch by `strategy.reduce("MEAN", batch)`,
         # which MultiWorkerMirroredStrategy cannot do with a structure of per-replica
         # values (keras-team/keras#20585). The build needs only shapes and dtypes:
-        # this replica's own part of the batch has them.
+        # this replica's own part of the batch has them. The dataset's element spec has
+        # them too, and reading it draws no batch: a batch drawn here would advance a
+        # reshuffling dataset, so that the first epoch saw the second epoch's order.
         strategy = self._distribute_strategy
         if iterator is not None and strategy is not None:
-            for _, _, batches in iterator:
-                data_batch = tf.nest.map_structure(
-                    lambda value: strategy.experimental_local_results(value)[0], next(batches))
-                break
+            data_batch = _batch_spec(iterator)
+            if data_batch is None:
+                for _, _, batches in iterator:
+                    data_batch = tf.nest.map_structure(
+                        lambda value: strategy.experimental_local_results(value)[0], next(batches))
+                    break
             iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
@@ -299,6 +303,20 @@ class AccumulatingTrainStep:
         for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(own_mean, sample_weight=batch_size)
+
+
+def _batch_spec(iterator):
+    """The `tf.TensorSpec` structure of one replica's batch from a Keras epoch
+    iterator's distributed dataset (each `PerReplicaSpec` leaf gives its first
+    replica's spec), or `None` where it has no such structure."""
+    spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec", None)
+    if spec is None:
+        return None
+    spec = tf.nest.map_structure(
+        lambda leaf: (getattr(leaf, "_value_specs", None) or (leaf,))[0], spec)
+    if all(isinstance(leaf, tf.TensorSpec) for leaf in tf.nest.flatten(spec)):
+        return spec
+    return None
 
 
 def _loss_denominator(batch_size):
