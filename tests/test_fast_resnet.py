@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import kadapt
+from kadapt.models.fast_resnet import CentreTap
 from kadapt.models.fast_resnet import PartialIdentity
 from kadapt.models.fast_resnet import ScaledGradientBias
 from kadapt.models.fast_resnet import fast_resnet
@@ -97,10 +98,36 @@ def test_trainable_bn_scale_when_not_frozen():
     assert any(w.path.endswith("gamma") for w in model.trainable_weights)
 
 
+def test_a_1x1_image_gets_the_centre_of_the_3x3_kernel_it_would_have_had():
+    # 28x28 -> stem 14 -> 7 -> 3 -> 1: the last stage's residual convolutions see 1x1 images.
+    model = fast_resnet((28, 28, 1), 10, widths=(8, 16, 32), residual_stages=(2,))
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    sizes = [tuple(layer.input.shape[1:3]) for layer in convs]
+    assert [layer.kernel_size for layer, size in zip(convs, sizes) if size == (1, 1)] == [(1, 1), (1, 1)]
+    assert all(layer.kernel_size == (3, 3) for layer, size in zip(convs, sizes) if size not in ((1, 1), (28, 28)))
+    one = convs[-1]
+    x = np.random.default_rng(0).normal(size=(4, 1, 1, 32)).astype("float32")
+    # Oracle: a 3x3 "same" convolution with this centre and any other taps, on the 1x1 image.
+    three = keras.layers.Conv2D(32, 3, padding="same", use_bias=False)
+    three.build(x.shape)
+    kernel = np.random.default_rng(1).normal(size=(3, 3, 32, 32)).astype("float32")
+    kernel[1, 1] = keras.ops.convert_to_numpy(one.kernel)[0, 0]
+    three.set_weights([kernel])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(one(x)), keras.ops.convert_to_numpy(three(x)),
+                               rtol=1e-5, atol=1e-5)
+    # Its initial values are the centre of the 3x3 kernel that the same initializer draws.
+    for base in ("glorot_uniform", PartialIdentity()):
+        keras.utils.set_random_seed(3)
+        centre = keras.ops.convert_to_numpy(CentreTap(base)((1, 1, 32, 16)))
+        keras.utils.set_random_seed(3)
+        full = keras.ops.convert_to_numpy(keras.initializers.get(base)((3, 3, 32, 16)))
+        np.testing.assert_array_equal(centre, full[1:2, 1:2])
+
+
 def test_saved_model_round_trips_in_safe_mode(tmp_path):
     images = _correlated_images(rows=4)
-    model = fast_resnet((8, 8, 1), 3, widths=(4, 6), residual_stages=(0,), whitening=patch_whitening(images),
-                        bias_lr_multiplier=4.0)
+    model = fast_resnet((8, 8, 1), 3, widths=(4, 6), residual_stages=(0, 1), whitening=patch_whitening(images),
+                        bias_lr_multiplier=4.0)  # stage 1's residual convolutions see 1x1 images
     model.save(tmp_path / "m.keras")
     restored = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
     np.testing.assert_allclose(restored.predict(images, verbose=0), model.predict(images, verbose=0), rtol=1e-6)

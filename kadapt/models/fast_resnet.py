@@ -68,6 +68,31 @@ class PartialIdentity(keras.initializers.Initializer):
 
 
 @keras.saving.register_keras_serializable(package="kadapt")
+class CentreTap(keras.initializers.Initializer):
+    """1x1 conv kernel initializer: the centre of the 3x3 kernel that `base` draws.
+
+    The kernel of a 1x1 convolution that computes what a 3x3 "same"
+    convolution computes on a 1x1 image, with the initial values the 3x3
+    kernel would have had (its fan-in counts 9 taps per input channel).
+
+    Args:
+        base: String, initializer or initializer config, for the 3x3 kernel.
+            Defaults to `"glorot_uniform"`.
+    """
+
+    def __init__(self, base="glorot_uniform"):
+        self.base = keras.initializers.get(base)
+
+    def __call__(self, shape, dtype=None):
+        if len(shape) != 4 or tuple(shape[:2]) != (1, 1):
+            raise ValueError(f"`CentreTap` initializes 1x1 conv kernels. Received: shape={tuple(shape)}")
+        return self.base((3, 3, *shape[2:]), dtype=dtype)[1:2, 1:2]
+
+    def get_config(self):
+        return {"base": keras.initializers.serialize(self.base)}
+
+
+@keras.saving.register_keras_serializable(package="kadapt")
 class ScaledGradientBias(keras.layers.Layer):
     """Adds a per-channel bias whose gradient is multiplied by `gradient_scale`.
 
@@ -262,7 +287,13 @@ def _stem(inputs, whitening, settings):
 
 def _combination(x, filters, pool=False, *, identity_init, freeze_bn_scale, bias_lr_multiplier):
     initializer = PartialIdentity() if identity_init else "glorot_uniform"
-    x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=initializer)(x)
+    if tuple(x.shape[1:3]) == (1, 1):
+        # A 3x3 "same" convolution of a 1x1 image sees only its kernel's centre (the rest
+        # multiplies the zero padding): a 1x1 convolution with that centre computes the same
+        # with a ninth of the work, from the same initial values.
+        x = keras.layers.Conv2D(filters, 1, use_bias=False, kernel_initializer=CentreTap(initializer))(x)
+    else:
+        x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, kernel_initializer=initializer)(x)
     if pool:
         x = keras.layers.MaxPooling2D()(x)
     return _normalize_and_activate(x, freeze_bn_scale, bias_lr_multiplier)
