@@ -31,6 +31,7 @@ _NAMES = {
     "ProbeResult": "kadapt.batching",
     "ProbeTrial": "kadapt.batching",
     "accumulate": "kadapt.batching",
+    "balanced_micro_batch": "kadapt.batching",
     "load_model": "kadapt.saving",
     "plan_batch": "kadapt.batching",
     "probe_micro_batch": "kadapt.batching",

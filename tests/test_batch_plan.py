@@ -4,6 +4,7 @@ import pytest
 
 from kadapt import BatchPlan
 from kadapt import MemoryModel
+from kadapt import balanced_micro_batch
 from kadapt import plan_batch
 
 
@@ -17,6 +18,25 @@ def test_plan(logical, micro, expected):
 
 def test_plan_reads_well():
     assert str(plan_batch(100, 32)) == "logical batch 100 = 4 micro-batch(es) of 32, last one 4 rows"
+
+
+@pytest.mark.parametrize("logical", [1, 7, 100, 256, 257])
+def test_balanced_micro_batch_is_the_smallest_even_split_with_as_many_passes(logical):
+    for micro in range(1, logical + 3):
+        passes = plan_batch(logical, micro).num_micro_batches
+        balanced = balanced_micro_batch(logical, micro)
+        # Oracle by search: the smallest size that still needs no more passes than `micro` does.
+        smallest = min(size for size in range(1, logical + 1) if -(-logical // size) <= passes)
+        assert balanced == smallest <= micro
+        assert plan_batch(logical, balanced).num_micro_batches == passes
+        assert plan_batch(logical, balanced).tail_size in (0, *range(balanced - passes + 1, balanced))
+
+
+def test_balanced_micro_batch_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="Received: logical_batch_size=0"):
+        balanced_micro_batch(0, 4)
+    with pytest.raises(TypeError, match="Received: micro_batch_size=2.0"):
+        balanced_micro_batch(8, 2.0)
 
 
 def test_plan_rejects_bad_sizes():

@@ -6,6 +6,7 @@ from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_model import AccumulatingModel
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
 from kadapt.batching.batch_plan import BatchPlan
+from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget

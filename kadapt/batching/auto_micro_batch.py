@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from kadapt.batching import probe
+from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.memory_budget import device_budget
 
 logger = logging.getLogger("kadapt")
@@ -43,11 +44,12 @@ def resolve_auto_micro_batch(model, x, y, batch_size, sample_weight):
         return
     result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap)
     model.probe_result = result
-    model.micro_batch_size = result.micro_batch_size
-    _write_cache(key, {"micro_batch_size": result.micro_batch_size, "probe": result.to_dict()})
+    # As many passes as the largest size that fits needs, split evenly (never a sliver).
+    model.micro_batch_size = balanced_micro_batch(cap, result.micro_batch_size)
+    _write_cache(key, {"micro_batch_size": model.micro_batch_size, "probe": result.to_dict()})
     logger.info(
-        "micro_batch_size=%d after %d trial steps (budget %d bytes, %s)",
-        result.micro_batch_size, len(result.trials), budget.bytes, budget.source,
+        "micro_batch_size=%d after %d trial steps (the largest that fits: %d; budget %d bytes, %s)",
+        model.micro_batch_size, len(result.trials), result.micro_batch_size, budget.bytes, budget.source,
     )
 
 

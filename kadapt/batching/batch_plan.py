@@ -1,6 +1,7 @@
 """`plan_batch`: how a logical batch splits into micro-batches."""
 
 import dataclasses
+import math
 
 from kadapt.validation import check_micro_batch_size
 
@@ -41,3 +42,24 @@ def plan_batch(logical_batch_size, micro_batch_size):
     micro = min(check_micro_batch_size(micro_batch_size), logical)
     full, tail = divmod(logical, micro)
     return BatchPlan(logical, micro, full + (1 if tail else 0), tail)
+
+
+def balanced_micro_batch(logical_batch_size, micro_batch_size):
+    """The micro-batch that splits a logical batch into as many micro-batches
+    as `micro_batch_size` does, as evenly as possible: ceil(B / ceil(B / m)).
+
+    It is never larger than `micro_batch_size`, so it fits wherever that
+    fits. BatchNormalization normalizes each micro-batch by its own
+    statistics; a ragged split (252 + 4 rows) would update the moving
+    statistics from a 4-row micro-batch every step.
+
+    Example:
+
+    >>> balanced_micro_batch(256, 252)
+    128
+    >>> balanced_micro_batch(256, 100)
+    86
+    """
+    logical = check_micro_batch_size(logical_batch_size, name="logical_batch_size")
+    micro = min(check_micro_batch_size(micro_batch_size), logical)
+    return math.ceil(logical / math.ceil(logical / micro))

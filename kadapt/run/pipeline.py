@@ -16,6 +16,7 @@ import time
 
 import keras
 
+from kadapt.batching import balanced_micro_batch
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
 from kadapt.batching.memory_budget import device_budget
@@ -145,7 +146,9 @@ def _micro_batch_size(run, echo):
     if run.member is not None:
         micro = run.member.smallest(micro)  # every worker traces the same step
         echo(f"micro-batch {micro}: the smallest that fits on every one of the {run.member.workers} workers")
-    run.directory.write_json(files.PROBE, {**result.to_dict(), "micro_batch_size": micro})
+    micro = balanced_micro_batch(_share(run), micro)  # as many passes, none of them a sliver
+    run.directory.write_json(files.PROBE, {**result.to_dict(), "probed_micro_batch_size": result.micro_batch_size,
+                                           "micro_batch_size": micro})
     draw_plots(run.directory)
     echo(f"plan: {_plan(_share(run), micro)['text']}")
     return micro
