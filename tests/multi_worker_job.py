@@ -5,7 +5,8 @@
 Sets TF_CONFIG for worker INDEX of a cluster on 127.0.0.1, trains under
 `tf.distribute.MultiWorkerMirroredStrategy` and writes what the test compares
 to OUTPUT_DIR (SCENARIO "exactness": KIND-worker-INDEX.npz for kadapt.accumulate and
-kadapt.AccumulatingModel; "killed": trains until a peer is gone, then writes the error).
+kadapt.AccumulatingModel; "oom": oom-worker-INDEX.npz, worker 1 alone running out of memory;
+"killed": trains until a peer is gone, then writes the error).
 """
 
 import json
@@ -50,6 +51,21 @@ if scenario == "killed":  # trains until a peer is killed; writes the error that
         sys.exit(3)
     sys.exit(0)
 x, y = oracle.data()
+if scenario == "oom":  # worker 1 alone runs out of memory above 2 rows: every worker must retry with it
+    from helpers import OutOfMemoryAbove
+
+    with strategy.scope():
+        reference = oracle.network()
+        network = keras.Sequential([keras.Input((5,)), OutOfMemoryAbove(2 if index == 1 else 10**9),
+                                    keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+        network.set_weights(reference.get_weights())
+        model = kadapt.accumulate(network, micro_batch_size=oracle.MICRO)
+        oracle.compile_model(model)
+    history = model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, verbose=0)
+    np.savez(os.path.join(output, f"oom-worker-{index}.npz"), *model.get_weights(),
+             iterations=int(model.optimizer.iterations.numpy()), history=json.dumps(history.history),
+             oom_events=json.dumps(model.oom_events), micro_batch_size=model.micro_batch_size)
+    sys.exit(0)
 for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both, one after the other
     with strategy.scope():
         if kind == "accumulate":

@@ -206,7 +206,7 @@ def test_an_existing_run_directory_is_refused_in_one_line(trained):
 
 
 def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
-    epochs = 40
+    epochs = 20
     run = workdir / "runs" / "interrupted"
     # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
     args = ["--data", "tiny.npz", *TINY, "--schedule", "cosine", "--epochs", str(epochs), "--out", run]

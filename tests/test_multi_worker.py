@@ -65,8 +65,9 @@ def single_process():
             "predictions": model.predict(x, batch_size=oracle.BATCH, verbose=0)}
 
 
-def _weights(result):
-    return [result[f"arr_{index}"] for index in range(len(result.files) - 4)]
+def _weights(result, extra=4):
+    """The weights saved as arr_0, arr_1, ... beside `extra` named entries."""
+    return [result[f"arr_{index}"] for index in range(len(result.files) - extra)]
 
 
 @pytest.mark.parametrize("kind", ["accumulate", "accumulating_model"])
@@ -84,6 +85,20 @@ def test_two_workers_train_as_one_process_with_whole_batches(kind, single_proces
         np.testing.assert_allclose(result["predictions"], expected["predictions"], rtol=1e-5, atol=1e-6)
     for got, other in zip(_weights(results[0]), _weights(results[1]), strict=True):
         np.testing.assert_array_equal(got, other)  # every worker holds the same weights
+
+
+def test_out_of_memory_on_one_worker_is_retried_by_all_and_stays_exact(single_process, tmp_path):
+    # Worker 1 alone runs out of memory (a real allocation of 256 GiB) on micro-batches above 2 rows.
+    run_workers(2, tmp_path, "oom")
+    results = [np.load(tmp_path / f"oom-worker-{index}.npz") for index in range(2)]
+    for result in results:
+        # Both shrank from 3 to 2 rows at step 0, the same logical batch retried: no step lost or doubled.
+        assert json.loads(str(result["oom_events"])) == [[0, 3, 2]]
+        assert int(result["micro_batch_size"]) == 2 and int(result["iterations"]) == oracle.STEPS
+        for got, want in zip(_weights(result), single_process["weights"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(json.loads(str(result["history"]))["loss"], single_process["history"]["loss"],
+                                   rtol=1e-5)
 
 
 def test_a_killed_worker_makes_the_other_exit_with_a_clear_error(tmp_path):

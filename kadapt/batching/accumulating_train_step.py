@@ -163,6 +163,14 @@ class AccumulatingTrainStep:
         return self.train_function
 
     def train_step(self, data):
+        return self.finish_step(*self.compute_step(data))
+
+    def compute_step(self, data):
+        """The first half of `train_step`: every micro-batch's forward and
+        backward pass, with no collective after them. Returns `(gradients,
+        loss, noise statistics, batch size, loss denominator)` for
+        `finish_step`. A multi-worker step that runs out of memory here on one
+        worker is retried by all (`kadapt.batching.oom_recovery`)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         batch = (x, y, sample_weight)
         batch_size = micro_batches.batch_size_of(x)
@@ -185,8 +193,13 @@ class AccumulatingTrainStep:
                 lambda: total,
             )
         gradients, loss, noise = total
+        return gradients, loss, noise, batch_size, denominator
+
+    def finish_step(self, gradients, loss, noise, batch_size, denominator):
+        """The second half of `train_step`: the noise statistics, the one
+        optimizer update (its all-reduce) and the loss; returns the metrics."""
         if self.measure_noise:
-            self._track_noise(gradients, noise, batch_size, weights)
+            self._track_noise(gradients, noise, batch_size, self._noise_weights())
         self._apply_once(gradients)
         self._track_loss(loss, batch_size, denominator)
         return self.get_metrics_result()

@@ -37,6 +37,7 @@ class RecoveringTrainFunction:
         self.model = model
         self._step = None
         self._traced_micro_batch_size = None
+        self._halves_traced = None
         self._needs_trace = True
 
     def __call__(self, iterator):
@@ -49,6 +50,8 @@ class RecoveringTrainFunction:
 
     def _run_with_recovery(self, data):
         model = self.model
+        if model.max_oom_retries > 0 and _in_multi_worker_mode(model):
+            return self._run_with_recovery_on_every_worker(data)
         if model.max_oom_retries == 0 or _replicas(model) > 1:
             return self._step_function()(data)
         if self._needs_trace and not model.run_eagerly:
@@ -67,6 +70,48 @@ class RecoveringTrainFunction:
                 training_state.restore(saved)
                 _shrink(model, error, attempt)
                 attempt += 1
+
+    def _run_with_recovery_on_every_worker(self, data):
+        """One step on every worker of a multi-worker job, in two halves.
+
+        Every worker computes its micro-batches' gradients (`compute_step`, no
+        collective after them), then all exchange one flag: whether they ran
+        out of memory, with the micro-batch each would retry with. If any did,
+        every worker restores its state and retries the same logical batch
+        with the smallest of those micro-batches, so all trace the same step
+        and none waits alone in a collective; else all finish the step (the
+        gradients' all-reduce and the one update)."""
+        model = self.model
+        if self._needs_trace:
+            self._halves()[0].get_concrete_function(data)  # builds what the snapshot must hold
+            self._needs_trace = False
+        saved = training_state.snapshot(
+            training_state.state_variables(model, include_weights=False, include_slots=False)
+        )
+        attempt = 0
+        while True:  # ends by returning, or by raising OutOfMemoryError on every worker
+            compute, finish = self._halves()
+            try:
+                outputs, error = compute(data), None
+            except tf.errors.ResourceExhaustedError as caught:
+                outputs, error = None, caught
+            micro = model.micro_batch_size
+            proposal = micro if error is None else _proposal(model, micro)
+            failed, smallest = _exchange(model.distribute_strategy, error is not None, proposal)
+            if not failed:
+                return finish(outputs)
+            training_state.restore(saved)
+            reason = error or tf.errors.ResourceExhaustedError(
+                None, None, f"another worker of the job ran out of memory ({failed} of them)")
+            _shrink(model, reason, attempt, smaller=smallest)
+            attempt += 1
+
+    def _halves(self):
+        """The traced `compute_step` and `finish_step` for the current micro-batch size."""
+        micro = self.model.micro_batch_size
+        if self._halves_traced is None or self._halves_traced[0] != micro:
+            self._halves_traced = (micro, *two_step_functions(self.model))
+        return self._halves_traced[1:]
 
     def _step_function(self):
         """The traced one-step function for the current micro-batch size."""
@@ -99,12 +144,75 @@ def replica_step_function(model, step):
     )
 
 
+def two_step_functions(model):
+    """`(compute, finish)`: the model's `compute_step` on every replica, and
+    its `finish_step` on those outputs (returning the first replica's
+    metrics), each traced unless the model runs eagerly."""
+    strategy = model.distribute_strategy
+
+    def compute(data):
+        return strategy.run(model.compute_step, args=(data,))
+
+    def finish_replica(*outputs):
+        # Copies made here carry this replica's device: the all-reduce finds no destination
+        # for a function's inputs as they are ("destinations can not be empty").
+        return model.finish_step(*tf.nest.map_structure(tf.identity, outputs))
+
+    def finish(outputs):
+        results = strategy.run(finish_replica, args=outputs)
+        return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], results)
+
+    if model.run_eagerly:
+        return compute, finish
+    return tuple(tf.function(tf.autograph.experimental.do_not_convert(f), reduce_retracing=True,
+                             jit_compile=model.jit_compile) for f in (compute, finish))
+
+
+def _exchange(strategy, failed, proposal):
+    """One collective over all workers: how many ran out of memory, and the
+    smallest micro-batch any of them proposes."""
+    gathered = _gather_function(strategy)(tf.constant([int(failed), int(proposal)], tf.float32))
+    values = strategy.experimental_local_results(gathered)[0].numpy().astype(int).reshape(-1, 2)
+    return int(values[:, 0].sum()), int(values[:, 1].min())
+
+
+_GATHER_FUNCTIONS = {}
+
+
+def _gather_function(strategy):
+    key = id(strategy)
+    if key not in _GATHER_FUNCTIONS:
+        @tf.function
+        def gather(values):
+            # A copy made inside the replica function, as in `finish_replica`.
+            return strategy.run(
+                lambda v: tf.distribute.get_replica_context().all_gather(tf.reshape(v, [-1]), axis=0),
+                args=(values,))
+
+        _GATHER_FUNCTIONS[key] = gather
+    return _GATHER_FUNCTIONS[key]
+
+
+def _in_multi_worker_mode(model):
+    from kadapt.batching.multi_worker import in_multi_worker_mode
+
+    return in_multi_worker_mode(model.distribute_strategy)
+
+
 def _replicas(model):
     return model.distribute_strategy.num_replicas_in_sync
 
 
-def _shrink(model, error, attempt):
-    """Sets a smaller micro-batch after an OOM, or raises `OutOfMemoryError`."""
+def _proposal(model, micro):
+    """The micro-batch this worker would retry with after running out of memory at `micro`."""
+    if micro == 1:
+        return 1
+    return smaller_micro_batch(micro, getattr(model.probe_result, "memory_model", None))
+
+
+def _shrink(model, error, attempt, smaller=None):
+    """Sets a smaller micro-batch after an OOM (`smaller`, or this process's
+    choice), or raises `OutOfMemoryError`."""
     micro = model.micro_batch_size
     if micro == 1 or attempt >= model.max_oom_retries:
         raise OutOfMemoryError(
@@ -113,7 +221,8 @@ def _shrink(model, error, attempt):
             "Use a smaller model or input, a device with more memory, or "
             "mixed precision (`keras.mixed_precision.set_global_policy('mixed_float16')`)."
         ) from error
-    smaller = smaller_micro_batch(micro, getattr(model.probe_result, "memory_model", None))
+    if smaller is None:
+        smaller = smaller_micro_batch(micro, getattr(model.probe_result, "memory_model", None))
     step = int(model.optimizer.iterations.numpy()) if model.optimizer.built else 0
     model._oom_events.append((step, micro, smaller))
     logger.warning(
