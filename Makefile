@@ -30,9 +30,9 @@ data:
 		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null; }; \
 	fi
 
-# The recipe (fast_resnet) under a simulated 80 MiB device: 2 micro-batches per logical batch of 256.
+# The recipe (fast_resnet) under a simulated 64 MiB device: 2 micro-batches of 128 per logical batch of 256.
 demo: install data
-	$(VENV)/bin/kadapt train --data fashion_mnist --memory-budget 80MiB --epochs 8 --out runs/demo --overwrite
+	$(VENV)/bin/kadapt train --data fashion_mnist --memory-budget 64MiB --epochs 8 --out runs/demo --overwrite
 
 # PostgreSQL for the record-store tests (each test run starts a throwaway cluster), where apt is available and it is missing.
 postgres:
@@ -44,7 +44,7 @@ postgres:
 	fi
 
 test: install-test data postgres
-	$(PY) -m pytest -n 2 --dist loadfile --durations=12 tests  # two workers; a module stays on one (its shared fixtures)
+	$(PY) -m pytest -n 3 --dist loadfile --durations=12 tests  # three workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures)
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation.py

@@ -12,6 +12,7 @@ import tensorflow as tf
 from kadapt.batching import training_state
 from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
+from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
@@ -74,8 +75,10 @@ class ProbeResult:
     budget: object
 
     def plan(self, logical_batch_size):
-        """The `BatchPlan` of `logical_batch_size` with the chosen micro-batch."""
-        return plan_batch(logical_batch_size, self.micro_batch_size)
+        """The `BatchPlan` of `logical_batch_size`: as many micro-batches as the
+        chosen size needs, split evenly (`balanced_micro_batch`), as
+        `kadapt train` and `micro_batch_size="auto"` train it."""
+        return plan_batch(logical_batch_size, balanced_micro_batch(logical_batch_size, self.micro_batch_size))
 
     def to_dict(self):
         return {
