@@ -5,8 +5,10 @@
 Sets TF_CONFIG for worker INDEX of a cluster on 127.0.0.1, trains under
 `tf.distribute.MultiWorkerMirroredStrategy` and writes what the test compares
 to OUTPUT_DIR (SCENARIO "exactness": KIND-worker-INDEX.npz for kadapt.accumulate and
-kadapt.AccumulatingModel; "oom": oom-worker-INDEX.npz, worker 1 alone running out of memory;
-"killed": trains until a peer is gone, then writes the error).
+kadapt.AccumulatingModel, and noise-worker-INDEX.npy, the noise scale's statistics; "oom":
+oom-worker-INDEX.npz, worker 1 alone running out of memory, then meta-worker-INDEX.npz, a
+MetaAdjuster whose trigger and meta-model differ between the workers; "killed": trains until a
+peer is gone, then writes the error).
 """
 
 import json
@@ -65,6 +67,24 @@ if scenario == "oom":  # worker 1 alone runs out of memory above 2 rows: every w
     np.savez(os.path.join(output, f"oom-worker-{index}.npz"), *model.get_weights(),
              iterations=int(model.optimizer.iterations.numpy()), history=json.dumps(history.history),
              oom_events=json.dumps(model.oom_events), micro_batch_size=model.micro_batch_size)
+if scenario == "oom":  # then: the chief's trigger fires and cuts the rate; worker 1's alone would never fire
+    from helpers import constant_meta_model
+
+    from kadapt.meta import MetaAdjuster
+    from kadapt.meta import Trigger
+
+    with strategy.scope():
+        model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.MICRO)
+        model.compile(optimizer=kadapt.optimizers.SGD(0.05, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if index == 0:
+        trigger, action = Trigger(patience=2, cooldown=0, slow_fraction=10.0), 1  # every loss is "slow"; lr x0.3
+    else:
+        trigger, action = Trigger(patience=10**6, explode_factor=1e9), 3  # never fires; its model: lr x3
+    adjuster = MetaAdjuster(constant_meta_model(action), monitor="loss", check_every=2, trigger=trigger, verbose=0)
+    model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, callbacks=[adjuster], verbose=0)
+    decisions = [[d["step"], d["trigger"], d["action"]] for d in adjuster.decisions]
+    np.savez(os.path.join(output, f"meta-worker-{index}.npz"), *model.get_weights(), decisions=json.dumps(decisions))
     sys.exit(0)
 for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both, one after the other
     with strategy.scope():
@@ -81,3 +101,8 @@ for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both,
     np.savez(os.path.join(output, f"{kind}-worker-{index}.npz"),
              *model.get_weights(), iterations=int(model.optimizer.iterations.numpy()),
              history=json.dumps(history.history), evaluation=np.array(evaluation), predictions=predictions)
+with strategy.scope():  # the gradient noise scale over both workers' micro-batches
+    model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.NOISE_MICRO, measure_noise=True)
+    oracle.compile_model(model)
+model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, verbose=0)
+np.save(os.path.join(output, f"noise-worker-{index}.npy"), oracle.noise_statistics(model))

@@ -10,6 +10,7 @@ import tensorflow as tf
 import kadapt
 
 ROWS, BATCH, MICRO, EPOCHS = 71, 16, 3, 3
+NOISE_MICRO = 4  # each worker's 8 rows as 2 micro-batches: the same micro-batches as one process's 16 in 4
 STEPS = EPOCHS * -(-ROWS // BATCH)
 
 
@@ -35,3 +36,10 @@ def compile_model(model):
     model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
+
+
+def noise_statistics(model):
+    """The noise scale's averages (trace, |G|^2, their square, the weights' sums), its result and error."""
+    noise = model.noise_scale
+    values = [*noise.variables, noise.result(), noise.squared_norm_error()]
+    return np.array([float(keras.ops.convert_to_numpy(value)) for value in values])

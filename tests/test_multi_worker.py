@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kadapt
 import multi_worker_oracle as oracle
 import postgres
 
@@ -87,10 +88,17 @@ def test_two_workers_train_as_one_process_with_whole_batches(kind, single_proces
         np.testing.assert_array_equal(got, other)  # every worker holds the same weights
 
 
-def test_out_of_memory_on_one_worker_is_retried_by_all_and_stays_exact(single_process, tmp_path):
+@pytest.fixture(scope="module")
+def adaptive_workers(tmp_path_factory):
+    """The "oom" job on two workers (out of memory on one, then a MetaAdjuster): its output directory."""
+    output = tmp_path_factory.mktemp("adaptive-workers")
+    run_workers(2, output, "oom")
+    return output
+
+
+def test_out_of_memory_on_one_worker_is_retried_by_all_and_stays_exact(single_process, adaptive_workers):
     # Worker 1 alone runs out of memory (a real allocation of 256 GiB) on micro-batches above 2 rows.
-    run_workers(2, tmp_path, "oom")
-    results = [np.load(tmp_path / f"oom-worker-{index}.npz") for index in range(2)]
+    results = [np.load(adaptive_workers / f"oom-worker-{index}.npz") for index in range(2)]
     for result in results:
         # Both shrank from 3 to 2 rows at step 0, the same logical batch retried: no step lost or doubled.
         assert json.loads(str(result["oom_events"])) == [[0, 3, 2]]
@@ -99,6 +107,29 @@ def test_out_of_memory_on_one_worker_is_retried_by_all_and_stays_exact(single_pr
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(json.loads(str(result["history"]))["loss"], single_process["history"]["loss"],
                                    rtol=1e-5)
+
+
+def test_every_worker_applies_the_chiefs_meta_adjustments(adaptive_workers):
+    # The chief's trigger fires and its meta-model cuts the rate x0.3; worker 1's trigger never
+    # fires and its meta-model would raise it x3. Every worker must act as the chief decides.
+    results = [np.load(adaptive_workers / f"meta-worker-{index}.npz") for index in range(2)]
+    decisions = [json.loads(str(result["decisions"])) for result in results]
+    assert decisions[0] == decisions[1]
+    assert len(decisions[0]) >= 2 and {action for _, _, action in decisions[0]} == {"lr x0.3"}
+    for got, other in zip(_weights(results[0], extra=1), _weights(results[1], extra=1), strict=True):
+        np.testing.assert_array_equal(got, other)
+
+
+def test_the_noise_scale_counts_every_workers_micro_batches(two_workers):
+    # One process with micro-batches of 4 sees the same micro-batches as two workers with 8 rows each.
+    x, y = oracle.data()
+    model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.NOISE_MICRO, measure_noise=True)
+    oracle.compile_model(model)
+    model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, verbose=0)
+    expected = oracle.noise_statistics(model)
+    assert expected[3] > 0 and expected[0] != 0  # steps were measured (the estimate itself may be negative)
+    for index in range(2):
+        np.testing.assert_allclose(np.load(two_workers / f"noise-worker-{index}.npy"), expected, rtol=1e-4)
 
 
 def test_a_killed_worker_makes_the_other_exit_with_a_clear_error(tmp_path):

@@ -199,7 +199,7 @@ class AccumulatingTrainStep:
         """The second half of `train_step`: the noise statistics, the one
         optimizer update (its all-reduce) and the loss; returns the metrics."""
         if self.measure_noise:
-            self._track_noise(gradients, noise, batch_size, self._noise_weights())
+            self._track_noise(*_across_replicas(gradients, noise, batch_size), self._noise_weights())
         self._apply_once(gradients)
         self._track_loss(loss, batch_size, denominator)
         return self.get_metrics_result()
@@ -330,6 +330,25 @@ def _batch_spec(iterator):
     if all(isinstance(leaf, tf.TensorSpec) for leaf in tf.nest.flatten(spec)):
         return spec
     return None
+
+
+def _across_replicas(gradients, noise, batch_size):
+    """The noise statistics' inputs over all replicas' micro-batches (one
+    replica: as they are): the global batch's mean gradient (an all-reduce of
+    the gradients, made only when measuring), the micro-batches' summed
+    statistics and the global row count.
+
+    `compute_loss` divides each replica's loss by the replica count R, so a
+    micro-batch's squared gradient norm measured in the step is 1/R^2 of its
+    mean gradient's; the replicas' gradient sums add up to the global mean."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return gradients, noise, batch_size
+    replicas = float(context.num_replicas_in_sync)
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, list(gradients))
+    squared_norms, inverse_sizes, count = tf.unstack(context.all_reduce(tf.distribute.ReduceOp.SUM, noise))
+    rows = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(batch_size, tf.float32))
+    return total, tf.stack([squared_norms * replicas**2, inverse_sizes, count]), rows
 
 
 def _loss_denominator(batch_size):

@@ -57,3 +57,36 @@ class StepsFunction:
         if outputs is None:
             raise StopIteration
         return outputs
+
+
+def chief_values(strategy, values):
+    """The chief's `values` (a list of floats) on every worker: one all-gather.
+
+    Under MultiWorkerMirroredStrategy the chief is the collective group's
+    first member (task "chief", else worker 0)."""
+    return gather_values(strategy, values)[0].tolist()
+
+
+def gather_values(strategy, values):
+    """Every worker's `values` (a list of floats, the same length on all):
+    an array of shape (workers, len(values)), in task order. One all-gather."""
+    gathered = _gather_function(strategy)(tf.constant(values, tf.float32))
+    return strategy.experimental_local_results(gathered)[0].numpy().reshape(-1, len(values))
+
+
+_GATHER_FUNCTIONS = {}
+
+
+def _gather_function(strategy):
+    key = id(strategy)
+    if key not in _GATHER_FUNCTIONS:
+        @tf.function
+        def gather(values):
+            # A copy made inside the replica function: an argument gathered as it is fails
+            # under MultiWorkerMirroredStrategy ("destinations can not be empty").
+            return strategy.run(
+                lambda v: tf.distribute.get_replica_context().all_gather(tf.reshape(v, [-1]), axis=0),
+                args=(values,))
+
+        _GATHER_FUNCTIONS[key] = gather
+    return _GATHER_FUNCTIONS[key]

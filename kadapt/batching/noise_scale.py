@@ -68,13 +68,16 @@ class NoiseScale(keras.metrics.Metric):
         super().__init__(name=name, **kwargs)
         check_range("decay", decay, low=0.0, high=1.0, high_open=True)
         self.decay = float(decay)
-        self.trace = self.add_variable(shape=(), initializer="zeros", name="trace")
-        self.squared_norm = self.add_variable(shape=(), initializer="zeros", name="squared_norm")
+        # Under tf.distribute every replica folds in the same global statistics
+        # (`_across_replicas`): a replica's copy is the value ("mean" of equals).
+        average = dict(shape=(), initializer="zeros", aggregation="mean")
+        self.trace = self.add_variable(name="trace", **average)
+        self.squared_norm = self.add_variable(name="squared_norm", **average)
         # For the standard error of the |G|^2 average: the EMA of its square,
         # and the sums of the EMA's weights and of their squares.
-        self.squared_norm_square = self.add_variable(shape=(), initializer="zeros", name="squared_norm_square")
-        self.weights_sum = self.add_variable(shape=(), initializer="zeros", name="weights_sum")
-        self.weights_square_sum = self.add_variable(shape=(), initializer="zeros", name="weights_square_sum")
+        self.squared_norm_square = self.add_variable(name="squared_norm_square", **average)
+        self.weights_sum = self.add_variable(name="weights_sum", **average)
+        self.weights_square_sum = self.add_variable(name="weights_square_sum", **average)
 
     def update_state(self, a, b, u, v, measured=True):
         """Folds in one step's a, b, u, v (see the module docstring); a step

@@ -171,26 +171,10 @@ def two_step_functions(model):
 def _exchange(strategy, failed, proposal):
     """One collective over all workers: how many ran out of memory, and the
     smallest micro-batch any of them proposes."""
-    gathered = _gather_function(strategy)(tf.constant([int(failed), int(proposal)], tf.float32))
-    values = strategy.experimental_local_results(gathered)[0].numpy().astype(int).reshape(-1, 2)
+    from kadapt.batching.multi_worker import gather_values
+
+    values = gather_values(strategy, [float(failed), float(proposal)]).astype(int)
     return int(values[:, 0].sum()), int(values[:, 1].min())
-
-
-_GATHER_FUNCTIONS = {}
-
-
-def _gather_function(strategy):
-    key = id(strategy)
-    if key not in _GATHER_FUNCTIONS:
-        @tf.function
-        def gather(values):
-            # A copy made inside the replica function, as in `finish_replica`.
-            return strategy.run(
-                lambda v: tf.distribute.get_replica_context().all_gather(tf.reshape(v, [-1]), axis=0),
-                args=(values,))
-
-        _GATHER_FUNCTIONS[key] = gather
-    return _GATHER_FUNCTIONS[key]
 
 
 def _in_multi_worker_mode(model):

@@ -29,6 +29,7 @@ _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == 0.1 for a in actio
 _SLOWDOWNS = ("plateau", "slow_progress")
 _ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
 _FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
+_REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress")  # Trigger.update's answers
 
 
 class MetaAdjuster(keras.callbacks.Callback):
@@ -67,6 +68,10 @@ class MetaAdjuster(keras.callbacks.Callback):
     callback placed after this one. In step mode an observation is the
     training loss of the last `check_every` steps (the meta-model then sees
     no validation loss); epoch ends still check `target` and non-finite losses.
+
+    Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
+    chief: its trigger reason at each observation and its chosen action (one
+    small all-gather each), so all workers adjust at the same step alike.
 
     Args:
         meta_model: `"default"`, the path of a `.keras` meta-model, or a loaded
@@ -122,6 +127,10 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
         self._initial_learning_rate = applied_learning_rate(optimizer)
+        from kadapt.batching.multi_worker import in_multi_worker_mode
+
+        strategy = self.model.distribute_strategy
+        self._strategy = strategy if in_multi_worker_mode(strategy) else None
         self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
@@ -191,7 +200,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         weights = np.concatenate([np.ravel(w) for w, t in zip(snapshot.weights, self._trainable) if t])
         finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(weights)))
         self.history.observe(self._observation(loss, val_loss, weights))
-        reason = self.trigger.update(watched if finite else math.nan)
+        reason = self._chiefs_reason(self.trigger.update(watched if finite else math.nan))
         if reason == "divergence":
             self._restore(self._last_good, restart_momentum=self._repeated_divergence())
             self._pending = self._last_good
@@ -211,6 +220,20 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._decide(reason)
         elif self._since_divergence is not None:
             self._since_divergence += 1
+
+    def _chiefs_reason(self, reason):
+        """`reason`, or in a multi-worker job the chief's: the logs are synchronized, yet a
+        worker on other hardware could round a threshold differently, and every worker must
+        act at the same observation."""
+        if self._strategy is None:
+            return reason
+        (code,) = self._from_chief(_REASONS.index(reason))
+        return _REASONS[int(code)]
+
+    def _from_chief(self, *values):
+        from kadapt.batching.multi_worker import chief_values
+
+        return chief_values(self._strategy, [float(v) for v in values])
 
     def _annealing(self):
         """Whether the schedule (the rate before the live multiplier) fell since the last observation."""
@@ -255,6 +278,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             allowed = self._allowed & ~((_FACTORS > 1) & (_FACTORS * rate > self._ceiling))
         window = self.history.window()
         index, confidence, _ = choose(self.meta_model, window, allowed)
+        if self._strategy is not None:  # every worker applies the chief's choice at this step
+            index, confidence = self._from_chief(index, confidence)
+            index = int(index)
         action = action_lib.ACTIONS[index]
         action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
         self._rates = self._read_rates()
