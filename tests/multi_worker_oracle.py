@@ -3,9 +3,16 @@
 ragged tails), reshuffled every epoch (seeded), SGD with momentum and a cosine schedule counted
 in logical steps."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import tensorflow as tf
+
+import postgres
 
 import kadapt
 
@@ -43,3 +50,46 @@ def noise_statistics(model):
     noise = model.noise_scale
     values = [*noise.variables, noise.result(), noise.squared_norm_error()]
     return np.array([float(keras.ops.convert_to_numpy(value)) for value in values])
+
+
+JOB = Path(__file__).with_name("multi_worker_job.py")
+JOB_TIMEOUT_SECONDS = 240
+
+
+def run_workers(count, output, *arguments):
+    """Runs `count` workers of multi_worker_job.py on free 127.0.0.1 ports; ends them all."""
+    ports = ",".join(str(postgres.free_port()) for _ in range(count))
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    environment.pop("TF_CONFIG", None)
+    logs = [open(Path(output) / f"worker-{index}.log", "w") for index in range(count)]
+    processes = [subprocess.Popen([sys.executable, str(JOB), str(index), ports, str(output), *arguments],
+                                  env=environment, stdout=log, stderr=subprocess.STDOUT)
+                 for index, log in enumerate(logs)]
+    try:
+        for process in processes:
+            process.wait(timeout=JOB_TIMEOUT_SECONDS)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+    codes = [process.returncode for process in processes]
+    assert codes == [0] * count, "\n".join((Path(output) / f"worker-{i}.log").read_text()[-3000:] for i in range(count))
+
+
+def plain_keras_run():
+    """Plain Keras, one process, whole batches: weights, history, evaluation, predictions."""
+    x, y = data()
+    model = compile_model(network())
+    history = model.fit(training_batches(x, y), epochs=EPOCHS, validation_data=(x, y),
+                        validation_batch_size=BATCH, shuffle=False, verbose=0)
+    return {"weights": model.get_weights(), "history": history.history,
+            "evaluation": np.array(model.evaluate(x, y, batch_size=BATCH, verbose=0)),
+            "predictions": model.predict(x, batch_size=BATCH, verbose=0)}
+
+
+def saved_weights(result, extra=4):
+    """The weights a job saved as arr_0, arr_1, ... beside `extra` named entries."""
+    return [result[f"arr_{index}"] for index in range(len(result.files) - extra)]
