@@ -67,7 +67,8 @@ if scenario == "oom":  # worker 1 alone runs out of memory above 2 rows: every w
     np.savez(os.path.join(output, f"oom-worker-{index}.npz"), *model.get_weights(),
              iterations=int(model.optimizer.iterations.numpy()), history=json.dumps(history.history),
              oom_events=json.dumps(model.oom_events), micro_batch_size=model.micro_batch_size)
-if scenario == "oom":  # then: the chief's trigger fires and cuts the rate; worker 1's alone would never fire
+
+    # Then: the chief's trigger fires and cuts the rate; worker 1's alone would never fire.
     from helpers import constant_meta_model
 
     from kadapt.meta import MetaAdjuster

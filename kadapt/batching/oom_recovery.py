@@ -135,13 +135,15 @@ def replica_step_function(model, step):
             lambda value: strategy.experimental_local_results(value)[0], outputs
         )
 
+    return _traced(model, one_step)
+
+
+def _traced(model, function):
+    """`function` as a `tf.function` with the model's compile settings, or as it is when the model runs eagerly."""
     if model.run_eagerly:
-        return one_step
-    return tf.function(
-        tf.autograph.experimental.do_not_convert(one_step),
-        reduce_retracing=True,
-        jit_compile=model.jit_compile,
-    )
+        return function
+    return tf.function(tf.autograph.experimental.do_not_convert(function), reduce_retracing=True,
+                       jit_compile=model.jit_compile)
 
 
 def two_step_functions(model):
@@ -162,10 +164,7 @@ def two_step_functions(model):
         results = strategy.run(finish_replica, args=outputs)
         return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], results)
 
-    if model.run_eagerly:
-        return compute, finish
-    return tuple(tf.function(tf.autograph.experimental.do_not_convert(f), reduce_retracing=True,
-                             jit_compile=model.jit_compile) for f in (compute, finish))
+    return _traced(model, compute), _traced(model, finish)
 
 
 def _exchange(strategy, failed, proposal):
@@ -206,7 +205,7 @@ def _shrink(model, error, attempt, smaller=None):
             "mixed precision (`keras.mixed_precision.set_global_policy('mixed_float16')`)."
         ) from error
     if smaller is None:
-        smaller = smaller_micro_batch(micro, getattr(model.probe_result, "memory_model", None))
+        smaller = _proposal(model, micro)
     step = int(model.optimizer.iterations.numpy()) if model.optimizer.built else 0
     model._oom_events.append((step, micro, smaller))
     logger.warning(

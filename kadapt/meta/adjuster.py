@@ -8,6 +8,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kadapt.batching.multi_worker import chief_values
+from kadapt.batching.multi_worker import in_multi_worker_mode
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
@@ -127,8 +129,6 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
         self._initial_learning_rate = applied_learning_rate(optimizer)
-        from kadapt.batching.multi_worker import in_multi_worker_mode
-
         strategy = self.model.distribute_strategy
         self._strategy = strategy if in_multi_worker_mode(strategy) else None
         self._ceiling = math.inf
@@ -231,8 +231,6 @@ class MetaAdjuster(keras.callbacks.Callback):
         return _REASONS[int(code)]
 
     def _from_chief(self, *values):
-        from kadapt.batching.multi_worker import chief_values
-
         return chief_values(self._strategy, [float(v) for v in values])
 
     def _annealing(self):

@@ -76,17 +76,9 @@ class ClusterMember:
 
     def smallest(self, value):
         """The minimum of `value` (an int) over all workers: one collective."""
-        import tensorflow as tf
+        from kadapt.batching.multi_worker import gather_values
 
-        strategy = self.strategy
-
-        @tf.function
-        def gather():
-            return strategy.run(lambda: tf.distribute.get_replica_context().all_gather(
-                tf.constant([int(value)], tf.int64), axis=0))
-
-        gathered = strategy.experimental_local_results(gather())[0]
-        return int(tf.reduce_min(gathered).numpy())
+        return int(gather_values(self.strategy, [float(value)]).min())
 
 
 def launch_local_workers(count, argv, echo=print):
