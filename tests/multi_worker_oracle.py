@@ -53,7 +53,8 @@ def noise_statistics(model):
 
 
 JOB = Path(__file__).with_name("multi_worker_job.py")
-JOB_TIMEOUT_SECONDS = 240
+JOB_TIMEOUT_SECONDS = 300  # bound on one whole multi-worker job
+COLLECTIVE_TIMEOUT_SECONDS = 200  # a collective may wait this long for a slow peer
 
 
 def run_workers(count, output, *arguments):
