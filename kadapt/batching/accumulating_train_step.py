@@ -180,7 +180,10 @@ class AccumulatingTrainStep:
         num_micro = num_full + tf.cast(tail > 0, tf.int32)
         layers = ghost_batch_norm.batch_norm_layers(self)
         weights = self._noise_weights()
-        denominator = _loss_denominator(batch_size)
+        # This replica's rows: no collective here (one in a function that runs out of memory on
+        # one worker may never send its part, and the others would wait in it); `finish_step`
+        # rescales to the global denominator.
+        denominator = tf.cast(batch_size, tf.float32)
         with ghost_batch_norm.per_logical_step_momentum(layers, num_micro):
             # The first micro-batch runs outside the loop: it builds the model,
             # metrics and loss on the first trace (variables cannot be created
@@ -197,7 +200,15 @@ class AccumulatingTrainStep:
 
     def finish_step(self, gradients, loss, noise, batch_size, denominator):
         """The second half of `train_step`: the noise statistics, the one
-        optimizer update (its all-reduce) and the loss; returns the metrics."""
+        optimizer update (its all-reduce) and the loss; returns the metrics.
+
+        `compute_step` averaged over this replica's rows (`denominator`);
+        under tf.distribute the gradients and loss are rescaled here to the
+        global rows over the replica count (`_global_denominator`)."""
+        global_denominator = _global_denominator(batch_size)
+        if global_denominator is not None:
+            factor = denominator / global_denominator
+            gradients, loss, denominator = [g * factor for g in gradients], loss * factor, global_denominator
         if self.measure_noise:
             self._track_noise(*_across_replicas(gradients, noise, batch_size), self._noise_weights())
         self._apply_once(gradients)
@@ -275,7 +286,7 @@ class AccumulatingTrainStep:
 
     def _micro_step(self, rows, denominator, noise_weights=None):
         """Returns the float32 gradients, loss share and noise statistics of
-        one micro-batch (its share: its rows over `_loss_denominator`)."""
+        one micro-batch (its share: its rows over this replica's)."""
         x, y, sample_weight = rows
         share = tf.cast(rows_of(x), tf.float32) / denominator
         with tf.GradientTape() as tape:
@@ -351,15 +362,15 @@ def _across_replicas(gradients, noise, batch_size):
     return total, tf.stack([squared_norms * replicas**2, inverse_sizes, count]), rows
 
 
-def _loss_denominator(batch_size):
-    """The rows one replica's loss is averaged over: its own batch; under
-    tf.distribute, the global batch over the replica count (one all-reduce),
-    so that every row of the global batch weighs the same even when the
-    replicas' shares differ (a ragged last batch split unevenly)."""
-    rows = tf.cast(batch_size, tf.float32)
+def _global_denominator(batch_size):
+    """Under tf.distribute, the rows one replica's loss is averaged over: the
+    global batch over the replica count (one all-reduce), so that every row
+    of the global batch weighs the same even when the replicas' shares differ
+    (a ragged last batch split unevenly). `None` on one replica."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
-        return rows
+        return None
+    rows = tf.cast(batch_size, tf.float32)
     return context.all_reduce(tf.distribute.ReduceOp.SUM, rows) / context.num_replicas_in_sync
 
 

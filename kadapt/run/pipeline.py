@@ -22,6 +22,7 @@ from kadapt.batching import probe_micro_batch
 from kadapt.batching.memory_budget import device_budget
 from kadapt.recipes import training as recipe
 from kadapt.run import run_directory as files
+from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.callbacks import meta_adjuster
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
@@ -198,19 +199,31 @@ def _trainer(run, micro):
 
 
 def _fit(run, trainer, rows, steps, micro, extra_callbacks):
-    """Trains; returns the best-weights callback (`None` with `--restore-best off`)."""
+    """Trains; returns the best-weights callback (`None` with `--restore-best off`).
+
+    The training data is one stream of every epoch's batches, each epoch's
+    order and each batch's augmentation a function of the seed and the
+    epoch or batch index; a resumed run's stream starts at the checkpointed
+    epoch, so it trains the batches the uninterrupted run would have."""
     config, data, settings = run.config, run.data, run.recipe
     validation = None
     if len(data.x_val):
         validation = (data.x_val, recipe.one_hot(data.y_val, data.num_classes))
-    best = recipe.best_weights_callback(settings, "val_loss" if validation else "loss", config.epochs)
-    callbacks = training_callbacks(run, steps, recipe.recipe_callbacks(settings, steps["total_steps"]), best)
+    backup = run.directory / files.BACKUP
+    first_epoch = InterruptSafeBackup.checkpointed_epoch(backup) if run.resume else 0
+    best = recipe.best_weights_callback(settings, "val_loss" if validation else "loss", backup_dir=backup)
+    callbacks = training_callbacks(run, steps, recipe.recipe_callbacks(settings, steps["total_steps"]), best,
+                                   first_epoch)
     callbacks = callbacks[:-1] + extra_callbacks + callbacks[-1:]  # the backup's committer stays last
+    per_epoch = steps["steps_per_epoch"]
     batches = recipe.augmented_batches(
-        recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed), settings, config.seed)
+        recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
+                                first_epoch=first_epoch),
+        settings, config.seed, first_batch=first_epoch * per_epoch)
     try:
-        trainer.fit(batches, epochs=config.epochs, validation_data=validation, validation_batch_size=micro,
-                    callbacks=callbacks, verbose=1, shuffle=False)  # the dataset shuffles, seeded
+        trainer.fit(batches, epochs=config.epochs, steps_per_epoch=per_epoch, validation_data=validation,
+                    validation_batch_size=micro, callbacks=callbacks, verbose=1,
+                    shuffle=False)  # the dataset shuffles, seeded
     finally:
         for callback in callbacks:
             if hasattr(callback, "close"):
