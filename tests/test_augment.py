@@ -132,3 +132,30 @@ def test_pipeline_is_keras_layers():
         keras.layers.RandomFlip, keras.layers.RandomTranslation, keras.layers.RandomErasing,
         keras.layers.CutMix, keras.layers.MixUp,
     ]
+
+
+def test_indexed_augmentation_is_a_function_of_the_batch_index_alone():
+    images, labels = np.random.default_rng(0).random((20, 8, 8, 1), "float32"), _one_hot(20)
+    pipeline = augmentation(flip=True, translate=0.25, cutout=0.5, cutmix=1.0, mixup=0.2, seed=3)
+    batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(5)
+
+    def run(dataset, first_batch, parallel=True):
+        return [(a.numpy(), b.numpy()) for a, b in augment_dataset(dataset, pipeline, parallel, first_batch)]
+
+    whole = run(batches, 0)
+    for again in (run(batches, 0, parallel=False), [None, None] + run(batches.skip(2), 2)):
+        for got, want in zip(again, whole):
+            if got is not None:
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])
+    assert not np.array_equal(whole[0][0], images[:5])  # augmented
+    shifted = run(batches, 1)  # the same rows as other batches of a run: other draws
+    assert not np.array_equal(shifted[1][0], whole[1][0])
+
+
+def test_indexed_augmentation_needs_seeded_layers():
+    batches = tf.data.Dataset.from_tensor_slices((np.zeros((4, 8, 8, 1), "float32"), _one_hot(4))).batch(2)
+    with pytest.raises(ValueError, match="seeded Keras image preprocessing layers"):
+        augment_dataset(batches, augmentation(flip=True), first_batch=0)
+    with pytest.raises(ValueError, match="first_batch"):
+        augment_dataset(batches, augmentation(flip=True, seed=0), first_batch=-1)

@@ -205,11 +205,13 @@ def test_an_existing_run_directory_is_refused_in_one_line(trained):
     assert json.loads((run / "run.json").read_text())["status"] == "completed"  # untouched
 
 
-def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
-    epochs = 20
+def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch):
+    epochs = 8
     run = workdir / "runs" / "interrupted"
     # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
-    args = ["--data", "tiny.npz", *TINY, "--schedule", "cosine", "--epochs", str(epochs), "--out", run]
+    # Augmented on the fly (shifts, cutout): the resumed run must draw what the uninterrupted one drew.
+    args = ["--data", "tiny.npz", *TINY, "--schedule", "cosine", "--cutout", "0.5",
+            "--epochs", str(epochs), "--out", run]
     process = kadapt("train", *args, cwd=workdir, wait=False)
     deadline = time.time() + 120
     while time.time() < deadline and not _epochs_done(run):
@@ -239,7 +241,22 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes(workdir):
                                                    rel=1e-4, abs=1e-7)
         assert s["momentum"] == pytest.approx(
             0.95 - 0.10 * cosine(s["step"] - warmup, total - warmup, 1.0, 0.0), abs=1e-6)
-    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "completed"
+    # The same command, uninterrupted (in-process): the same history, the same best epoch, the same model.
+    from kadapt import load_model
+
+    monkeypatch.chdir(workdir)
+    whole = workdir / "runs" / "uninterrupted"
+    assert cli.main(["train", *map(str, args[:-1]), str(whole)]) == 0
+    histories = [json.loads((path / "history.json").read_text()) for path in (run, whole)]
+    assert histories[0]["epoch"] == histories[1]["epoch"] == list(range(epochs))
+    for key in ("loss", "val_loss", "accuracy"):
+        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-5)
+    assert record["weights"] == json.loads((whole / "run.json").read_text())["weights"]
+    weights = [load_model(path / "model.keras").get_weights() for path in (run, whole)]
+    for got, want in zip(*weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _epochs_done(run):

@@ -1,17 +1,44 @@
-"""`kadapt train --workers 2`: local worker processes on 127.0.0.1, only the chief writing, and the
-same model as the command in one process."""
+"""`kadapt train --workers 2`: local worker processes on 127.0.0.1, only the chief writing; killed,
+then resumed, the same model as the command in one process, uninterrupted."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
 from multi_worker_oracle import JOB_TIMEOUT_SECONDS
 
+EPOCHS = 4
 
-def test_kadapt_train_on_two_workers_writes_only_from_the_chief_and_trains_as_one_process(tmp_path, monkeypatch):
+
+def _epochs_done(run):
+    try:
+        return json.loads((run / "history.json").read_text())["epoch"]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def _worker_process(launcher, index):
+    """The pid of worker `index` that the `kadapt train --workers` process `launcher` started, or None."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            variables = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        config = next((v[len(b"TF_CONFIG="):] for v in variables if v.startswith(b"TF_CONFIG=")), None)
+        if config and json.loads(config)["task"]["index"] == index:
+            return int(entry.name)
+    return None
+
+
+def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as_one_process(tmp_path, monkeypatch):
     from helpers import write_tiny_npz
 
     write_tiny_npz(tmp_path / "tiny.npz")
@@ -20,23 +47,43 @@ def test_kadapt_train_on_two_workers_writes_only_from_the_chief_and_trains_as_on
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(scratch)}
     environment.pop("TF_CONFIG", None)
     command = [sys.executable, "-m", "kadapt.cli", "train", "--data", "tiny.npz", "--model", "small_cnn",
-               "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", "2",
+               "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", str(EPOCHS),
                "--out", "runs/two", "--workers", "2"]
-    result = subprocess.run(command, cwd=tmp_path, env=environment, text=True, capture_output=True,
+    run = tmp_path / "runs" / "two"
+    # Worker 1 is killed once the first epoch is checkpointed; the chief then stops with a clear error.
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=environment, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not _epochs_done(run) and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = _worker_process(launcher.pid, 1)
+        assert worker is not None and launcher.poll() is None, "the run ended before worker 1 could be killed"
+        os.kill(worker, signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=JOB_TIMEOUT_SECONDS)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode != 0 and "stopped answering mid-run" in stdout + stderr, stderr[-3000:]
+    assert 1 <= len(_epochs_done(run)) < EPOCHS
+    # Restarting both workers with --resume continues from the checkpoint.
+    result = subprocess.run([*command[:command.index("--data")], "--resume", "--out", "runs/two", "--workers", "2"],
+                            cwd=tmp_path, env=environment, text=True, capture_output=True,
                             timeout=JOB_TIMEOUT_SECONDS)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "starting 2 workers on 127.0.0.1" in result.stdout
-    assert "the smallest that fits on every one of the 2 workers" in result.stdout
-    run = tmp_path / "runs" / "two"
+    assert "resuming with the probed micro-batch" in result.stdout
     record = json.loads((run / "run.json").read_text())
-    assert record["status"] == "completed" and record["steps_completed"] == 8  # 58 rows, global batch 16
+    assert record["status"] == "completed" and record["steps_completed"] == 4 * EPOCHS  # 58 rows, global batch 16
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "tiny.npz", "tmp"]
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["two"]  # the chief's directory only
-    (worker,) = [p for p in scratch.iterdir() if p.name.startswith("kadapt-worker-1-")]
-    assert (worker / "run.json").is_file()  # worker 1 wrote its files into its scratch directory
+    workers = [p for p in scratch.iterdir() if p.name.startswith("kadapt-worker-1-")]
+    assert len(workers) == 2 and all((w / "run.json").is_file() for w in workers)  # worker 1 wrote to scratch
+    worker = max(workers, key=lambda p: p.stat().st_mtime)
     probe = json.loads((run / "probe.json").read_text())
     assert probe["micro_batch_size"] == json.loads((worker / "probe.json").read_text())["micro_batch_size"] <= 8
-    # The same run in one process (the plain command, in-process) trains the same model.
+    # The same run in one process, uninterrupted (the plain command, in-process), trains the same model.
     from kadapt import cli
     from kadapt import load_model
 

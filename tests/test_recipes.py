@@ -106,3 +106,26 @@ def test_fast_fit_refuses_expand_with_a_dataset():
     config = FastFitConfig(**{**TINY.__dict__, "expand": 0.5})
     with pytest.raises(ValueError, match="`config.expand` appends samples to arrays"):
         fast_fit(dataset, config=config, num_classes=3)
+
+
+def test_each_epoch_is_a_permutation_keyed_by_its_index_and_a_resumed_stream_continues_the_whole():
+    from kadapt.recipes.training import shuffled_batches
+
+    rows = np.arange(10, dtype="float32").reshape(10, 1)
+    labels = np.arange(10) % 2
+
+    def epochs_of(stream):
+        seen = np.concatenate([x.numpy()[:, 0] for x, _ in stream]).astype(int)
+        return seen.reshape(-1, 10)
+
+    whole = epochs_of(shuffled_batches(rows, labels, 4, 2, seed=7, epochs=4))
+    assert whole.shape == (4, 10)  # 3 batches per epoch, the last of 2 rows
+    for order in whole:
+        assert sorted(order) == list(range(10))
+    assert len({tuple(order) for order in whole}) == 4  # a new order every epoch
+    np.testing.assert_array_equal(epochs_of(shuffled_batches(rows, labels, 4, 2, seed=7, epochs=4, first_epoch=2)),
+                                  whole[2:])
+    stream = shuffled_batches(rows, labels, 4, 2, seed=7, epochs=4)
+    assert int(stream.cardinality()) == 12
+    x, y = next(iter(stream))
+    np.testing.assert_array_equal(y.numpy(), np.eye(2, dtype="float32")[x.numpy()[:, 0].astype(int) % 2])

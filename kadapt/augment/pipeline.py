@@ -68,26 +68,84 @@ def augmentation(flip=True, translate=0.0, cutout=0.0, cutmix=0.0, mixup=0.0, se
     )
 
 
-def augment_dataset(dataset, pipeline, parallel=True):
+def augment_dataset(dataset, pipeline, parallel=True, first_batch=None):
     """Applies `pipeline` to every `(images, labels)` batch of `dataset`.
 
     Args:
         dataset: Batched `tf.data.Dataset` of `(images, labels)`, labels one-hot
             float if the pipeline mixes labels.
         pipeline: Callable on `{"images", "labels"}` batches, e.g. `augmentation()`.
-        parallel: Bool. Map batches in parallel. A seeded pipeline draws from
-            one seed generator per layer, so parallel batches race for its
-            state: pass `False` for the same augmentation on every run.
-            Defaults to `True`.
+        parallel: Bool. Map batches in parallel. Without `first_batch`, a
+            seeded pipeline draws from one seed generator per layer, so
+            parallel batches race for its state: pass `False` for the same
+            augmentation on every run. Defaults to `True`.
+        first_batch: `None`, or the int index of the dataset's first batch in
+            the whole run (0 from the start; `epoch * steps_per_epoch` for a
+            stream that starts at `epoch`). Then every draw of a layer is a
+            function of its seed and the batch's index alone: the same batch
+            gets the same augmentation in any run, in parallel too, and a run
+            resumed at an epoch continues as the uninterrupted one would.
+            Needs a `keras.layers.Pipeline` of seeded Keras image
+            preprocessing layers (`augmentation(..., seed=...)`). Defaults to
+            `None`.
 
     Returns:
         The mapped dataset of `(images, labels)` batches.
     """
     if isinstance(pipeline, keras.layers.Pipeline) and not pipeline.layers:
         return dataset  # Keras' Pipeline cannot be called without layers.
+    calls = tf.data.AUTOTUNE if parallel else None
+    if first_batch is None:
+        def apply(images, labels):
+            out = pipeline({"images": images, "labels": labels}, training=True)
+            return out["images"], out["labels"]
 
-    def apply(images, labels):
-        out = pipeline({"images": images, "labels": labels}, training=True)
-        return out["images"], out["labels"]
+        return dataset.map(apply, num_parallel_calls=calls)
+    check_range("first_batch", first_batch, low=0, integer=True)
+    layers = _seeded_layers(pipeline)
 
-    return dataset.map(apply, num_parallel_calls=tf.data.AUTOTUNE if parallel else None)
+    def apply_indexed(index, batch):
+        images, labels = batch
+        for layer in layers:
+            seeds = _BatchSeeds(layer.seed, index)
+            data = {"images": images, "labels": labels}
+            transformation = layer.get_random_transformation(data, training=True, seed=seeds)
+            images = layer.transform_images(images, transformation, training=True)
+            labels = layer.transform_labels(labels, transformation, training=True)
+        return images, labels
+
+    return dataset.enumerate(start=first_batch).map(apply_indexed, num_parallel_calls=calls)
+
+
+def _seeded_layers(pipeline):
+    layers = getattr(pipeline, "layers", None)
+    if not isinstance(pipeline, keras.layers.Pipeline) or not all(
+            hasattr(layer, "get_random_transformation") and isinstance(getattr(layer, "seed", None), int)
+            for layer in layers):
+        raise ValueError(
+            "Argument `first_batch` needs a keras.layers.Pipeline of seeded Keras image preprocessing "
+            "layers, e.g. kadapt.augment.augmentation(flip=True, seed=0). "
+            f"Received: pipeline={pipeline!r} with layers {layers!r}")
+    return layers
+
+
+class _BatchSeeds(keras.random.SeedGenerator):
+    """A seeded layer's seeds for one batch: draw k is `[64 * seed + k, batch index]`.
+
+    Keras' random ops take it as a `SeedGenerator`; unlike one, it holds no
+    state, so a batch's draws depend on the batch's index alone. Layer
+    seeds one apart (`augmentation` gives layer i `seed + i`) never share a
+    seed while a layer draws fewer than 64 times per batch.
+    """
+
+    def __init__(self, seed, batch_index):  # noqa: D107  (no state variable: not SeedGenerator's __init__)
+        self._first = 64 * seed
+        self._batch = tf.cast(batch_index, "int64")
+        self._draws = 0
+
+    def next(self, ordered=True):
+        if self._draws >= 64:
+            raise RuntimeError("An augmentation layer drew more than 64 seeds for one batch.")
+        seed = tf.stack([tf.constant(self._first + self._draws, "int64"), self._batch])
+        self._draws += 1
+        return seed

@@ -1,4 +1,5 @@
 """Keras callbacks."""
 
 from kadapt.callbacks.adaptive_batch_size import AdaptiveBatchSize
+from kadapt.callbacks.best_weights import BestWeights
 from kadapt.callbacks.momentum_scheduler import MomentumScheduler

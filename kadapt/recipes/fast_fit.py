@@ -73,16 +73,17 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     check_range("batch_size", batch_size, low=1, integer=True)
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    train, images, num_classes = _training_data(x, y, batch_size, num_classes, seed, config)
-    steps = epochs * int(train.cardinality())
+    train, images, num_classes, steps_per_epoch = _training_data(x, y, batch_size, num_classes, seed, config, epochs)
+    steps = epochs * steps_per_epoch
     model = training.compile_recipe(training.recipe_network(config, images, num_classes), config, steps)
     trainer = training.micro_batched(model, micro_batch_size, memory_budget)
     validation = _validation(validation_data, num_classes, batch_size)
-    best = training.best_weights_callback(config, "val_loss" if validation is not None else "loss", epochs)
+    best = training.best_weights_callback(config, "val_loss" if validation is not None else "loss")
     history = trainer.fit(
-        training.augmented_batches(train, config, seed),
+        training.augmented_batches(train, config, seed),  # every epoch's batches, one after the other
         validation_data=validation,
         epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
         shuffle=False,  # The dataset shuffles; Keras would only warn.
         callbacks=training.recipe_callbacks(config, steps) + list(callbacks or []) + [c for c in [best] if c],
         verbose=verbose,
@@ -91,8 +92,8 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     return model
 
 
-def _training_data(x, y, batch_size, num_classes, seed, config):
-    """`(batches, images for the whitening, num_classes)`."""
+def _training_data(x, y, batch_size, num_classes, seed, config, epochs):
+    """`(batches of all the epochs, images for the whitening, num_classes, steps per epoch)`."""
     if isinstance(x, tf.data.Dataset):
         if config.expand:
             raise ValueError("`config.expand` appends samples to arrays; with a dataset, expand the arrays "
@@ -101,10 +102,12 @@ def _training_data(x, y, batch_size, num_classes, seed, config):
             raise ValueError(f"Argument `y` must be None when `x` is a dataset. Received: y={type(y).__name__}")
         batches, num_classes = _dataset_batches(x, num_classes)
         images = next(iter(batches.unbatch().batch(training.WHITENING_IMAGES)))[0].numpy()
-        return batches, images, num_classes
+        steps = int(batches.cardinality())
+        return batches.repeat(epochs), images, num_classes, steps
     images, labels, num_classes = _arrays(x, y, num_classes)
     rows, labels = training.expanded(images, labels, config, num_classes, seed)
-    return training.shuffled_batches(rows, labels, batch_size, num_classes, seed), images, num_classes
+    batches = training.shuffled_batches(rows, labels, batch_size, num_classes, seed, epochs=epochs)
+    return batches, images, num_classes, training.steps_per_epoch(len(rows), batch_size)
 
 
 def _dataset_batches(dataset, num_classes):

@@ -15,6 +15,7 @@ from kadapt.augment import augment_dataset
 from kadapt.augment import augmentation
 from kadapt.augment import expand
 from kadapt.batching import accumulate
+from kadapt.callbacks import BestWeights
 from kadapt.callbacks import MomentumScheduler
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
@@ -23,6 +24,7 @@ from kadapt.recipes.inference import predict_with_flips
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
 from kadapt.schedules.piecewise_linear import PiecewiseLinear
+from kadapt.validation import check_range
 
 WHITENING_IMAGES = 5000  # enough for a stable 2x2 patch covariance
 MOMENTUM = 0.9  # of the triangular schedule
@@ -76,13 +78,13 @@ def recipe_callbacks(config, total_steps):
     return [MomentumScheduler(CosineMomentum(*COSINE_MOMENTUM, total_steps, warmup_steps=warmup))]
 
 
-def best_weights_callback(config, monitor, epochs):
-    """`EarlyStopping(restore_best_weights=True)` that never stops early, or
-    `None` when the config turns restoring off. Its `best_epoch` says which
-    epoch's weights the model ends with."""
+def best_weights_callback(config, monitor, backup_dir=None):
+    """`kadapt.callbacks.BestWeights` on `monitor` (kept across a resume in
+    `backup_dir`, when given), or `None` when the config turns restoring
+    off. Its `best_epoch` says which epoch's weights the model ends with."""
     if not config.restore_best_weights:
         return None
-    return keras.callbacks.EarlyStopping(monitor=monitor, patience=epochs + 1, restore_best_weights=True)
+    return BestWeights(monitor=monitor, backup_dir=backup_dir)
 
 
 def one_hot(labels, num_classes):
@@ -101,25 +103,50 @@ def expanded(x, y, config, num_classes, seed=None):
     return expand(x, y, method=config.expand_method, factor=config.expand, num_classes=num_classes, seed=seed)
 
 
-def shuffled_batches(x, y, batch_size, num_classes, seed=None):
-    """Logical batches of `(x, one-hot y)`, reshuffled every epoch (seeded),
-    the last one ragged."""
-    dataset = tf.data.Dataset.from_tensor_slices((np.asarray(x, "float32"), one_hot(y, num_classes)))
-    return dataset.shuffle(len(x), seed=seed, reshuffle_each_iteration=True).batch(batch_size)
+def steps_per_epoch(rows, batch_size):
+    """Logical batches in one pass over `rows` training rows, the last one ragged."""
+    return -(-rows // batch_size)
 
 
-def augmented_batches(batches, config, seed=None):
-    """`batches` augmented on the fly as `config` says, prefetched.
+def shuffled_batches(x, y, batch_size, num_classes, seed=None, epochs=1, first_epoch=0):
+    """Logical batches of `(x, one-hot y)` for epochs `first_epoch` to
+    `epochs - 1`, one after the other, each epoch in its own order, its last
+    batch ragged. Train on it with `steps_per_epoch(len(x), batch_size)`.
 
-    With a `seed` the batches are augmented one after the other, so each
-    draws the same state of the layers' seed generators on every run (in
-    parallel they would race for it); the prefetch still overlaps the
-    augmentation with training.
+    With a `seed`, epoch e's order is a function of `(seed, e)` alone, so a
+    run resumed at epoch e (`first_epoch=e`) sees the batches the
+    uninterrupted run saw from there on."""
+    check_range("first_epoch", first_epoch, low=0, high=epochs, integer=True)
+    x, labels = np.asarray(x, "float32"), one_hot(y, num_classes)
+    steps = steps_per_epoch(len(x), batch_size)
+    if seed is None:
+        dataset = tf.data.Dataset.from_tensor_slices((x, labels))
+        batches = dataset.shuffle(len(x), reshuffle_each_iteration=True).batch(batch_size).repeat(epochs - first_epoch)
+    else:
+        rows, targets = tf.constant(x), tf.constant(labels)
+
+        def one_epoch(epoch):
+            keys = tf.random.stateless_uniform([len(x)], seed=tf.stack([tf.constant(seed, "int64"), epoch]))
+            return tf.data.Dataset.from_tensor_slices(tf.argsort(keys)).batch(batch_size)
+
+        orders = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
+        batches = orders.map(lambda order: (tf.gather(rows, order), tf.gather(targets, order)))
+    return batches.apply(tf.data.experimental.assert_cardinality((epochs - first_epoch) * steps))
+
+
+def augmented_batches(batches, config, seed=None, first_batch=0):
+    """`batches` augmented on the fly as `config` says, in parallel, prefetched.
+
+    With a `seed`, each batch's augmentation is a function of the seed and
+    the batch's index in the run (`first_batch` is the index of the first
+    one): the same on every run, and a resumed run continues as the
+    uninterrupted one would.
     """
     if not config.augments:
         return batches.prefetch(tf.data.AUTOTUNE)
     pipeline = augmentation(config.flip, config.translate, config.cutout, config.cutmix, config.mixup, seed=seed)
-    return augment_dataset(batches, pipeline, parallel=seed is None).prefetch(tf.data.AUTOTUNE)
+    indexed = None if seed is None else first_batch
+    return augment_dataset(batches, pipeline, first_batch=indexed).prefetch(tf.data.AUTOTUNE)
 
 
 def micro_batched(model, micro_batch_size, memory_budget=None):

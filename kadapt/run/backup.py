@@ -1,10 +1,15 @@
 """`InterruptSafeBackup`: Keras' `BackupAndRestore` whose checkpoints Ctrl-C cannot cut short."""
 
 import contextlib
+import json
 import signal
 import threading
+from pathlib import Path
 
 import keras
+
+
+METADATA = "training_metadata.json"  # Keras' BackupAndRestore: the epoch the checkpoint holds
 
 
 class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
@@ -23,11 +28,31 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
     records of that epoch (`history.json`, an adjustment the `MetaAdjuster`
     made at epoch end); written first, a Ctrl-C between the two lost the
     epoch from the history of the resumed run.
+
+    The training data of a resumed run starts at the checkpointed epoch
+    (`checkpointed_epoch`); pass that epoch as `first_epoch`, and training
+    stops with a clear error if the restored checkpoint is another one.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, first_epoch=0, **kwargs):
         super().__init__(*args, **kwargs)
         self.committer = _EpochCommitter(self)
+        self.first_epoch = first_epoch
+
+    @staticmethod
+    def checkpointed_epoch(backup_dir):
+        """The epoch a run restored from `backup_dir` continues at (0 without a checkpoint)."""
+        path = Path(backup_dir) / METADATA
+        return json.loads(path.read_text())["epoch"] if path.is_file() else 0
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        restored = self.checkpointed_epoch(self.backup_dir)
+        if restored != self.first_epoch:  # Keras fell back to the previous checkpoint
+            raise RuntimeError(
+                f"The checkpoint in {self.backup_dir} holds epoch {restored}, not epoch {self.first_epoch} "
+                "whose batches were prepared (the latest checkpoint could not be read). Resume again: the "
+                "run continues from the checkpoint that was restored.")
 
     def on_epoch_end(self, epoch, logs=None):
         """Nothing: `self.committer` writes the checkpoint after the others."""

@@ -1,0 +1,61 @@
+"""`BestWeights`: the weights of the best epoch at the end of training, kept across a resume."""
+
+import math
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+
+STATE_FILE = "best-weights.npz"
+
+
+class BestWeights(keras.callbacks.EarlyStopping):
+    """`keras.callbacks.EarlyStopping(restore_best_weights=True)` that never
+    stops early: at the end of training the model holds the weights of the
+    epoch with the best `monitor` value; `best_epoch` (0-based) says which.
+
+    With `backup_dir` (the directory of the run's `BackupAndRestore`), the
+    best value, its epoch and its weights are written there at every
+    improvement and read back when training begins, so a run resumed after
+    an interruption still ends with the best epoch of the whole run, not of
+    the epochs after the resume. The file is replaced whole (written aside,
+    then renamed), never left half-written.
+
+    Args:
+        monitor: String. The logged value to watch, e.g. `"val_loss"`.
+        backup_dir: Path-like or `None`. Where the state lives between runs.
+            Defaults to `None` (kept in memory only).
+    """
+
+    def __init__(self, monitor="val_loss", backup_dir=None):
+        super().__init__(monitor=monitor, patience=2**62, restore_best_weights=True)
+        self.backup_dir = None if backup_dir is None else Path(backup_dir)
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        path = self._path()
+        if path is not None and path.is_file():
+            with np.load(path, allow_pickle=False) as saved:
+                self.best, self.best_epoch = float(saved["best"]), int(saved["best_epoch"])
+                count = int(saved["count"])
+                self.best_weights = [saved[f"weight_{i}"] for i in range(count)]
+
+    def on_epoch_end(self, epoch, logs=None):
+        before = (self.best_epoch, self.best_weights is None)
+        super().on_epoch_end(epoch, logs)
+        path = self._path()
+        if path is not None and self.best_weights is not None and (self.best_epoch, False) != before:
+            self._write(path)
+
+    def _path(self):
+        return None if self.backup_dir is None else self.backup_dir / STATE_FILE
+
+    def _write(self, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        best = math.inf if self.best is None else self.best
+        aside = path.with_name(path.name + ".partial.npz")
+        np.savez(aside, best=np.float64(best), best_epoch=np.int64(self.best_epoch),
+                 count=np.int64(len(self.best_weights)),
+                 **{f"weight_{i}": weight for i, weight in enumerate(self.best_weights)})
+        os.replace(aside, path)
