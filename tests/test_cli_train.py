@@ -193,20 +193,19 @@ def test_report_marks_meta_decisions_on_the_training_plot(trained, capsys):
     assert without.shape == marked.shape and not np.array_equal(without, marked)
 
 
-def test_an_existing_run_directory_is_refused_in_one_line(trained):
+def test_an_existing_run_directory_is_refused_in_one_line(trained, monkeypatch):
     _, run = trained
-    result = kadapt("train", "--data", "tiny.npz", *TINY, "--out", "runs/tiny", cwd=run.parent.parent)
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    assert user_lines(result.stderr) == [
+    monkeypatch.chdir(run.parent.parent)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", "tiny.npz", *TINY, "--out", "runs/tiny"])
+    assert str(raised.value) == (
         "kadapt: error: --out runs/tiny already exists: pass --overwrite to replace it, "
-        "or --resume to continue it."
-    ]
+        "or --resume to continue it.")
     assert json.loads((run / "run.json").read_text())["status"] == "completed"  # untouched
 
 
 def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch):
-    epochs = 8
+    epochs = 6
     run = workdir / "runs" / "interrupted"
     # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
     # Augmented on the fly (shifts, cutout): the resumed run must draw what the uninterrupted one drew.
@@ -227,8 +226,8 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
     assert done == list(range(len(done))) and len(done) < epochs
     read_jsonl(run / "steps.jsonl")  # every line whole
 
-    result = kadapt("train", "--resume", "--out", run, cwd=workdir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    monkeypatch.chdir(workdir)
+    assert cli.main(["train", "--resume", "--out", str(run)]) == 0  # in-process: one TensorFlow start fewer
     assert _epochs_done(run) == list(range(epochs))
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(4 * epochs))  # 4 steps per epoch, none twice
@@ -246,7 +245,6 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
     # The same command, uninterrupted (in-process): the same history, the same best epoch, the same model.
     from kadapt import load_model
 
-    monkeypatch.chdir(workdir)
     whole = workdir / "runs" / "uninterrupted"
     assert cli.main(["train", *map(str, args[:-1]), str(whole)]) == 0
     histories = [json.loads((path / "history.json").read_text()) for path in (run, whole)]
