@@ -44,7 +44,7 @@ postgres:
 	fi
 
 test: install-test data postgres
-	$(PY) -m pytest -n 3 --dist loadfile --durations=12 tests  # three workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures)
+	$(PY) -m pytest -n 4 --dist loadfile --durations=12 tests  # four workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures)
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation.py

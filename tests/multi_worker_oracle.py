@@ -53,6 +53,8 @@ def noise_statistics(model):
 
 
 JOB = Path(__file__).with_name("multi_worker_job.py")
+# Many processes share the 2 cores during `make test`: one thread each spares them the contention.
+ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1"}
 JOB_TIMEOUT_SECONDS = 300  # bound on one whole multi-worker job
 COLLECTIVE_TIMEOUT_SECONDS = 200  # a collective may wait this long for a slow peer
 
@@ -60,7 +62,7 @@ COLLECTIVE_TIMEOUT_SECONDS = 200  # a collective may wait this long for a slow p
 def run_workers(count, output, *arguments):
     """Runs `count` workers of multi_worker_job.py on free 127.0.0.1 ports; ends them all."""
     ports = ",".join(str(postgres.free_port()) for _ in range(count))
-    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    environment = {**os.environ, **ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     environment.pop("TF_CONFIG", None)
     logs = [open(Path(output) / f"worker-{index}.log", "w") for index in range(count)]
     processes = [subprocess.Popen([sys.executable, str(JOB), str(index), ports, str(output), *arguments],

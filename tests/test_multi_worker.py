@@ -64,7 +64,7 @@ def test_the_noise_scale_counts_every_workers_micro_batches(two_workers):
 
 def test_a_killed_worker_makes_the_other_exit_with_a_clear_error(tmp_path):
     ports = ",".join(str(postgres.free_port()) for _ in range(2))
-    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    environment = {**os.environ, **oracle.ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     processes = [subprocess.Popen([sys.executable, str(oracle.JOB), str(index), ports, str(tmp_path), "killed"],
                                   env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for index in range(2)]

@@ -45,11 +45,11 @@ class _EpochsBegun(keras.callbacks.Callback):
         self.epochs.append(epoch)
 
 
-def _fit(directory, *middle, epochs=4):
+def _fit(directory, *middle, epochs=4, first_epoch=None):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    backup = InterruptSafeBackup(backup_dir=str(directory))
+    backup = InterruptSafeBackup(backup_dir=str(directory), first_epoch=first_epoch)
     x = np.arange(24, dtype="float32").reshape(8, 3) / 24
     model.fit(x, x[:, :1], batch_size=4, epochs=epochs, verbose=0,
               callbacks=[backup, *middle, backup.committer])
@@ -62,4 +62,15 @@ def test_an_epoch_is_checkpointed_only_after_every_callback_finished_it(tmp_path
         _fit(tmp_path, _InterruptAtEpochEnd(2))
     begun = _EpochsBegun()
     _fit(tmp_path, begun)
+    assert begun.epochs == [2, 3]
+
+
+def test_a_restored_epoch_other_than_the_prepared_one_stops_with_a_clear_error(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, _InterruptAtEpochEnd(2))
+    assert InterruptSafeBackup.checkpointed_epoch(tmp_path) == 2
+    with pytest.raises(RuntimeError, match="holds epoch 2, not epoch 1 whose batches were prepared"):
+        _fit(tmp_path, first_epoch=1)
+    begun = _EpochsBegun()
+    _fit(tmp_path, begun, first_epoch=2)
     assert begun.epochs == [2, 3]

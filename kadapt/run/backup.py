@@ -31,10 +31,11 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
 
     The training data of a resumed run starts at the checkpointed epoch
     (`checkpointed_epoch`); pass that epoch as `first_epoch`, and training
-    stops with a clear error if the restored checkpoint is another one.
+    stops with a clear error if the restored checkpoint is another one
+    (`None`, the default: no check, for data that does not depend on it).
     """
 
-    def __init__(self, *args, first_epoch=0, **kwargs):
+    def __init__(self, *args, first_epoch=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.committer = _EpochCommitter(self)
         self.first_epoch = first_epoch
@@ -48,7 +49,7 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         restored = self.checkpointed_epoch(self.backup_dir)
-        if restored != self.first_epoch:  # Keras fell back to the previous checkpoint
+        if self.first_epoch is not None and restored != self.first_epoch:  # Keras fell back to the previous checkpoint
             raise RuntimeError(
                 f"The checkpoint in {self.backup_dir} holds epoch {restored}, not epoch {self.first_epoch} "
                 "whose batches were prepared (the latest checkpoint could not be read). Resume again: the "

@@ -12,7 +12,7 @@ from kadapt.run.stopping import StopAtStep
 from kadapt.run.stopping import StopAtTarget
 
 
-def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch=0):
+def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch):
     """Backup first (it restores weights before the others look at them) and
     its committer last (an epoch's checkpoint follows that epoch's records);
     the schedule's momentum set before the step logger reads it; the step
@@ -25,7 +25,8 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
         schedule_callbacks: The recipe's (`recipe_callbacks`).
         best_weights: The recipe's `best_weights_callback`, or `None`.
         first_epoch: Int. The epoch the training data starts at: the
-            checkpointed one on a resume, else 0.
+            checkpointed one on a resume, else 0. The backup checks that it
+            restores that epoch.
     """
     config, directory = run.config, run.directory
     (directory / files.META_DECISIONS).touch()  # empty with --meta off
