@@ -84,3 +84,13 @@ def write_tiny_npz(path, train_rows=64, test_rows=32, side=12, seed=0):
     np.savez(path, x_train=x[:train_rows], y_train=y[:train_rows],
              x_test=x[train_rows:], y_test=y[train_rows:])
     return path
+
+
+def epochs_done(run):
+    """The epochs a `kadapt train` run directory's history.json lists ([] before the first)."""
+    import json
+
+    try:
+        return json.loads((run / "history.json").read_text())["epoch"]
+    except (FileNotFoundError, ValueError):
+        return []

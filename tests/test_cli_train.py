@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from matplotlib import image
 
+from helpers import epochs_done
 from helpers import write_tiny_npz
 from kadapt import cli
 
@@ -213,7 +214,7 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
             "--epochs", str(epochs), "--out", run]
     process = kadapt("train", *args, cwd=workdir, wait=False)
     deadline = time.time() + 120
-    while time.time() < deadline and not _epochs_done(run):
+    while time.time() < deadline and not epochs_done(run):
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
@@ -222,13 +223,13 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
     assert "Traceback" not in stderr
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert (run / "config.json").is_file() and (run / "backup").is_dir()
-    done = _epochs_done(run)
+    done = epochs_done(run)
     assert done == list(range(len(done))) and len(done) < epochs
     read_jsonl(run / "steps.jsonl")  # every line whole
 
     monkeypatch.chdir(workdir)
     assert cli.main(["train", "--resume", "--out", str(run)]) == 0  # in-process: one TensorFlow start fewer
-    assert _epochs_done(run) == list(range(epochs))
+    assert epochs_done(run) == list(range(epochs))
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(4 * epochs))  # 4 steps per epoch, none twice
     resolved = json.loads((run / "config.json").read_text())["resolved"]
@@ -255,13 +256,6 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
     weights = [load_model(path / "model.keras").get_weights() for path in (run, whole)]
     for got, want in zip(*weights, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
-def _epochs_done(run):
-    try:
-        return json.loads((run / "history.json").read_text())["epoch"]
-    except (FileNotFoundError, ValueError):
-        return []
 
 
 def test_expand_appends_generated_samples_before_training(tmp_path):

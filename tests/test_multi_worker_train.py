@@ -16,13 +16,6 @@ from multi_worker_oracle import JOB_TIMEOUT_SECONDS
 EPOCHS = 4
 
 
-def _epochs_done(run):
-    try:
-        return json.loads((run / "history.json").read_text())["epoch"]
-    except (FileNotFoundError, ValueError):
-        return []
-
-
 def _worker_process(launcher, index):
     """The pid of worker `index` that the `kadapt train --workers` process `launcher` started, or None."""
     for entry in Path("/proc").iterdir():
@@ -39,6 +32,7 @@ def _worker_process(launcher, index):
 
 
 def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as_one_process(tmp_path, monkeypatch):
+    from helpers import epochs_done
     from helpers import write_tiny_npz
 
     write_tiny_npz(tmp_path / "tiny.npz")
@@ -55,7 +49,7 @@ def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-        while not _epochs_done(run) and launcher.poll() is None and time.monotonic() < deadline:
+        while not epochs_done(run) and launcher.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         worker = _worker_process(launcher.pid, 1)
         assert worker is not None and launcher.poll() is None, "the run ended before worker 1 could be killed"
@@ -66,7 +60,7 @@ def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as
             launcher.kill()
             launcher.wait()
     assert launcher.returncode != 0 and "stopped answering mid-run" in stdout + stderr, stderr[-3000:]
-    assert 1 <= len(_epochs_done(run)) < EPOCHS
+    assert 1 <= len(epochs_done(run)) < EPOCHS
     # Restarting both workers with --resume continues from the checkpoint.
     result = subprocess.run([*command[:command.index("--data")], "--resume", "--out", "runs/two", "--workers", "2"],
                             cwd=tmp_path, env=environment, text=True, capture_output=True,

@@ -1,6 +1,5 @@
 """`BestWeights`: the weights of the best epoch at the end of training, kept across a resume."""
 
-import math
 import os
 from pathlib import Path
 
@@ -42,10 +41,10 @@ class BestWeights(keras.callbacks.EarlyStopping):
                 self.best_weights = [saved[f"weight_{i}"] for i in range(count)]
 
     def on_epoch_end(self, epoch, logs=None):
-        before = (self.best_epoch, self.best_weights is None)
-        super().on_epoch_end(epoch, logs)
+        before = self.best_weights
+        super().on_epoch_end(epoch, logs)  # a new best is a new list of weights
         path = self._path()
-        if path is not None and self.best_weights is not None and (self.best_epoch, False) != before:
+        if path is not None and self.best_weights is not before:
             self._write(path)
 
     def _path(self):
@@ -53,9 +52,8 @@ class BestWeights(keras.callbacks.EarlyStopping):
 
     def _write(self, path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        best = math.inf if self.best is None else self.best
         aside = path.with_name(path.name + ".partial.npz")
-        np.savez(aside, best=np.float64(best), best_epoch=np.int64(self.best_epoch),
+        np.savez(aside, best=np.float64(self.best), best_epoch=np.int64(self.best_epoch),
                  count=np.int64(len(self.best_weights)),
                  **{f"weight_{i}": weight for i, weight in enumerate(self.best_weights)})
         os.replace(aside, path)
