@@ -8,7 +8,7 @@ import tensorflow as tf
 import kadapt
 from kadapt.recipes import FastFitConfig
 from kadapt.recipes import fast_fit
-from kadapt.recipes import predict_with_flips
+from kadapt.recipes import predict_with_tta
 
 TINY = FastFitConfig(widths=(4, 8), residual_stages=(0,), bias_lr_multiplier=4.0, warmup_fraction=0.25,
                      schedule="cosine")
@@ -37,15 +37,59 @@ def test_fast_fit_trains_every_step_with_the_cosine_schedules(trained):
 def test_flip_tta_is_the_mean_of_the_model_on_x_and_mirrored_x(trained):
     x = _data(6, seed=2)[0].astype("float32")[..., None]
     expected = (trained.predict(x, verbose=0) + trained.predict(x[:, :, ::-1], verbose=0)) / 2
-    np.testing.assert_allclose(predict_with_flips(trained, x[..., 0]), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(predict_with_flips(trained, x, flip=False), trained.predict(x, verbose=0))
+    np.testing.assert_allclose(predict_with_tta(trained, x[..., 0]), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(predict_with_tta(trained, x, flip=False), trained.predict(x, verbose=0))
+
+
+def _linear_model(shape, classes=3):
+    model = keras.Sequential([keras.Input(shape), keras.layers.Flatten(), keras.layers.Dense(classes)])
+    kernel = np.random.default_rng(0).normal(size=(int(np.prod(shape)), classes)).astype("float32")
+    model.layers[-1].set_weights([kernel, np.zeros(classes, "float32")])
+    return model, kernel
+
+
+def _moved(image, dy, dx):
+    """NumPy oracle: pad with zeros, then crop the window `(dy, dx)` pixels up-left of the original."""
+    h, w = image.shape[:2]
+    padded = np.pad(image, ((abs(dy), abs(dy)), (abs(dx), abs(dx)), (0, 0)))
+    return padded[abs(dy) - dy:abs(dy) - dy + h, abs(dx) - dx:abs(dx) - dx + w]
+
+
+def test_shift_tta_is_airbenchs_weighted_mean_of_mirrored_and_shifted_views():
+    shape = (5, 6, 2)
+    model, kernel = _linear_model(shape)
+    x = np.random.default_rng(1).normal(size=(4, *shape)).astype("float32")
+    logits = lambda images: np.stack([image.reshape(-1) @ kernel for image in images])
+    view = lambda images: (logits(images) + logits(images[:, :, ::-1])) / 2
+    moved = lambda d: np.stack([_moved(image, d, d) for image in x])
+    expected = 0.5 * view(x) + 0.25 * view(moved(2)) + 0.25 * view(moved(-2))
+    np.testing.assert_allclose(predict_with_tta(model, x, shift=2), expected, rtol=1e-5, atol=1e-5)
+    without_flip = 0.5 * logits(x) + 0.25 * logits(moved(2)) + 0.25 * logits(moved(-2))
+    np.testing.assert_allclose(predict_with_tta(model, x, flip=False, shift=2), without_flip, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shift, error, message", [
+    (5, ValueError, r"Argument `shift` must be in \[0, 5\). Received: shift=5"),
+    (-1, ValueError, r"Received: shift=-1"),
+    (1.5, TypeError, r"Argument `shift` must be an int. Received: shift=1.5"),
+])
+def test_tta_rejects_a_shift_that_leaves_no_image(shift, error, message):
+    model, _ = _linear_model((5, 6, 1))
+    with pytest.raises(error, match=message):
+        predict_with_tta(model, np.zeros((2, 5, 6, 1)), shift=shift)
+
+
+def test_config_shifts_at_test_time_only_where_the_training_shifted():
+    assert FastFitConfig().test_time_augmentation == {"flip": True, "shift": 1}
+    assert FastFitConfig(translate=0.0).test_time_augmentation == {"flip": True, "shift": 0}
+    assert FastFitConfig(flip=False, test_shift=0).test_time_augmentation == {"flip": False, "shift": 0}
 
 
 def test_trained_model_round_trips_through_a_keras_file_in_safe_mode(trained, tmp_path):
     x = _data(6, seed=2)[0]
     trained.save(tmp_path / "fast.keras")
     restored = keras.saving.load_model(tmp_path / "fast.keras", safe_mode=True)
-    np.testing.assert_allclose(predict_with_flips(restored, x), predict_with_flips(trained, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(predict_with_tta(restored, x, shift=1), predict_with_tta(trained, x, shift=1), rtol=1e-6, atol=1e-6)
     assert isinstance(restored.optimizer, kadapt.optimizers.SGD)
 
 

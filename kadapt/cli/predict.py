@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from kadapt.recipes.inference import predict_with_flips
+from kadapt.recipes.inference import predict_with_tta
 from kadapt.run import RunDirectory
 from kadapt.run import UsageError
 from kadapt.run import run_directory as files
@@ -29,9 +29,8 @@ def run_predict(args):
     config = directory.read_json(files.CONFIG) or {}
     x, y = load_inputs(args.data, config.get("options", {}).get("seed", 0))
     _check_shape(model, x, args.data)
-    # As the run evaluated: with flip test-time augmentation where its recipe flipped the images.
-    flip = bool(config.get("resolved", {}).get("recipe", {}).get("flip", False))
-    classes = np.argmax(predict_with_flips(model, x, batch_size=PREDICT_BATCH_SIZE, flip=flip), axis=-1)
+    classes = np.argmax(predict_with_tta(model, x, batch_size=PREDICT_BATCH_SIZE, **_test_time_augmentation(config)),
+                        axis=-1)
     print(f"predicted {len(classes)} rows of {args.data} with {directory / files.MODEL}")
     if y is not None:
         print(f"accuracy {np.mean(classes == y):.4f} ({int(np.sum(classes == y))} of {len(y)} right)")
@@ -42,6 +41,13 @@ def run_predict(args):
         counts = np.bincount(classes, minlength=int(model.outputs[0].shape[-1]))
         print("rows per predicted class: " + ", ".join(f"{c}: {n}" for c, n in enumerate(counts)))
     return 0
+
+
+def _test_time_augmentation(config):
+    """As the run evaluated; a run recorded before test-time shifts existed used flips only."""
+    resolved = config.get("resolved", {})
+    flip = bool(resolved.get("recipe", {}).get("flip", False))
+    return resolved.get("test_time_augmentation", {"flip": flip, "shift": 0})
 
 
 def _load_model(directory):

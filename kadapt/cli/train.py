@@ -79,7 +79,7 @@ fits (--memory-budget), plan the logical batch as micro-batches, train with
 exact in-step gradient accumulation (SGD, Nesterov, decoupled weight decay,
 the triangular or cosine schedule, label smoothing, on-the-fly augmentation),
 with the MetaAdjuster watching, restore the best epoch's weights, evaluate on
-the test rows (flip test-time augmentation where images are flipped) and save
+the test rows (test-time flips and shifts where the training used them) and save
 model.keras, history, per-step log, plots and TensorBoard logs.
 """
 

@@ -18,7 +18,7 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     batch normalization, absorbs it). Labels become one-hot and are smoothed
     by the loss; the optimizer is `kadapt.optimizers.SGD` with Nesterov
     momentum and decoupled weight decay; see `FastFitConfig` for the rest.
-    Use the model on new data with `predict_with_flips`, and save it with
+    Use the model on new data with `predict_with_tta`, and save it with
     `model.save("m.keras")` / `keras.saving.load_model("m.keras")`.
 
     Args:
@@ -56,7 +56,8 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     ```python
     (x, y), (x_test, y_test) = kadapt.datasets.fashion_mnist()
     model = kadapt.recipes.fast_fit(x, y, epochs=10, seed=0)
-    accuracy = (kadapt.recipes.predict_with_flips(model, x_test).argmax(-1) == y_test).mean()
+    logits = kadapt.recipes.predict_with_tta(model, x_test, **FastFitConfig().test_time_augmentation)
+    accuracy = (logits.argmax(-1) == y_test).mean()
     ```
 
     With the MetaAdjuster watching the run, and batches of 512 trained as

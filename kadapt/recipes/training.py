@@ -20,7 +20,7 @@ from kadapt.callbacks import MomentumScheduler
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import SGD
-from kadapt.recipes.inference import predict_with_flips
+from kadapt.recipes.inference import predict_with_tta
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
 from kadapt.schedules.piecewise_linear import PiecewiseLinear
@@ -161,9 +161,9 @@ def micro_batched(model, micro_batch_size, memory_budget=None):
 
 def evaluate_recipe(model, x, y, config, batch_size=512):
     """`{"loss", "accuracy"}` on `(x, int labels y)`: the cross-entropy (not
-    smoothed) and accuracy of the logits, averaged with the mirrored images'
-    when `config.flip` (flip test-time augmentation)."""
-    logits = predict_with_flips(model, x, batch_size=batch_size, flip=config.flip)
+    smoothed) and accuracy of the logits under the config's test-time
+    augmentation (`FastFitConfig.test_time_augmentation`)."""
+    logits = predict_with_tta(model, x, batch_size=batch_size, **config.test_time_augmentation)
     labels = np.asarray(y).astype(int)
     loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     return {"loss": float(np.mean(keras.ops.convert_to_numpy(loss))),

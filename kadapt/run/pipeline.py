@@ -1,5 +1,5 @@
 """The `kadapt train` job: the recipe of `kadapt.recipes` (network,
-schedule, augmentation, label smoothing, flip test-time augmentation) with
+schedule, augmentation, label smoothing, test-time augmentation) with
 probe -> plan -> accumulate, the MetaAdjuster, evaluation and save, in a run
 directory.
 
@@ -111,7 +111,8 @@ def train(run, echo=print, callbacks=()):
     with run.scope():
         recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
     resolved = {**steps, "model": run.model_name, "data": data.summary(),
-                "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe)}
+                "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
+                "test_time_augmentation": run.recipe.test_time_augmentation}
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:

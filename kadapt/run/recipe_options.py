@@ -49,7 +49,10 @@ def recipe_config(config, data):
 def augmentation_text(recipe):
     """A short description of the on-the-fly augmentation, for config.json and the report."""
     parts = [f"translate {recipe.translate:.3f}"] if recipe.translate else []
-    parts += ["horizontal flip (and flip test-time augmentation)"] if recipe.flip else []
+    parts += ["horizontal flip"] if recipe.flip else []
+    tta = recipe.test_time_augmentation
+    tested = (["flips"] if tta["flip"] else []) + ([f"{tta['shift']}-pixel shifts"] if tta["shift"] else [])
+    parts += [f"test-time {' and '.join(tested)}"] if tested else []
     parts += [f"{name} {getattr(recipe, name)}" for name in _MIXING if getattr(recipe, name)]
     if recipe.expand:
         parts.append(f"expanded by {recipe.expand} x the rows ({recipe.expand_method})")
