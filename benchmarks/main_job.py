@@ -76,7 +76,7 @@ def run_baseline(seed, options, epochs):
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     curve = TestAccuracy(x_test / 255.0, y_test, start, {"flip": False})
     model.fit(x / 255.0, y, batch_size=BASELINE_BATCH_SIZE, epochs=epochs, callbacks=[curve], verbose=0)
-    logits = model.predict(x_test / 255.0, batch_size=512, verbose=0)  # the final evaluation, on the clock
+    logits = predict_with_tta(model, x_test / 255.0, flip=False)  # the final evaluation, on the clock
     accuracy = float(np.mean(logits.argmax(-1) == y_test))
     return {"accuracy": accuracy, "wall_seconds": curve.elapsed(), "curve": curve.curve}
 
