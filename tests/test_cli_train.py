@@ -83,6 +83,8 @@ def test_config_run_history_and_probe_records(trained):
     assert config["resolved"]["data"]["train_rows"] == 58
     assert config["resolved"]["total_steps"] == 8
     assert config["resolved"]["plan"]["micro_batch_size"] == json.loads((run / "probe.json").read_text())["micro_batch_size"]
+    # Shifted while training (tiny images are images), not mirrored (not Fashion-MNIST): so tested.
+    assert config["resolved"]["test_time_augmentation"] == {"flip": False, "shift": 1}
     record = json.loads((run / "run.json").read_text())
     assert record["status"] == "completed" and record["steps_completed"] == 8
     assert 0.0 <= record["test_accuracy"] <= 1.0
