@@ -12,7 +12,7 @@ few changes to a plain conv-BN-activation network, each a switch here:
   scale at 1 and its bias learns `bias_lr_multiplier` times faster
   (`ScaledGradientBias`).
 
-Label smoothing, weight averaging and flip test-time augmentation are training
+Label smoothing, weight averaging and test-time augmentation are training
 and inference choices, made in `kadapt.recipes`.
 """
 

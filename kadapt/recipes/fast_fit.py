@@ -56,7 +56,7 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     ```python
     (x, y), (x_test, y_test) = kadapt.datasets.fashion_mnist()
     model = kadapt.recipes.fast_fit(x, y, epochs=10, seed=0)
-    logits = kadapt.recipes.predict_with_tta(model, x_test, **FastFitConfig().test_time_augmentation)
+    logits = kadapt.recipes.predict_with_tta(model, x_test, **kadapt.recipes.FastFitConfig().test_time_augmentation)
     accuracy = (logits.argmax(-1) == y_test).mean()
     ```
 
