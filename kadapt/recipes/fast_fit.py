@@ -56,7 +56,8 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     ```python
     (x, y), (x_test, y_test) = kadapt.datasets.fashion_mnist()
     model = kadapt.recipes.fast_fit(x, y, epochs=10, seed=0)
-    logits = kadapt.recipes.predict_with_tta(model, x_test, **kadapt.recipes.FastFitConfig().test_time_augmentation)
+    tta = kadapt.recipes.FastFitConfig().test_time_augmentation  # {"flip": True, "shift": 1}
+    logits = kadapt.recipes.predict_with_tta(model, x_test, **tta)
     accuracy = (logits.argmax(-1) == y_test).mean()
     ```
 
