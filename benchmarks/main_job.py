@@ -8,8 +8,9 @@ Arms (each over --seeds, one after another in this process):
 
 Wall time runs from the first data touch (loading the files) to the end of the final test
 evaluation (the command's own for the kadapt arms: test-time flips and shifts), less the time of
-the per-epoch test evaluations that only this benchmark makes to give the time to 91%. `kadapt train` holds out the last 10% of the training rows for validation, as its
-defaults say; the baseline trains on all 60,000. The kadapt arms' test accuracy is the command's
+the per-epoch test evaluations that only this benchmark makes to give the time to 91%.
+`kadapt train` holds out the last 10% of the training rows for validation, as its defaults say;
+the baseline trains on all 60,000. The kadapt arms' test accuracy is the command's
 own (test-time flips and shifts, the best epoch's weights).
 
     python benchmarks/main_job.py                       # all arms, seeds 0 1 2

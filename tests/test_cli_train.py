@@ -147,6 +147,29 @@ def test_predict_agrees_with_the_evaluation_and_writes_classes(trained, capsys, 
     assert classes.shape == (32,) and set(classes.tolist()) <= {0, 1}
 
 
+def test_predict_on_a_run_recorded_before_test_time_shifts_uses_flips_only(trained, tmp_path, monkeypatch):
+    import shutil
+
+    from kadapt.cli import predict
+
+    _, run = trained
+    old = shutil.copytree(run, tmp_path / "old")
+    config = json.loads((old / "config.json").read_text())
+    del config["resolved"]["test_time_augmentation"]  # as `kadapt train` wrote it before
+    (old / "config.json").write_text(json.dumps(config))
+    used, real = [], predict.predict_with_tta
+
+    def recording(*args, **kwargs):
+        used.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict, "predict_with_tta", recording)
+    monkeypatch.chdir(run.parent.parent)
+    assert cli.main(["predict", str(old), "--data", "tiny.npz"]) == 0
+    assert cli.main(["predict", str(run), "--data", "tiny.npz"]) == 0
+    assert [(k["flip"], k["shift"]) for k in used] == [(False, 0), (False, 1)]
+
+
 def test_report_redraws_the_plots_and_prints_a_summary(trained, capsys):
     _, run = trained
     (run / "training.png").unlink()

@@ -89,7 +89,8 @@ def test_trained_model_round_trips_through_a_keras_file_in_safe_mode(trained, tm
     x = _data(6, seed=2)[0]
     trained.save(tmp_path / "fast.keras")
     restored = keras.saving.load_model(tmp_path / "fast.keras", safe_mode=True)
-    np.testing.assert_allclose(predict_with_tta(restored, x, shift=1), predict_with_tta(trained, x, shift=1), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(predict_with_tta(restored, x, shift=1), predict_with_tta(trained, x, shift=1),
+                               rtol=1e-6, atol=1e-6)
     assert isinstance(restored.optimizer, kadapt.optimizers.SGD)
 
 

@@ -47,7 +47,7 @@ def recipe_config(config, data):
 
 
 def augmentation_text(recipe):
-    """A short description of the on-the-fly augmentation, for config.json and the report."""
+    """A short description of the on-the-fly and test-time augmentation, for config.json and the report."""
     parts = [f"translate {recipe.translate:.3f}"] if recipe.translate else []
     parts += ["horizontal flip"] if recipe.flip else []
     tta = recipe.test_time_augmentation
