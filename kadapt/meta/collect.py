@@ -4,17 +4,24 @@ Each task trains along a main line, observed at every epoch end as
 `MetaAdjuster` observes a `fit` (training loss averaged over the epoch,
 validation loss after it). At every decision point the collector snapshots the
 weights and the optimizer, tries each candidate action of
-`kadapt.meta.actions.ACTIONS` for `horizon_epochs` epochs on the same batches (common
-random numbers make the candidates comparable), stores one record per
-candidate and restores. The main line then continues from the end of the best
-candidate's branch (or, with probability `explore`, of "keep"), so later
-windows also show runs that have been adjusted — as they will be in use. When
-an observation is non-finite, the decision point comes at once and every
-branch starts from the last good state: the meta-model learns what to do after
-a rollback, which is what `MetaAdjuster` does on divergence.
+`kadapt.meta.actions.ACTIONS` on the same batches (common random numbers make
+the candidates comparable), stores one record per candidate and restores.
 
-The score of a candidate is log(val_loss after / val_loss before), clipped to
-[-5, 5]; a diverged branch scores 5. Lower is better.
+A branch is scored at the end of the task's budget: after the action it trains
+on, keeping everything (a schedule goes on decaying), to the last step. A short
+horizon favours whatever lowers the loss soonest — a large cut of a rate that
+is merely high — which the end of the run does not reward (the short-horizon
+bias); the score after `horizon_epochs` is stored beside it (`score_short`) so
+the two can be compared. The main line then continues from the state
+`horizon_epochs` into the best candidate's branch (or, with probability
+`explore`, into "keep"'s), so later windows also show runs that have been
+adjusted — as they will be in use. When an observation is non-finite, the
+decision point comes at once and every branch starts from the last good state:
+the meta-model learns what to do after a rollback, which is what
+`MetaAdjuster` does on divergence.
+
+The score of a candidate is log(val_loss at the end / val_loss before),
+clipped to [-5, 5]; a diverged branch scores 5. Lower is better.
 """
 
 import copy
@@ -35,7 +42,9 @@ from kadapt.batching import training_state
 from kadapt.meta import actions as action_lib
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FeatureHistory
+from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import Observation
+from kadapt.meta.features import schedule_ratio
 from kadapt.meta.record_store import checked_lease
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
@@ -49,14 +58,16 @@ class CollectionConfig:
     """How a task is run and branched.
 
     Args:
-        total_epochs: Int. Length of a task's main line. Defaults to `15`.
-        horizon_epochs: Int. Epochs each candidate runs; also the spacing of
-            decision points (the first comes after 2 epochs). Defaults to `3`.
+        total_epochs: Int. The task's budget: its main line's length, and the
+            span of its schedule. Defaults to `12`.
+        horizon_epochs: Int. The spacing of decision points (the first comes
+            after 2 epochs; the last leaves a full horizon before the end) and
+            the short score's horizon. Defaults to `3`.
         explore: Float in [0, 1]. Probability of continuing with "keep"
             instead of the best candidate. Defaults to `0.3`.
     """
 
-    total_epochs: int = 15
+    total_epochs: int = 12
     horizon_epochs: int = 3
     explore: float = 0.3
 
@@ -232,28 +243,28 @@ class TaskRun:
 
     def __init__(self, task, config, rng):
         self.task, self.config, self.rng = task, config, rng
-        self.model = task.build()
         self.batches = BatchStream(task.data[0], task.data[1], task.batch_size, task.seed)
+        self.observe_every = self.batches.batches_per_epoch
+        self.horizon = config.horizon_epochs * self.observe_every
+        self.total_steps = config.total_epochs * self.observe_every
+        self.model = task.build(self.total_steps)
         self.history = FeatureHistory()
         self.step = 0
         self.last_good = None
         self.records = []
-        self.observe_every = self.batches.batches_per_epoch
-        self.horizon = config.horizon_epochs * self.observe_every
-        self.total_steps = config.total_epochs * self.observe_every
 
     def run(self):
         x_val, y_val = self.task.data[2], self.task.data[3]
         initial = float(self.model.evaluate(x_val, y_val, verbose=0))
         self.last_good = Snapshot.take(self.model, self.batches, 0, initial)
         self.train(self.observe_every * 2, self.history)
-        while self.step < self.total_steps and self.decide():
+        while self.step + self.horizon <= self.total_steps and self.decide():
             pass
         return self.records
 
     def decide(self):
         """Branches once; returns whether the main line can go on."""
-        rollback = self.history.window()[-1, 10] > 0
+        rollback = self.history.window()[-1, FEATURE_NAMES.index("nonfinite")] > 0
         base = self.last_good if rollback else Snapshot.take(
             self.model, self.batches, self.step, self.history.last_val_loss)
         window, before = self.history.window(), base.val_loss
@@ -263,29 +274,43 @@ class TaskRun:
         chosen = self.choose(branches)
         if chosen is None:
             return False
-        chosen["end"].restore(self.batches)
-        self.step, self.history, self.last_good = chosen["end"].step, chosen["history"], chosen["end"]
+        chosen["continue"].restore(self.batches)
+        self.step, self.history = chosen["continue"].step, chosen["continue_history"]
+        self.last_good = chosen["continue"]
         return True
 
     def branch(self, base, action_index):
+        """Applies one action at `base` and trains to the end of the budget.
+
+        Returns the action and the branch: its state and history after
+        `horizon` steps (where the main line may continue), its validation
+        losses there (`short_val_loss`) and at the end (`val_loss`; NaN when
+        it diverged), and the hyperparameters before the action."""
         base.restore(self.batches)
         self.step = base.step
         hyperparameters = self.hyperparameters()
         action_lib.apply(self.model.optimizer, action_lib.ACTIONS[action_index])
         history = copy.deepcopy(self.history)
-        finite = self.train(self.horizon, history)
-        end = Snapshot.take(self.model, self.batches, self.step, history.last_val_loss) if finite else None
-        return action_index, {"history": history, "end": end, "val_loss": history.last_val_loss,
-                              "train_loss": history.last_loss, "hyperparameters": hyperparameters}
+        branch = {"hyperparameters": hyperparameters, "continue": None, "continue_history": None,
+                  "short_val_loss": math.nan, "val_loss": math.nan, "train_loss": math.nan}
+        if not self.train(self.horizon, history):
+            return action_index, branch
+        branch.update({"continue": Snapshot.take(self.model, self.batches, self.step, history.last_val_loss),
+                       "continue_history": copy.deepcopy(history), "short_val_loss": history.last_val_loss})
+        if self.train(self.total_steps - self.step, history):
+            branch.update({"val_loss": history.last_val_loss, "train_loss": history.last_loss})
+        return action_index, branch
 
     def choose(self, branches):
-        finite = [(i, b) for i, b in branches if b["end"] is not None]
-        if not finite:
+        """The branch the main line follows: the lowest final validation loss (then the lowest
+        short one), or with probability `explore` keep's; `None` when all diverged early."""
+        alive = [(i, b) for i, b in branches if b["continue"] is not None]
+        if not alive:
             return None
-        keep = dict(finite).get(action_lib.KEEP)
+        keep = dict(alive).get(action_lib.KEEP)
         if keep is not None and self.rng.random() < self.config.explore:
             return keep
-        return min(finite, key=lambda pair: pair[1]["val_loss"])[1]
+        return min(alive, key=lambda pair: (_or_inf(pair[1]["val_loss"]), pair[1]["short_val_loss"]))[1]
 
     def train(self, steps, history):
         """Trains `steps` steps, observing into `history`; False on non-finite."""
@@ -309,7 +334,8 @@ class TaskRun:
             step=self.step, loss=float(loss), val_loss=val_loss,
             learning_rate=applied_learning_rate(optimizer),
             momentum=current_momentum(optimizer), weights=weights,
-            budget_used=min(self.step / self.total_steps, 1.0)))
+            budget_used=min(self.step / self.total_steps, 1.0),
+            schedule_ahead=schedule_ratio(optimizer, self.step, self.total_steps)))
         finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(weights)))
         if finite and history is self.history:
             self.last_good = Snapshot.take(self.model, self.batches, self.step, val_loss)
@@ -318,14 +344,13 @@ class TaskRun:
     def hyperparameters(self):
         optimizer = self.model.optimizer
         return {"optimizer": self.task.optimizer, "batch_size": self.task.batch_size,
-                "learning_rate": applied_learning_rate(optimizer),
+                "schedule": self.task.schedule, "architecture": self.task.architecture,
+                "loss": self.task.loss, "learning_rate": applied_learning_rate(optimizer),
                 "momentum": current_momentum(optimizer)}
 
     def record(self, window, base, action_index, branch, before, rollback):
-        after = branch["val_loss"]
-        diverged = branch["end"] is None
-        score = DIVERGED_SCORE if diverged else float(
-            np.clip(math.log((after + _TINY_LOSS) / (before + _TINY_LOSS)), -5.0, 5.0))
+        after, short = branch["val_loss"], branch["short_val_loss"]
+        diverged = not math.isfinite(after)
         return AdjustmentRecord(
             run_id=self.task.name, task=self.task.name, family=self.task.family, step=base.step,
             features=window, hyperparameters=branch["hyperparameters"],
@@ -333,7 +358,19 @@ class TaskRun:
                         "rollback": bool(rollback)},
             outcome={"val_loss_before": before, "val_loss_after": None if diverged else after,
                      "train_loss_after": None if diverged else branch["train_loss"],
-                     "diverged": diverged, "horizon": self.horizon, "score": score})
+                     "diverged": diverged, "horizon": self.total_steps - base.step,
+                     "score": _score(after, before), "score_short": _score(short, before),
+                     "short_horizon": self.horizon})
+
+
+def _score(after, before):
+    if not math.isfinite(after):
+        return DIVERGED_SCORE
+    return float(np.clip(math.log((after + _TINY_LOSS) / (before + _TINY_LOSS)), -5.0, 5.0))
+
+
+def _or_inf(value):
+    return value if math.isfinite(value) else math.inf
 
 
 class BatchStream:

@@ -23,7 +23,11 @@ V_t (L_t when there is none) and the run's first observation's L_0, V_0:
 | 9 | `budget_used`       | fraction of the planned steps done                  |
 | 10| `nonfinite`         | 1 when the loss or the weights are NaN/Inf          |
 | 11| `above_best`        | log(V_t / min V so far), clipped to [0, 10]         |
+| 12| `schedule_ahead`    | log10(scheduled rate a quarter budget ahead / now)/4|
 
+`schedule_ahead` is 0 for a constant rate, negative while a schedule decays
+(a cosine near its end reaches -1, the clip) and positive in a warm-up; with
+`budget_used` it lets the meta-model tell a schedule's slowdown from a stall.
 Slopes are per observation and clipped to [-5, 5]. The update features stand
 in for the gradient norm and the consecutive-gradient cosine: they come from
 the weights the callback can read, with no extra backward pass. Non-finite
@@ -37,7 +41,7 @@ import math
 
 import numpy as np
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 WINDOW = 8
 SLOPE_SPAN = 4
 FEATURE_NAMES = (
@@ -53,6 +57,7 @@ FEATURE_NAMES = (
     "budget_used",
     "nonfinite",
     "above_best",
+    "schedule_ahead",
 )
 FEATURE_SPEC = {"version": FEATURE_VERSION, "window": WINDOW, "names": list(FEATURE_NAMES)}
 _LOG_CLIP = 10.0
@@ -71,6 +76,9 @@ class Observation:
         momentum: Float. Momentum or Adam's `beta_1`; `0.0` when absent.
         weights: 1-D float array. The trainable weights, flattened.
         budget_used: Float in [0, 1]. Fraction of the planned steps done.
+        schedule_ahead: Float > 0. The scheduled learning rate a quarter of
+            the budget ahead over the scheduled rate now (`schedule_ratio`);
+            `1.0` for a constant rate. Defaults to `1.0`.
     """
 
     step: int
@@ -80,6 +88,7 @@ class Observation:
     momentum: float
     weights: np.ndarray
     budget_used: float
+    schedule_ahead: float = 1.0
 
 
 class FeatureHistory:
@@ -132,6 +141,7 @@ class FeatureHistory:
             observation.budget_used,
             0.0 if finite_losses and finite_weights else 1.0,
             _above_best(self._val),
+            float(np.clip(_log10(observation.schedule_ahead) / 4.0, -1.0, 1.0)),
         ]
         self._rows.append(np.nan_to_num(np.asarray(row, "float32"), nan=0.0, posinf=0.0, neginf=0.0))
 
@@ -156,6 +166,23 @@ class FeatureHistory:
         if finite:
             self._previous_weights = weights
         return size, cosine, finite
+
+
+def schedule_ratio(optimizer, step, total_steps):
+    """The scheduled rate a quarter of `total_steps` after `step` over the rate at `step`.
+
+    `1.0` for a float learning rate or an unknown budget. The live multiplier
+    (the adjuster's own changes) is left out: it scales both alike.
+    """
+    import keras
+
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if not total_steps or not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return 1.0
+    ahead = min(step + max(total_steps // 4, 1), total_steps)
+    now = float(keras.ops.convert_to_numpy(schedule(step)))
+    later = float(keras.ops.convert_to_numpy(schedule(ahead)))
+    return later / now if now > 0 and math.isfinite(later) else 1.0
 
 
 def _finite(value):
