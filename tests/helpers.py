@@ -60,20 +60,24 @@ class OutOfMemoryAbove(keras.layers.Layer):
         return tf.cond(tf.shape(inputs)[0] > self.rows, explode, lambda: inputs)
 
 
-def constant_meta_model(action_index, confidence_logit=10.0):
-    """A meta-model (with the MetaSpec) that always prefers `action_index`."""
+def constant_meta_model(action_index, gain=1.0):
+    """A meta-model (with the MetaSpec) that predicts `action_index` ends `gain` below keeping
+    (in log validation loss) and every other action 1.0 above it, whatever the window."""
     from kadapt.meta.actions import ACTIONS
+    from kadapt.meta.actions import KEEP
     from kadapt.meta.features import FEATURE_NAMES
     from kadapt.meta.features import WINDOW
     from kadapt.meta.meta_model import MetaSpec
 
-    bias = np.zeros(len(ACTIONS), "float32")
-    bias[action_index] = confidence_logit
+    bias = np.ones(len(ACTIONS), "float32")
+    bias[KEEP] = 0.0
+    if action_index != KEEP:
+        bias[action_index] = -gain
     inputs = keras.Input((WINDOW, len(FEATURE_NAMES)))
     hidden = keras.layers.Flatten()(MetaSpec()(inputs))
-    logits = keras.layers.Dense(len(ACTIONS), kernel_initializer="zeros",
-                                bias_initializer=keras.initializers.Constant(bias))(hidden)
-    return keras.Model(inputs, keras.layers.Softmax()(logits))
+    outputs = keras.layers.Dense(len(ACTIONS), kernel_initializer="zeros",
+                                 bias_initializer=keras.initializers.Constant(bias))(hidden)
+    return keras.Model(inputs, outputs)
 
 
 def write_tiny_npz(path, train_rows=64, test_rows=32, side=12, seed=0):

@@ -13,6 +13,9 @@ from kadapt.batching.multi_worker import in_multi_worker_mode
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
+from kadapt.meta.features import schedule_ratio
+from kadapt.meta.meta_model import MIN_GAIN
+from kadapt.meta.meta_model import Choice
 from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import choose
 from kadapt.meta.meta_model import load_meta_model
@@ -86,6 +89,11 @@ class MetaAdjuster(keras.callbacks.Callback):
         trigger: `kadapt.meta.Trigger` or `None` (its defaults).
         log_dir: Path or `None`. Where `meta_decisions.jsonl` is written.
         verbose: Int. 1 prints each decision. Defaults to `1`.
+        min_gain: Float >= 0. The predicted gain (log of the final validation
+            loss keeping would reach over the one the action would) an action
+            needs to be applied; below it the adjuster keeps, and logs what it
+            considered. Defaults to `0.05` (about 5% lower). After a
+            divergence a cut is applied whatever its predicted gain.
 
     Example:
 
@@ -97,8 +105,10 @@ class MetaAdjuster(keras.callbacks.Callback):
     """
 
     def __init__(self, meta_model="default", monitor="val_loss", target=None, mode="auto",
-                 check_every="epoch", trigger=None, log_dir=None, verbose=1):
+                 check_every="epoch", trigger=None, log_dir=None, verbose=1, min_gain=MIN_GAIN):
         super().__init__()
+        check_range("min_gain", min_gain, low=0.0)
+        self.min_gain = float(min_gain)
         self.meta_model = _load(meta_model)
         self.monitor, self.target = _check_monitor(monitor), _check_target(target)
         self.mode = _check_mode(mode, monitor)
@@ -215,7 +225,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             self.trigger.adjusted()  # the schedule's own "adjustment": wait a full patience again
         elif reason is not None and self._is_final():
             if reason == "divergence":
-                self._log(self._record(reason, {}, "rollback (training ends)", 1.0, self.history.window()))
+                self._log(self._record(reason, {}, "rollback (training ends)", 0.0, self.history.window()))
         elif reason is not None:
             self._decide(reason)
         elif self._since_divergence is not None:
@@ -245,9 +255,11 @@ class MetaAdjuster(keras.callbacks.Callback):
     def _observation(self, loss, val_loss, weights):
         self._rates = learning_rate, momentum = self._read_rates()
         self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        ahead = schedule_ratio(self.model.optimizer, self._step, epochs * steps if epochs and steps else None)
         return Observation(step=self._step, loss=loss, val_loss=None if val_loss is None else float(val_loss),
                            learning_rate=learning_rate, momentum=momentum, weights=weights,
-                           budget_used=self._budget_used())
+                           budget_used=self._budget_used(), schedule_ahead=ahead)
 
     def _is_final(self):
         """Whether this observation is the last of the run."""
@@ -275,21 +287,26 @@ class MetaAdjuster(keras.callbacks.Callback):
         else:
             allowed = self._allowed & ~((_FACTORS > 1) & (_FACTORS * rate > self._ceiling))
         window = self.history.window()
-        index, confidence, _ = choose(self.meta_model, window, allowed)
+        choice = choose(self.meta_model, window, allowed, self.min_gain)
         if self._strategy is not None:  # every worker applies the chief's choice at this step
-            index, confidence = self._from_chief(index, confidence)
-            index = int(index)
-        action = action_lib.ACTIONS[index]
+            index, gain, considered = self._from_chief(choice.action, choice.gain, choice.considered)
+            choice = Choice(int(index), gain, int(considered))
+        action = action_lib.ACTIONS[choice.action]
         action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
         self._rates = self._read_rates()
         # A float rate the action just set is not the schedule annealing.
         self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         self.trigger.adjusted()
-        self._log(self._record(reason, dict(action), action_lib.describe(action), confidence, window))
+        text = action_lib.describe(action)
+        if choice.abstained:
+            text += f" (considered {action_lib.describe(action_lib.ACTIONS[choice.considered])})"
+        decision = self._record(reason, dict(action), text, choice.gain, window)
+        decision["applied"] = not choice.abstained
+        self._log(decision)
 
-    def _record(self, reason, adjustment, action, confidence, window):
+    def _record(self, reason, adjustment, action, gain, window):
         return {"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
-                "adjustment": adjustment, "action": action, "confidence": round(confidence, 4),
+                "adjustment": adjustment, "action": action, "predicted_gain": round(gain, 4),
                 "rollback": reason == "divergence", "features": _summary(window),
                 "learning_rate": self._rates[0], "momentum": self._rates[1]}
 
@@ -302,7 +319,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         if (value <= self.target) if self.mode == "min" else (value >= self.target):
             self.model.stop_training = True
             self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "target",
-                       "adjustment": {}, "action": "stop", "confidence": 1.0, "rollback": False,
+                       "adjustment": {}, "action": "stop", "predicted_gain": None, "rollback": False,
                        "features": {self.monitor: value}})
 
     def _log(self, decision):
@@ -312,8 +329,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             with open(self.log_dir / DECISIONS_FILE, "a") as file:
                 file.write(json.dumps(decision) + "\n")
         if self.verbose:
-            print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']} "
-                  f"(confidence {decision['confidence']:.2f})", flush=True)
+            gain = decision["predicted_gain"]
+            print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']}"
+                  + ("" if gain is None else f" (predicted gain {gain:+.3f})"), flush=True)
 
     def _snapshot(self, value):
         return _Snapshot([v.numpy() for v in self.model.variables],

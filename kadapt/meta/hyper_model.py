@@ -6,11 +6,12 @@ import keras_tuner
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import WINDOW
+from kadapt.meta.meta_model import MaskedScoreError
 from kadapt.meta.meta_model import MetaSpec
 
 
 class MetaHyperModel(keras_tuner.HyperModel):
-    """A GRU/LSTM over the feature window, softmax over the candidate actions.
+    """A GRU/LSTM over the feature window, a predicted score difference to keep per action.
 
     Searched: the cell (`"gru"`/`"lstm"`), `units`, `layers` (1–2 stacked
     recurrent layers), `dropout` and the Adam `learning_rate`. The first layer
@@ -39,11 +40,8 @@ class MetaHyperModel(keras_tuner.HyperModel):
         for index in range(layers):
             hidden = cell(units, return_sequences=index < layers - 1, name=f"recurrent_{index}")(hidden)
         hidden = keras.layers.Dropout(dropout)(hidden)
-        outputs = keras.layers.Dense(len(action_lib.ACTIONS), activation="softmax", name="action")(hidden)
+        outputs = keras.layers.Dense(len(action_lib.ACTIONS), name="score_difference")(hidden)
         model = keras.Model(inputs, outputs, name="meta_model")
-        model.compile(
-            optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 3e-3, 1e-2])),
-            loss=keras.losses.CategoricalCrossentropy(),
-            metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-        )
+        model.compile(optimizer=keras.optimizers.Adam(hp.Choice("learning_rate", [1e-3, 3e-3, 1e-2])),
+                      loss=MaskedScoreError())
         return model

@@ -1,11 +1,18 @@
 """The meta-model file: decision data from records, the spec it carries, save/load and scoring.
 
 A meta-model maps a feature window `(WINDOW, len(FEATURE_NAMES))` to a
-probability over `kadapt.meta.actions.ACTIONS`. It is trained on soft targets:
-for a decision point with candidate scores s (lower is better),
-p_a ∝ exp(-(s_a - min s) / TEMPERATURE). The feature spec, the action list and
-the format version ride inside the `.keras` file in a `MetaSpec` layer, so a
-model whose inputs mean something else is refused at load time.
+predicted score for each of `kadapt.meta.actions.ACTIONS`, relative to
+keeping: d_a = s_a - s_keep, where a score is the log of the validation loss
+at the end of the run over the loss at the decision (lower is better). It is
+trained on the scores of the candidates tried at each recorded decision point
+(`MaskedScoreError` leaves out those not tried). The predicted gain of an
+action is -d_a: the log of how much lower it is predicted to end than keeping.
+`choose` abstains — keeps — unless the best allowed action's predicted gain
+reaches `min_gain`.
+
+The feature spec, the action list and the format version ride inside the
+`.keras` file in a `MetaSpec` layer, so a model whose inputs or outputs mean
+something else is refused at load time.
 """
 
 import dataclasses
@@ -19,8 +26,8 @@ from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FEATURE_SPEC
 from kadapt.meta.features import WINDOW
 
-TEMPERATURE = 0.1
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: action probabilities; 2: score differences to keep
+MIN_GAIN = 0.05  # abstain unless an action is predicted to end >= ~5% below keeping
 DEFAULT_PATH = Path(__file__).parent / "pretrained" / "default.keras"
 
 
@@ -44,6 +51,45 @@ class MetaSpec(keras.layers.Layer):
         return {**super().get_config(), "spec": self.spec}
 
 
+@keras.saving.register_keras_serializable(package="kadapt")
+class MaskedScoreError(keras.losses.Loss):
+    """Huber error between predicted and recorded score differences, over the tried candidates.
+
+    `y_true` holds NaN for the candidates not tried at a decision point; they
+    add nothing to the loss (nor, through a NaN, to its gradient).
+    """
+
+    def __init__(self, delta=1.0, name="masked_score_error", reduction="sum_over_batch_size", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.delta = float(delta)
+
+    def call(self, y_true, y_pred):
+        ops = keras.ops
+        tried = ops.logical_not(ops.isnan(y_true))
+        error = ops.where(tried, y_pred - ops.where(tried, y_true, 0.0), 0.0)
+        absolute = ops.abs(error)
+        huber = ops.where(absolute <= self.delta, 0.5 * error**2, self.delta * (absolute - 0.5 * self.delta))
+        count = ops.maximum(ops.sum(ops.cast(tried, y_pred.dtype), axis=-1), 1.0)
+        return ops.sum(huber, axis=-1) / count
+
+    def get_config(self):
+        return {**super().get_config(), "delta": self.delta}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What `choose` decided: the action to apply, the predicted gain of the best allowed
+    action over keeping, and that action (`considered`; the same as `action` unless it abstained)."""
+
+    action: int
+    gain: float
+    considered: int
+
+    @property
+    def abstained(self):
+        return self.action != self.considered
+
+
 @dataclasses.dataclass
 class DecisionData:
     """Decision points: windows `x`, candidate `scores` (+inf where not tried), `families`."""
@@ -59,10 +105,10 @@ class DecisionData:
         return DecisionData(self.x[mask], self.scores[mask], self.families[mask])
 
     def targets(self):
-        """Soft targets, p ∝ exp(-(s - min s) / TEMPERATURE)."""
-        shifted = self.scores - self.scores.min(axis=1, keepdims=True)
-        weights = np.where(np.isfinite(shifted), np.exp(-shifted / TEMPERATURE), 0.0)
-        return (weights / weights.sum(axis=1, keepdims=True)).astype("float32")
+        """Score differences to keep, d = s - s_keep; NaN where a candidate was not tried."""
+        keep = self.scores[:, action_lib.KEEP:action_lib.KEEP + 1]
+        difference = np.where(np.isfinite(self.scores), self.scores - keep, np.nan)
+        return difference.astype("float32")
 
 
 def decision_data(records):
@@ -75,6 +121,10 @@ def decision_data(records):
         groups[key][1][int(record.adjustment["action"])] = record.outcome["score"]
     if not groups:
         raise ValueError("The record store is empty: collect records first, e.g. `kadapt meta collect`.")
+    groups = {key: group for key, group in groups.items() if np.isfinite(group[1][action_lib.KEEP])}
+    if not groups:
+        raise ValueError("No decision point in the records tried \"keep\": scores are relative to it. "
+                         "Collect records with kadapt.meta.collect.")
     windows, scores, families = zip(*groups.values())
     _check_windows(windows)
     return DecisionData(np.stack(windows).astype("float32"), np.stack(scores), np.asarray(families))
@@ -117,15 +167,28 @@ def check_spec(model, path="<model>"):
                          f"`kadapt meta train` on records collected by this version.")
 
 
-def choose(model, window, allowed=None):
-    """`(action_index, confidence, probabilities)` for one window; masked to `allowed`."""
-    probabilities = np.asarray(model(window[None].astype("float32"), training=False))[0]
-    if allowed is not None:
-        probabilities = np.where(allowed, probabilities, 0.0)
-    total = probabilities.sum()
-    probabilities = probabilities / total if total > 0 else np.eye(len(action_lib.ACTIONS))[action_lib.KEEP]
-    index = int(np.argmax(probabilities))
-    return index, float(probabilities[index]), probabilities
+def predicted_differences(model, windows):
+    """The model's score differences to keep, `(len(windows), len(ACTIONS))`; keep's is 0."""
+    predicted = np.asarray(model(np.asarray(windows, "float32"), training=False), "float64")
+    return predicted - predicted[:, action_lib.KEEP:action_lib.KEEP + 1]
+
+
+def choose(model, window, allowed=None, min_gain=MIN_GAIN):
+    """The `Choice` for one window: the allowed action with the lowest predicted score,
+    applied only when its predicted gain over keeping reaches `min_gain` (when keep
+    is allowed; when it is not — after a divergence — the best allowed is applied)."""
+    return choose_from(predicted_differences(model, window[None])[0], allowed, min_gain)
+
+
+def choose_from(differences, allowed=None, min_gain=MIN_GAIN):
+    """`choose` on predicted score differences to keep (lower is better)."""
+    allowed = np.ones(len(action_lib.ACTIONS), bool) if allowed is None else np.asarray(allowed, bool)
+    masked = np.where(allowed, differences, np.inf)
+    best = int(np.argmin(masked))
+    gain = float(-masked[best])
+    if allowed[action_lib.KEEP] and best != action_lib.KEEP and gain < min_gain:
+        return Choice(action_lib.KEEP, gain, best)
+    return Choice(best, gain, best)
 
 
 def rule_policy(window):
@@ -143,15 +206,17 @@ def rule_policy(window):
     return action_lib.KEEP
 
 
-def evaluate_policies(data, model=None):
+def evaluate_policies(data, model=None, min_gain=MIN_GAIN):
     """Accuracy (picks the best candidate) and mean regret (score lost against
-    the best) of the meta-model, always-keep and the rule baseline."""
+    the best) of the meta-model (abstaining below `min_gain`), always-keep and
+    the rule baseline."""
     best = data.scores.min(axis=1)
     picks = {"keep": np.full(len(data), action_lib.KEEP),
              "rule": np.array([rule_policy(w) for w in data.x])}
     if model is not None:
-        probabilities = np.asarray(model.predict(data.x, verbose=0))
-        picks["meta_model"] = np.argmax(np.where(np.isfinite(data.scores), probabilities, -1.0), axis=1)
+        differences = predicted_differences(model, data.x)
+        tried = np.isfinite(data.scores)
+        picks["meta_model"] = np.array([choose_from(d, t, min_gain).action for d, t in zip(differences, tried)])
     report = {}
     for name, pick in picks.items():
         chosen = data.scores[np.arange(len(data)), pick]
