@@ -1,5 +1,6 @@
 """`kadapt meta collect|train|eval`: the meta-model pipeline from the command line."""
 
+import argparse
 import json
 
 from kadapt.run.errors import UsageError
@@ -27,9 +28,19 @@ def add_meta_arguments(subparsers):
     train.add_argument("--epochs", type=int, default=40)
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(run=run_train)
-    evaluate = commands.add_parser("eval", help="accuracy and regret of a meta-model per task family")
-    _store_argument(evaluate)
-    evaluate.add_argument("--meta-model", default="default", help="\"default\" or a .keras path")
+    evaluate = commands.add_parser(
+        "eval", help="judge a meta-model on held-out tasks against a grid, ReduceLROnPlateau and cosine "
+                     "(or, with --store, its picks on recorded decision points)")
+    evaluate.add_argument("meta_model", nargs="?", default="default", metavar="MODEL",
+                          help="\"default\" (the shipped model) or a .keras path")
+    evaluate.add_argument("--families", default=None,
+                          help="comma-separated held-out families (default: kadapt.meta.evaluation's six)")
+    evaluate.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
+    evaluate.add_argument("--epochs", type=int, default=None, help="epochs per run (default 20)")
+    evaluate.add_argument("--quick", action="store_true", help="two families, one seed, 6 epochs: a smoke run")
+    evaluate.add_argument("--store", default=None,
+                          help="instead: accuracy and regret per task family on this record store's decisions")
+    evaluate.add_argument("--meta-model", dest="meta_model_option", default=None, help=argparse.SUPPRESS)
     evaluate.set_defaults(run=run_eval)
 
 
@@ -98,13 +109,52 @@ def run_train(args):
 
 
 def run_eval(args):
-    from kadapt.meta.meta_model import decision_data
-    from kadapt.meta.meta_model import evaluate_policies
     from kadapt.meta.meta_model import load_meta_model
 
     try:
-        model = load_meta_model(args.meta_model)
-        data = decision_data(list(_open_store(args.store)))
+        model = load_meta_model(args.meta_model_option or args.meta_model)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.store is not None:
+        return _eval_on_records(model, args.store)
+    from kadapt.meta import evaluation
+
+    options = dict(evaluation.QUICK) if args.quick else {}
+    if args.families is not None:
+        options["families"] = tuple(args.families.split(","))
+    if args.seeds is not None:
+        options["seeds"] = tuple(_int(seed, "--seeds") for seed in args.seeds.split(","))
+    if args.epochs is not None:
+        if args.epochs < 1:
+            raise UsageError(f"--epochs must be a positive int. Received: {args.epochs}")
+        options["epochs"] = args.epochs
+    unknown = sorted(set(options.get("families", ())) - set(_known_families()))
+    if unknown:
+        raise UsageError(f"--families: unknown {unknown}; known: {', '.join(_known_families())}")
+    runs = evaluation.evaluate_meta_model(model, progress=lambda text: print(text, flush=True), **options)
+    print(evaluation.table(runs))
+    return 0
+
+
+def _known_families():
+    from kadapt.meta import tasks
+
+    return sorted(tasks.TRAINING_FAMILIES + tasks.HELD_OUT_FAMILIES)
+
+
+def _int(text, flag):
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be comma-separated ints. Received: {text!r}") from None
+
+
+def _eval_on_records(model, store):
+    from kadapt.meta.meta_model import decision_data
+    from kadapt.meta.meta_model import evaluate_policies
+
+    try:
+        data = decision_data(list(_open_store(store)))
     except ValueError as error:
         raise UsageError(str(error)) from None
     print(f"{'family':<16}{'decisions':>10}  " + "  ".join(f"{p + ' acc/regret':>22}" for p in ("meta_model", "keep", "rule")))

@@ -1,0 +1,216 @@
+"""Judging a meta-model on held-out tasks: the table of `kadapt meta eval MODEL.keras`.
+
+The held-out set was fixed before any result was seen: the families of
+`EVALUATION_FAMILIES` (never in the default meta-model's records: an MLP on
+iris and on circles, friedman regression, a conv net on Fashion-MNIST images,
+a GRU on the adding problem, an autoencoder on Fashion-MNIST), seeds 0-2, SGD
+with momentum 0.9, `EPOCHS` epochs of batch 32. Every run of a task-seed
+trains the same data, initialization and batch order.
+
+For each task-seed:
+
+- **grid**: the constant rates of `GRID` (8 points, 1e-4 to ~3). The
+  grid-best rate is the one with the lowest final validation loss: what 8x the
+  compute buys.
+- **mis-set rates**, from the grid: `too_low` (1e-4, the grid's lowest),
+  `too_high` (the lowest grid rate above the best that ends at least
+  `MISSET_MARGIN` x the best's loss, finite) and `diverging` (the lowest rate,
+  on the grid or above it up to `DIVERGING_LIMIT`, whose constant run ends
+  non-finite). On each: `constant` (its grid run), `plateau` (Keras
+  `ReduceLROnPlateau(factor=0.3, patience=2)`, tuned) and `meta` (the
+  `MetaAdjuster` with its defaults).
+- **cosine**: a well-configured run, cosine from the grid-best rate to 0,
+  without and with the `MetaAdjuster`.
+
+`summarize` turns the runs into the table, against `TARGETS`.
+"""
+
+import dataclasses
+import math
+import time
+
+import keras
+import numpy as np
+
+from kadapt.meta import tasks as task_lib
+from kadapt.meta.adjuster import MetaAdjuster
+
+EVALUATION_FAMILIES = ("iris", "circles", "friedman", "fashion_conv", "adding", "fashion_autoencoder")
+SEEDS = (0, 1, 2)
+EPOCHS = 20
+MOMENTUM = 0.9
+GRID = tuple(float(f"{rate:.3g}") for rate in np.logspace(-4, 0.5, 8))  # 1e-4 ... 3.16
+DIVERGING_LIMIT = (10.0, 30.0, 100.0, 300.0, 1000.0)
+MISSET_MARGIN = 1.2
+SETTINGS = ("too_low", "too_high", "diverging")
+TARGETS = {  # name: (sense, target, what it measures)
+    "near_grid_best": (">=", 0.75, "mis-set runs ending within 1.5x of the grid-best final val loss"),
+    "beats_plateau": (">=", 0.85, "mis-set runs ending below tuned ReduceLROnPlateau"),
+    "harm": ("<=", 0.0, "mis-set runs ending > 1.1x worse than the constant rate"),
+    "rescue": (">=", 1.0, "diverging runs ending finite, below the initial val loss"),
+    "cosine_no_harm": (">=", 1.0, "good cosine runs ending <= 1.05x the run without it"),
+}
+QUICK = {"families": ("iris", "adding"), "seeds": (0,), "epochs": 6}
+
+
+class StopWhenNonFinite(keras.callbacks.Callback):
+    """Ends a run once its weights are NaN/Inf: from there every step keeps them so."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not all(np.all(np.isfinite(v.numpy())) for v in self.model.trainable_variables):
+            self.model.stop_training = True
+
+
+def evaluation_task(family, seed, learning_rate, schedule="constant"):
+    """The held-out task: `family`'s data and model for `seed`, SGD with momentum 0.9."""
+    task = task_lib.make_task(family, seed, learning_rate, "sgd", schedule)
+    return dataclasses.replace(task, momentum=MOMENTUM)
+
+
+def fit_steps_per_epoch(task):
+    return math.ceil(len(task.data[0]) / task.batch_size)
+
+
+def train_run(task, epochs, callbacks=()):
+    """Trains `task` for `epochs` with `callbacks`; its final validation loss and wall time."""
+    model = task.build(epochs * fit_steps_per_epoch(task))
+    x, y, x_val, y_val = task.data
+    keras.utils.set_random_seed(task.seed)  # the same batch order for every run of a task
+    start = time.perf_counter()
+    callbacks = [*callbacks, StopWhenNonFinite()]
+    model.fit(x, y, validation_data=(x_val, y_val), batch_size=task.batch_size, epochs=epochs, verbose=0,
+              callbacks=callbacks)
+    seconds = time.perf_counter() - start
+    loss = float(model.evaluate(x_val, y_val, batch_size=256, verbose=0))
+    if not all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables):
+        loss = math.nan
+    return {"val_loss": loss, "seconds": seconds}
+
+
+def meta_run(task, epochs, meta_model, **adjuster_options):
+    adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0, **adjuster_options)
+    result = train_run(task, epochs, [adjuster])
+    result["decisions"] = [{key: d.get(key) for key in ("epoch", "trigger", "action", "predicted_gain")}
+                           for d in adjuster.decisions]
+    return result
+
+
+def plateau_run(task, epochs):
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.3, patience=2, verbose=0)
+    return train_run(task, epochs, [plateau])
+
+
+def evaluate_task(family, seed, meta_model, epochs=EPOCHS, progress=None):
+    """Every arm on one task-seed: `{"grid", "best_rate", "initial_val_loss", "settings", "cosine"}`."""
+    say = progress or (lambda text: None)
+    grid = {rate: train_run(evaluation_task(family, seed, rate), epochs) for rate in GRID}
+    finite = {rate: run["val_loss"] for rate, run in grid.items() if math.isfinite(run["val_loss"])}
+    if not finite:
+        raise RuntimeError(f"{family} seed {seed}: every grid rate diverged; the task is broken.")
+    best = min(finite, key=finite.get)
+    say(f"{family}/{seed} grid best lr={best:g} val_loss={finite[best]:.4g}")
+    rates = {"too_low": GRID[0] if finite.get(GRID[0], math.inf) >= MISSET_MARGIN * finite[best] else None,
+             "too_high": next((r for r in GRID if r > best and finite.get(r, -math.inf) >= MISSET_MARGIN * finite[best]),
+                              None),
+             "diverging": next((r for r in GRID if r not in finite), None)}
+    for rate in DIVERGING_LIMIT if rates["diverging"] is None else ():
+        grid.setdefault(rate, train_run(evaluation_task(family, seed, rate), epochs))
+        if not math.isfinite(grid[rate]["val_loss"]):
+            rates["diverging"] = rate
+            break
+    untrained = evaluation_task(family, seed, best)
+    initial = float(untrained.build().evaluate(untrained.data[2], untrained.data[3], batch_size=256, verbose=0))
+    settings = {}
+    for setting, rate in rates.items():
+        if rate is None:
+            say(f"{family}/{seed} {setting}: no such rate on the grid")
+            continue
+        task = evaluation_task(family, seed, rate)
+        settings[setting] = {"learning_rate": rate, "constant": grid[rate],
+                             "plateau": plateau_run(task, epochs), "meta": meta_run(task, epochs, meta_model)}
+        say(f"{family}/{seed} {setting} lr={rate:g}: " + ", ".join(
+            f"{arm} {settings[setting][arm]['val_loss']:.4g}" for arm in ("constant", "plateau", "meta")))
+    cosine_task = evaluation_task(family, seed, best, "cosine")
+    cosine = {"without": train_run(cosine_task, epochs), "with": meta_run(cosine_task, epochs, meta_model)}
+    say(f"{family}/{seed} cosine at lr={best:g}: without {cosine['without']['val_loss']:.4g}, "
+        f"with {cosine['with']['val_loss']:.4g}")
+    return {"family": family, "seed": seed, "grid": {f"{rate:g}": run for rate, run in grid.items()},
+            "best_rate": best, "best_val_loss": finite[best], "initial_val_loss": initial,
+            "settings": settings, "cosine": cosine}
+
+
+def evaluate_meta_model(meta_model, families=EVALUATION_FAMILIES, seeds=SEEDS, epochs=EPOCHS, progress=None):
+    """All arms on every held-out task-seed; the runs for `summarize`."""
+    return [evaluate_task(family, seed, meta_model, epochs, progress) for family in families for seed in seeds]
+
+
+def _key(loss):
+    return loss if math.isfinite(loss) else math.inf
+
+
+def summarize(runs):
+    """The target figures over all runs, and per setting: `{"all": {...}, "too_low": {...}, ...}`."""
+    def figures(cases):
+        near = [_key(c["meta"]["val_loss"]) <= 1.5 * r["best_val_loss"] for r, c in cases]
+        beats = [_key(c["meta"]["val_loss"]) < _key(c["plateau"]["val_loss"]) for r, c in cases]
+        harm = [_key(c["meta"]["val_loss"]) > 1.1 * _key(c["constant"]["val_loss"]) for r, c in cases]
+        diverged = [(r, c) for r, c in cases if not math.isfinite(c["constant"]["val_loss"])]
+        rescued = [math.isfinite(c["meta"]["val_loss"]) and c["meta"]["val_loss"] < r["initial_val_loss"]
+                   for r, c in diverged]
+        return {"runs": len(cases), "near_grid_best": _mean(near), "beats_plateau": _mean(beats),
+                "harm": _mean(harm), "rescue": _mean(rescued), "diverged_runs": len(diverged)}
+
+    cases = [(r, c) for r in runs for c in r["settings"].values()]
+    report = {"all": figures(cases)}
+    for setting in SETTINGS:
+        report[setting] = figures([(r, r["settings"][setting]) for r in runs if setting in r["settings"]])
+    cosine = [_key(r["cosine"]["with"]["val_loss"]) <= 1.05 * _key(r["cosine"]["without"]["val_loss"])
+              for r in runs]
+    report["all"]["cosine_no_harm"] = _mean(cosine)
+    report["all"]["cosine_runs"] = len(cosine)
+    return report
+
+
+def _mean(flags):
+    return float(np.mean(flags)) if flags else None
+
+
+def met(name, value):
+    sense, target, _ = TARGETS[name]
+    return value is not None and (value >= target if sense == ">=" else value <= target)
+
+
+def table(runs):
+    """The Markdown tables of `kadapt meta eval`: the targets, then each task-seed."""
+    report = summarize(runs)
+    lines = ["| figure | measured | target | met | what |", "|---|---|---|---|---|"]
+    for name, (sense, target, what) in TARGETS.items():
+        value = report["all"][name]
+        shown = "-" if value is None else f"{value:.2f}"
+        lines.append(f"| {name} | {shown} | {sense} {target:g} | {'yes' if met(name, value) else 'NO'} | {what} |")
+    lines += ["", "| setting | runs | near grid-best | beats plateau | harm | rescue |", "|---|---|---|---|---|---|"]
+    for setting in ("all", *SETTINGS):
+        figures = report[setting]
+        cells = " | ".join("-" if figures[k] is None else f"{figures[k]:.2f}"
+                           for k in ("near_grid_best", "beats_plateau", "harm", "rescue"))
+        lines.append(f"| {setting} | {figures['runs']} | {cells} |")
+    lines += ["", "| task | seed | grid-best lr | its val loss | setting: lr, constant / plateau / meta "
+              "| cosine without / with | meta's decisions |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        settings = "; ".join(f"{s} {c['learning_rate']:g}: " + " / ".join(_loss(c[a]) for a in ("constant", "plateau", "meta"))
+                             for s, c in r["settings"].items())
+        decisions = "; ".join(f"{s}: {_decisions(c['meta'])}" for s, c in r["settings"].items())
+        decisions += f"; cosine: {_decisions(r['cosine']['with'])}"
+        lines.append(f"| {r['family']} | {r['seed']} | {r['best_rate']:g} | {r['best_val_loss']:.4g} | {settings} | "
+                     f"{_loss(r['cosine']['without'])} / {_loss(r['cosine']['with'])} | {decisions} |")
+    return "\n".join(lines)
+
+
+def _loss(run):
+    return "NaN" if not math.isfinite(run["val_loss"]) else f"{run['val_loss']:.4g}"
+
+
+def _decisions(run):
+    applied = [d["action"] for d in run["decisions"] if not d["action"].startswith("keep")]
+    kept = len(run["decisions"]) - len(applied)
+    return (", ".join(applied) or "none") + (f" (+{kept} kept)" if kept else "")
