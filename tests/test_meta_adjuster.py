@@ -12,6 +12,8 @@ import kadapt
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import MetaSpec
 from kadapt.meta import Trigger
+from kadapt.meta.actions import KEEP as KEEP_INDEX
+from kadapt.meta.features import FEATURE_NAMES
 
 LR_UP, LR_DOWN_10, MOMENTUM_HIGH = 3, 0, 6  # indices into kadapt.meta.actions.ACTIONS
 ROWS = 8
@@ -75,6 +77,44 @@ def test_stock_keras_optimizer_gets_its_float_learning_rate_set():
     x, y = regression_data()
     np.testing.assert_allclose(model.get_weights()[0],
                                numpy_descent(x, y, [0.01, 0.01, 0.01, 0.03], [0.0] * 4), rtol=1e-5)
+
+
+def test_an_unclear_gain_is_considered_and_logged_but_not_applied(tmp_path):
+    model = linear_model(kadapt.optimizers.SGD(0.01, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(LR_UP, gain=0.04), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), log_dir=tmp_path, verbose=0)
+    fit(model, adjuster)
+    x, y = regression_data()
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, [0.01] * 4, [0.0] * 4), rtol=1e-5)
+    logged = [json.loads(line) for line in (tmp_path / "meta_decisions.jsonl").read_text().splitlines()]
+    assert [(d["step"], d["action"], d["applied"], d["adjustment"]) for d in logged] == [
+        (3, "keep (considered lr x3)", False, {})]
+    assert logged[0]["predicted_gain"] == pytest.approx(0.04)
+    # The same prediction with a lower threshold is applied.
+    model = linear_model(kadapt.optimizers.SGD(0.01, momentum=0.0))
+    fit(model, MetaAdjuster(constant_meta_model(LR_UP, gain=0.04), monitor="loss", check_every=1,
+                            trigger=fires_once_at_step_3(), verbose=0, min_gain=0.03))
+    np.testing.assert_allclose(model.get_weights()[0],
+                               numpy_descent(x, y, [0.01, 0.01, 0.01, 0.03], [0.0] * 4), rtol=1e-5)
+
+
+def test_the_window_says_where_the_schedule_is():
+    # A linear decay from 0.05 (step 0) to 0.01 (step 4, then flat) over a budget of 5 steps. The
+    # observation after step t looks a quarter of the budget (1 step) ahead: 0.05 - 0.01 (t + 1)
+    # over 0.05 - 0.01 t, until the schedule is flat. Under a constant rate the feature is 0.
+    schedule = kadapt.schedules.PiecewiseLinear([0, 4], [0.05, 0.01])
+    decaying = [np.log10(0.03 / 0.04) / 4, np.log10(0.02 / 0.03) / 4, np.log10(0.01 / 0.02) / 4, 0.0, 0.0]
+    for optimizer, expected in [(kadapt.optimizers.SGD(schedule), decaying), (kadapt.optimizers.SGD(0.01), [0.0] * 5)]:
+        adjuster = MetaAdjuster(constant_meta_model(KEEP_INDEX), monitor="loss", check_every=1,
+                                trigger=Trigger(patience=10**6), verbose=0)
+        fit(linear_model(optimizer), adjuster, epochs=5)
+        column = adjuster.history.window()[-5:, FEATURE_NAMES.index("schedule_ahead")]
+        np.testing.assert_allclose(column, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_min_gain_must_be_a_non_negative_number():
+    with pytest.raises(ValueError, match="min_gain"):
+        MetaAdjuster(constant_meta_model(LR_UP), min_gain=-0.1)
 
 
 def test_momentum_reaches_the_compiled_step():

@@ -1,5 +1,6 @@
 """Record collection, decision data, the meta-model search and its file."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,7 +20,8 @@ from kadapt.meta.collect import Snapshot
 from kadapt.meta.collect import TaskRun
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import WINDOW
-from kadapt.meta.meta_model import TEMPERATURE
+from kadapt.meta.meta_model import MaskedScoreError
+from kadapt.meta.meta_model import choose_from
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
 from kadapt.optimizers.live_variables import applied_learning_rate
@@ -44,28 +46,65 @@ def test_collect_branches_every_action_and_resumes(tmp_path):
 
 
 def test_a_branch_restores_the_snapshot_exactly():
-    task = tasks.make_task("iris", 0, learning_rate=0.05, optimizer="adam")
+    task = tasks.make_task("iris", 0, learning_rate=0.05, optimizer="adam", schedule="constant")
     run = TaskRun(task, TINY, np.random.default_rng(0))
-    run.run()
+    run.train(2 * run.observe_every, run.history)
     base = Snapshot.take(run.model, run.batches, run.step, run.history.last_val_loss)
     rate = applied_learning_rate(run.model.optimizer)
     first = run.branch(base, 4)[1]
     again = run.branch(base, 4)[1]
     keep = run.branch(base, KEEP)[1]
     assert first["val_loss"] == again["val_loss"] != keep["val_loss"]
+    assert first["short_val_loss"] == again["short_val_loss"] != keep["short_val_loss"]
+    assert first["continue"].step == base.step + run.horizon  # the main line continues there
     assert first["hyperparameters"]["learning_rate"] == rate  # recorded before the action
-    assert first["history"].window()[-1, FEATURE_NAMES.index("log_learning_rate")] == pytest.approx(
+    assert first["continue_history"].window()[-1, FEATURE_NAMES.index("log_learning_rate")] == pytest.approx(
         math.log10(rate * 10) / 4, rel=1e-5)
 
 
-def test_decision_data_groups_records_and_makes_soft_targets():
-    records = [record("r", 10, 0, 0.2), record("r", 10, 2, -0.1), record("r", 20, 2, 0.0)]
+def test_decision_data_groups_records_and_targets_score_differences_to_keep():
+    records = [record("r", 10, 0, 0.2), record("r", 10, 2, -0.1), record("r", 20, 2, 0.0),
+               record("r", 30, 0, 0.5)]  # step 30 never tried keep: nothing to compare with, left out
     data = decision_data(records)
     assert len(data) == 2
-    expected = np.zeros(len(ACTIONS))
-    expected[[0, 2]] = np.exp(-np.array([0.3, 0.0]) / TEMPERATURE)
-    np.testing.assert_allclose(data.targets()[0], expected / expected.sum(), rtol=1e-6)
-    np.testing.assert_allclose(data.targets()[1], np.eye(len(ACTIONS))[2])
+    expected = np.full((2, len(ACTIONS)), np.nan)
+    expected[0, [0, KEEP]] = [0.3, 0.0]
+    expected[1, KEEP] = 0.0
+    np.testing.assert_allclose(data.targets(), expected, rtol=1e-6)
+
+
+def test_masked_score_error_against_numpy_over_the_tried_candidates():
+    rng = np.random.default_rng(0)
+    predicted = rng.normal(size=(5, len(ACTIONS))).astype("float32") * 2
+    targets = rng.normal(size=(5, len(ACTIONS))).astype("float32")
+    targets[rng.random(targets.shape) < 0.4] = np.nan
+    targets[:, KEEP] = 0.0
+    error = np.abs(predicted - targets)
+    huber = np.where(error <= 1.0, 0.5 * error**2, error - 0.5)
+    expected = np.mean([np.nanmean(row) for row in huber])
+    loss = float(MaskedScoreError()(targets, predicted))
+    assert loss == pytest.approx(expected, rel=1e-5)
+    import tensorflow as tf
+
+    variable = tf.Variable(predicted)
+    with tf.GradientTape() as tape:
+        value = MaskedScoreError()(targets, variable)
+    gradient = tape.gradient(value, variable).numpy()
+    assert np.all(np.isfinite(gradient)) and np.all(gradient[np.isnan(targets)] == 0)
+
+
+@pytest.mark.parametrize("differences, allowed, min_gain, expected", [
+    ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.05, (KEEP, 0.02, 1)),  # too small a gain: keep
+    ([0.3, -0.2, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.05, (1, 0.2, 1)),  # clearly better: applied
+    ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.0, (1, 0.02, 1)),  # no threshold
+    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [1, 1, 1, 0, 1, 1, 1], 0.05, (KEEP, 0.0, KEEP)),  # best not allowed
+    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [1, 1, 0, 0, 0, 0, 0], 0.05, (1, -0.2, 1)),  # keep not allowed
+])
+def test_choose_abstains_unless_the_predicted_gain_is_clear(differences, allowed, min_gain, expected):
+    choice = choose_from(np.asarray(differences), allowed, min_gain)
+    assert (choice.action, choice.considered) == (expected[0], expected[2])
+    assert choice.gain == pytest.approx(expected[1])
+    assert choice.abstained == (expected[0] != expected[2])
 
 
 def test_regret_against_the_best_candidate():
@@ -105,3 +144,50 @@ def test_search_saves_a_model_that_loads_with_its_spec(tmp_path):
 def test_meta_model_path_must_be_a_keras_file(tmp_path):
     with pytest.raises(ValueError, match=r"Received: meta_model='.*model\.h5'"):
         load_meta_model(tmp_path / "model.h5")
+
+
+def _small(task, rows=96):
+    x, y, x_val, y_val = task.data
+    return dataclasses.replace(task, data=(x[:rows], y[:rows], x_val[:rows], y_val[:rows]))
+
+
+@pytest.mark.parametrize("family, architecture, loss, input_shape", [
+    ("digits_conv", "conv", "classification", (8, 8, 1)),
+    ("waves", "rnn", "classification", (24, 1)),
+    ("adding", "rnn", "regression", (20, 2)),
+    ("digits_autoencoder", "autoencoder", "reconstruction", (64,)),
+])
+def test_collection_covers_conv_recurrent_and_reconstruction_tasks(family, architecture, loss, input_shape):
+    task = _small(tasks.make_task(family, 0, learning_rate=0.01, optimizer="adam", schedule="cosine"))
+    assert (task.architecture, task.loss, task.data[0].shape[1:]) == (architecture, loss, input_shape)
+    if loss == "reconstruction":
+        np.testing.assert_array_equal(task.data[0], task.data[1])
+    run = TaskRun(task, TINY, np.random.default_rng(0))
+    records = run.run()
+    assert len(records) == 2 * len(ACTIONS) and {r.hyperparameters["architecture"] for r in records} == {architecture}
+    for r in records:  # scored at the end of the budget, with the short horizon's score beside it
+        assert r.outcome["horizon"] == run.total_steps - r.step and r.outcome["short_horizon"] == run.horizon
+        assert -5 <= r.outcome["score"] <= 5 and -5 <= r.outcome["score_short"] <= 5
+    # Under the cosine schedule the rate ahead is lower: the feature is negative, and more so later.
+    ahead = [r.features[-1, FEATURE_NAMES.index("schedule_ahead")] for r in records if r.adjustment["action"] == KEEP]
+    assert ahead[0] < 0 and ahead[1] < ahead[0]
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "triangular"])
+def test_task_schedules_follow_the_budget(schedule):
+    task = tasks.make_task("iris", 0, learning_rate=0.2, optimizer="sgd", schedule=schedule)
+    model = task.build(total_steps=100)
+    rate = model.optimizer.learning_rate  # the schedule's value at step 0
+    expected = {"constant": 0.2, "cosine": 0.2, "triangular": 0.02}[schedule]
+    assert float(rate) == pytest.approx(expected, rel=1e-6)
+    if schedule != "constant":
+        schedule_object = model.optimizer._learning_rate
+        assert float(schedule_object(100)) == pytest.approx(0.0, abs=1e-7)
+        assert float(schedule_object(20 if schedule == "triangular" else 0)) == pytest.approx(0.2, rel=1e-6)
+
+
+def test_a_scheduled_task_needs_its_budget_and_a_known_schedule():
+    with pytest.raises(ValueError, match=r"Received: schedule='linear'"):
+        tasks.make_task("iris", 0, schedule="linear")
+    with pytest.raises(ValueError, match="pass `total_steps`"):
+        tasks.make_task("iris", 0, schedule="cosine").build()
