@@ -135,7 +135,8 @@ def test_search_saves_a_model_that_loads_with_its_spec(tmp_path):
     _, report = train_meta_model(records, tmp_path / "tuner", tmp_path / "meta.keras",
                                  max_trials=1, epochs=2)
     assert report["decisions"] == 40 and report["families"] == ["a", "b"]
-    assert set(report["held_out"]["a"]) == {"decisions", "keep", "rule", "meta_model"}
+    assert set(report["held_out"]["a"]) == {"decisions", "keep", "rule", "meta_model", "regret_by_min_gain"}
+    assert set(report["mean"]["meta_model_regret_by_min_gain"]) == {"0", "0.02", "0.05", "0.1", "0.2"}
     assert (tmp_path / "meta.json").is_file()
     model = load_meta_model(tmp_path / "meta.keras")
     assert model.output_shape == (None, len(ACTIONS))

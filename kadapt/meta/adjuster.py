@@ -92,7 +92,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         min_gain: Float >= 0. The predicted gain (log of the final validation
             loss keeping would reach over the one the action would) an action
             needs to be applied; below it the adjuster keeps, and logs what it
-            considered. Defaults to `0.05` (about 5% lower). After a
+            considered. Defaults to `0.1` (about 10% lower). After a
             divergence a cut is applied whatever its predicted gain.
 
     Example:

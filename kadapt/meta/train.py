@@ -14,6 +14,7 @@ from kadapt.tuning.distributed_search import distributed_search
 
 BATCH_SIZE = 64
 PATIENCE = 5
+MIN_GAIN_SWEEP = (0.0, 0.02, 0.05, 0.1, 0.2)  # abstention thresholds the report compares per held-out family
 
 
 def train_meta_model(store, directory, output=None, *, validation_families=None, max_trials=8,
@@ -25,7 +26,8 @@ def train_meta_model(store, directory, output=None, *, validation_families=None,
     contains. The report then holds each family out in turn: a model with the
     best hyperparameters is trained on the other families and judged on it
     (accuracy: it picks the best candidate; regret: score lost against the
-    best), beside always-keep and the rule baseline. The saved model is
+    best), beside always-keep and the rule baseline, and the regret at each
+    abstention threshold of `MIN_GAIN_SWEEP`. The saved model is
     trained on every family for the median early-stopped epoch count.
 
     Under KerasTuner's distributed mode (`KERASTUNER_TUNER_ID`,
@@ -113,7 +115,9 @@ def _leave_one_family_out(data, families, hyperparameters, epochs, seed):
         model.fit(train.x[order], train.targets()[order], validation_split=0.15, epochs=epochs,
                   batch_size=BATCH_SIZE, callbacks=[stopper], verbose=0)
         stopped.append(max(stopper.best_epoch + 1, 1) if stopper.stopped_epoch else epochs)
-        report[family] = {"decisions": int(mask.sum()), **evaluate_policies(test, model)}
+        report[family] = {"decisions": int(mask.sum()), **evaluate_policies(test, model),
+                          "regret_by_min_gain": {f"{gain:g}": evaluate_policies(test, model, gain)["meta_model"]["regret"]
+                                                 for gain in MIN_GAIN_SWEEP}}
     return report, stopped
 
 
@@ -126,9 +130,13 @@ def _fit(data, hyperparameters, epochs, seed):
 
 
 def _mean_report(per_family):
-    policies = next(iter(per_family.values())).keys() - {"decisions"}
-    return {policy: {metric: float(np.mean([f[policy][metric] for f in per_family.values()]))
-                     for metric in ("accuracy", "regret")} for policy in sorted(policies)}
+    policies = next(iter(per_family.values())).keys() - {"decisions", "regret_by_min_gain"}
+    report = {policy: {metric: float(np.mean([f[policy][metric] for f in per_family.values()]))
+                       for metric in ("accuracy", "regret")} for policy in sorted(policies)}
+    report["meta_model_regret_by_min_gain"] = {
+        gain: float(np.mean([f["regret_by_min_gain"][gain] for f in per_family.values()]))
+        for gain in next(iter(per_family.values()))["regret_by_min_gain"]}
+    return report
 
 
 def _save(model, report, output):
