@@ -1,0 +1,67 @@
+"""`kadapt meta eval MODEL.keras`: the held-out arms, their figures and the command's bad input."""
+
+import math
+import re
+
+import pytest
+from helpers import constant_meta_model
+
+from kadapt import cli
+from kadapt.meta import evaluation
+from kadapt.meta.actions import KEEP
+
+
+def _run(best, initial, settings, cosine):
+    return {"family": "f", "seed": 0, "best_rate": 0.1, "best_val_loss": best, "initial_val_loss": initial,
+            "grid": {}, "settings": {name: {"learning_rate": 1.0, **{arm: {"val_loss": v, "decisions": []}
+                                                                    for arm, v in arms.items()}}
+                                     for name, arms in settings.items()},
+            "cosine": {"without": {"val_loss": cosine[0], "decisions": []},
+                       "with": {"val_loss": cosine[1], "decisions": []}}}
+
+
+def test_summary_figures_by_hand():
+    nan = math.nan
+    runs = [
+        _run(0.10, 2.0, {"too_low": {"constant": 0.9, "plateau": 0.9, "meta": 0.14},  # near, beats
+                         "too_high": {"constant": 0.3, "plateau": 0.2, "meta": 0.34},  # harm (> 1.1 x 0.3)
+                         "diverging": {"constant": nan, "plateau": nan, "meta": 0.5}},  # rescued
+             cosine=(0.10, 0.104)),  # within 1.05x
+        _run(0.20, 1.0, {"too_high": {"constant": 0.5, "plateau": 0.25, "meta": 0.25},  # a tie does not beat
+                         "diverging": {"constant": nan, "plateau": 0.4, "meta": nan}},  # not rescued
+             cosine=(0.20, 0.22)),  # 1.1x: harmed
+    ]
+    report = evaluation.summarize(runs)
+    assert report["all"] == {"runs": 5, "near_grid_best": 2 / 5, "beats_plateau": 2 / 5, "harm": 1 / 5,
+                             "rescue": 1 / 2, "diverged_runs": 2, "cosine_no_harm": 1 / 2, "cosine_runs": 2}
+    assert report["too_high"]["harm"] == 0.5 and report["too_low"]["near_grid_best"] == 1.0
+    assert report["diverging"]["rescue"] == 0.5 and report["too_low"]["rescue"] is None
+    table = evaluation.table(runs)
+    assert "| harm | 0.20 | <= 0 | NO |" in table and "| rescue | 0.50 | >= 1 | NO |" in table
+
+
+def test_kadapt_meta_eval_runs_every_arm_on_a_held_out_task(tmp_path, capsys):
+    path = tmp_path / "keep.keras"
+    constant_meta_model(KEEP).save(path)
+    assert cli.main(["meta", "eval", str(path), "--families", "iris", "--seeds", "0", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "iris/0 grid best lr=" in out and "| near_grid_best |" in out and "| cosine_no_harm |" in out
+    row = next(line for line in out.splitlines() if line.startswith("| iris | 0 |"))
+    assert "too_low 0.0001:" in row  # the grid's lowest rate is "too low" on iris in 2 epochs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--families", "mnist"], r"--families: unknown \['mnist'\]"),
+    (["--seeds", "one"], r"--seeds must be comma-separated ints. Received: 'one'"),
+    (["--epochs", "0"], r"--epochs must be a positive int. Received: 0"),
+])
+def test_kadapt_meta_eval_bad_arguments(argv, message):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["meta", "eval", "default", *argv])
+    assert re.search(message, str(raised.value.code))
+
+
+def test_kadapt_meta_eval_refuses_a_file_that_is_not_a_meta_model(tmp_path):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["meta", "eval", str(tmp_path / "model.h5")])
+    assert "Received: meta_model=" in str(raised.value.code)
