@@ -162,6 +162,31 @@ def test_a_slowdown_while_the_schedule_anneals_is_left_to_the_schedule():
     np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * 5), rtol=1e-5)
 
 
+class OscillatesAtStep3(Trigger):
+    """Reports an oscillation at the third observation (and nothing else)."""
+
+    def update(self, loss):
+        super().update(loss)
+        return "oscillation" if len(self.losses) == 3 else None
+
+
+def test_an_oscillation_while_the_schedule_anneals_is_left_to_the_schedule():
+    rates = [0.05, 0.04, 0.03, 0.02, 0.01]
+    model = linear_model(kadapt.optimizers.SGD(kadapt.schedules.PiecewiseLinear(list(range(5)), rates)))
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
+                            trigger=OscillatesAtStep3(patience=10**6), verbose=0)
+    fit(model, adjuster, epochs=5)
+    assert adjuster.decisions == []
+    x, y = regression_data()
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * 5), rtol=1e-5)
+    # Under a constant rate the same oscillation is acted on.
+    model = linear_model(kadapt.optimizers.SGD(0.05))
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
+                            trigger=OscillatesAtStep3(patience=10**6), verbose=0)
+    fit(model, adjuster, epochs=5)
+    assert [(d["step"], d["trigger"], d["action"]) for d in adjuster.decisions] == [(3, "oscillation", "lr x0.1")]
+
+
 def test_a_slowdown_under_a_constant_rate_is_acted_on():
     model = linear_model(kadapt.optimizers.SGD(0.05, momentum=0.0))
     adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,

@@ -31,7 +31,8 @@ _NOT_ROLLED_BACK = {"iteration", "learning_rate", "learning_rate_multiplier", "m
 # After a rollback only these may follow: the step that diverged must not be retried as it was.
 _REDUCTIONS = np.array([a.get("learning_rate_multiplier", 1.0) < 1.0 for a in action_lib.ACTIONS])
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == 0.1 for a in action_lib.ACTIONS])
-_SLOWDOWNS = ("plateau", "slow_progress")
+# Left to a schedule while it anneals: it slows the loss on purpose, and damps an oscillation itself.
+_LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation")
 _ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
 _FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
 _REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress")  # Trigger.update's answers
@@ -60,13 +61,15 @@ class MetaAdjuster(keras.callbacks.Callback):
     a velocity built at the diverging rate would carry the restored weights
     straight back out. A run never ends on non-finite weights.
 
-    A slowdown (plateau, slow progress) is left alone while the optimizer's
-    learning-rate schedule is annealing — its rate before this step lower
-    than at the last observation — because a decaying schedule is meant to
-    slow the loss, and cutting the rate on top of it only ends the run early;
-    divergence and oscillation are still acted on. Nothing is adjusted at the last observation (the end of `epochs x steps`,
-    or once something stopped training): no later step would feel it. A
-    divergence there is still rolled back, and logged as a rollback.
+    A slowdown (plateau, slow progress) or an oscillation is left alone while
+    the optimizer's learning-rate schedule is annealing — its rate before this
+    step lower than at the last observation — because a decaying schedule is
+    meant to slow the loss and lowers the rate that makes it oscillate, and
+    cutting the rate on top of it only ends the run early; divergence is still
+    acted on. Nothing is adjusted at the last observation (the end of
+    `epochs x steps`, or once something stopped training): no later step
+    would feel it. A divergence there is still rolled back, and logged as a
+    rollback.
 
     Each decision goes to `decisions`, to `log_dir/meta_decisions.jsonl`, and
     (as `meta_*` entries of the epoch logs) to History and to a TensorBoard
@@ -221,7 +224,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             # A training loss was measured before the latest updates: the weights now are
             # confirmed good only by the next observation.
             self._last_good, self._pending = self._pending, snapshot
-        if reason in _SLOWDOWNS and self._annealing():
+        if reason in _LEFT_TO_SCHEDULE and self._annealing():
             self.trigger.adjusted()  # the schedule's own "adjustment": wait a full patience again
         elif reason is not None and self._is_final():
             if reason == "divergence":
