@@ -99,6 +99,7 @@ def test_masked_score_error_against_numpy_over_the_tried_candidates():
     ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.0, (1, 0.02, 1)),  # no threshold
     ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [1, 1, 1, 0, 1, 1, 1], 0.05, (KEEP, 0.0, KEEP)),  # best not allowed
     ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [1, 1, 0, 0, 0, 0, 0], 0.05, (1, -0.2, 1)),  # keep not allowed
+    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [0] * 7, 0.05, (KEEP, 0.0, KEEP)),  # nothing allowed
 ])
 def test_choose_abstains_unless_the_predicted_gain_is_clear(differences, allowed, min_gain, expected):
     choice = choose_from(np.asarray(differences), allowed, min_gain)

@@ -183,6 +183,8 @@ def choose(model, window, allowed=None, min_gain=MIN_GAIN):
 def choose_from(differences, allowed=None, min_gain=MIN_GAIN):
     """`choose` on predicted score differences to keep (lower is better)."""
     allowed = np.ones(len(action_lib.ACTIONS), bool) if allowed is None else np.asarray(allowed, bool)
+    if not allowed.any():  # nothing can change: keeping is all there is
+        return Choice(action_lib.KEEP, 0.0, action_lib.KEEP)
     masked = np.where(allowed, differences, np.inf)
     best = int(np.argmin(masked))
     gain = float(-masked[best])
