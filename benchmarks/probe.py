@@ -66,14 +66,30 @@ def in_fresh_process(function, *args):
         return pool.apply(function, args)
 
 
-def fits_by_rule(index, size):
-    """Whether `size` fits by the rule: a fresh trace, every measured step
-    within the budget (run in a fresh process by the caller)."""
+def fits_by_rule(index, size, measured_steps=3):
+    """Whether `size` fits by the rule: one fresh trace (a warm-up step), then
+    every one of `measured_steps` steps' peaks within the budget (run in a
+    fresh process by the caller). Written out here, apart from the probe's
+    own trials, which measure each step on a trace of its own."""
+    import tensorflow as tf
+
     build, budget_text = CASES[index]
     model = compiled(build)
     sample = data_for(model)
+    budget = device_budget(budget_text)
     with probe.leaves_no_trace(model, sample):
-        return probe.run_trial(model, sample, size, device_budget(budget_text)).fits
+        model.micro_batch_size = size
+        x, y, _ = probe.repeat_rows(sample, 2 * size)
+        try:
+            model.train_on_batch(x, y)
+            peaks = []
+            for _ in range(measured_steps):
+                tf.config.experimental.reset_memory_stats(budget.device)
+                model.train_on_batch(x, y)
+                peaks.append(tf.config.experimental.get_memory_info(budget.device)["peak"])
+        except tf.errors.ResourceExhaustedError:
+            return False
+    return max(max(peaks), probe.resident_bytes(model)) <= budget.bytes
 
 
 def probe_once(index):
