@@ -33,6 +33,7 @@ from kadapt.meta import MetaAdjuster  # noqa: E402
 from kadapt.meta import Trigger  # noqa: E402
 from kadapt.meta import evaluation  # noqa: E402
 from kadapt.meta import load_meta_model  # noqa: E402
+from kadapt.recipes.training import steps_per_epoch  # noqa: E402
 
 OVERHEAD_ROUNDS, OVERHEAD_EPOCHS = 7, 2
 OVERHEAD_TARGETS = {"epoch": 1.02, "step": 1.03}
@@ -73,11 +74,6 @@ def never_fires():
     return Trigger(patience=10**9, cooldown=0, explode_factor=1e300)
 
 
-def never_fires():
-    """A trigger that never calls for an adjustment: what is left is the cost of watching."""
-    return Trigger(patience=10**9, cooldown=0, explode_factor=1e300)
-
-
 def measure_overhead(meta_model, rounds, epochs, step_modes):
     """A silent MetaAdjuster against none, on the same model, in interleaved rounds.
 
@@ -103,7 +99,7 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
                 wall[name].append(time.perf_counter() - start)
                 cpu[name].append(time.process_time() - start_cpu)
                 hooks[name].append(sum(c.seconds for c in callbacks))
-    steps = epochs * evaluation.fit_steps_per_epoch(task)
+    steps = epochs * steps_per_epoch(len(x), task.batch_size)
     return {"task": task.name, "rounds": rounds, "steps_per_round": steps,
             "ms_per_step": {name: 1000 * statistics.median(t) / steps for name, t in wall.items()},
             "wall_ratio": _paired_ratios(wall), "cpu_ratio": _paired_ratios(cpu),

@@ -14,41 +14,34 @@ was high for the task (the short pick is a cut) is the over-cutting the
 """
 
 import argparse
-from collections import defaultdict
 
 import numpy as np
 
 from kadapt.meta import RecordStore
 from kadapt.meta import actions as action_lib
+from kadapt.meta.meta_model import decision_data
 
-CUTS = {i for i, a in enumerate(action_lib.ACTIONS) if a.get("learning_rate_multiplier", 1.0) < 1.0}
+CUTS = [i for i, a in enumerate(action_lib.ACTIONS) if a.get("learning_rate_multiplier", 1.0) < 1.0]
 LARGEST_CUT = next(i for i, a in enumerate(action_lib.ACTIONS) if a.get("learning_rate_multiplier") == 0.1)
 
 
-def decision_points(records):
-    points = defaultdict(dict)
-    for record in records:
-        if "score_short" not in record.outcome:
-            continue
-        key = (record.run_id, record.step, bool(record.adjustment.get("rollback")))
-        points[key][int(record.adjustment["action"])] = (record.outcome["score"], record.outcome["score_short"],
-                                                          record.family)
-    return [p for p in points.values() if len(p) > 1]
-
-
-def compare(points):
-    rows = []
-    for point in points:
-        end_best = min(point, key=lambda a: point[a][0])
-        short_best = min(point, key=lambda a: point[a][1])
-        rows.append((end_best, short_best, point[short_best][0] - point[end_best][0], next(iter(point.values()))[2]))
-    return rows
+def compare(records):
+    """Per decision point with both scores: the end-of-run pick, the short pick, the end-of-run
+    regret of the short pick, the family."""
+    end, short = decision_data(records), decision_data(records, score="score_short")
+    both = np.isfinite(end.scores).sum(axis=1) > 1
+    if len(end) != len(short) or not both.any():
+        raise ValueError("the records lack the short score on some decision points")
+    end_pick, short_pick = end.scores.argmin(axis=1), short.scores.argmin(axis=1)
+    rows = np.arange(len(end))
+    regret = end.scores[rows, short_pick] - end.scores[rows, end_pick]
+    return [row for row, keep in zip(zip(end_pick, short_pick, regret, end.families), both, strict=True) if keep]
 
 
 def summary(rows):
     end, short, regret = (np.array([r[i] for r in rows]) for i in range(3))
-    return {"points": len(rows), "end: a cut": np.mean(np.isin(end, list(CUTS))),
-            "short: a cut": np.mean(np.isin(short, list(CUTS))),
+    return {"points": len(rows), "end: a cut": np.mean(np.isin(end, CUTS)),
+            "short: a cut": np.mean(np.isin(short, CUTS)),
             "end: x0.1": np.mean(end == LARGEST_CUT), "short: x0.1": np.mean(short == LARGEST_CUT),
             "same pick": np.mean(end == short), "end regret of the short pick": np.mean(regret)}
 
@@ -57,9 +50,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("store")
     args = parser.parse_args()
-    rows = compare(decision_points(RecordStore(args.store)))
-    if not rows:
-        raise SystemExit(f"{args.store}: no records with both scores (collected before the end-of-run score?)")
+    try:
+        rows = compare(list(RecordStore(args.store)))
+    except ValueError as error:
+        raise SystemExit(f"{args.store}: no records with both scores (collected before the end-of-run score?): {error}")
     groups = {"all": rows, "short pick is a cut": [r for r in rows if r[1] in CUTS]}
     for family in sorted({r[3] for r in rows}):
         groups[family] = [r for r in rows if r[3] == family]

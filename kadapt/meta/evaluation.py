@@ -34,6 +34,7 @@ import numpy as np
 
 from kadapt.meta import tasks as task_lib
 from kadapt.meta.adjuster import MetaAdjuster
+from kadapt.recipes.training import steps_per_epoch
 
 EVALUATION_FAMILIES = ("iris", "circles", "friedman", "fashion_conv", "adding", "fashion_autoencoder")
 SEEDS = (0, 1, 2)
@@ -67,13 +68,9 @@ def evaluation_task(family, seed, learning_rate, schedule="constant"):
     return dataclasses.replace(task, momentum=MOMENTUM)
 
 
-def fit_steps_per_epoch(task):
-    return math.ceil(len(task.data[0]) / task.batch_size)
-
-
 def train_run(task, epochs, callbacks=()):
     """Trains `task` for `epochs` with `callbacks`; its final validation loss and wall time."""
-    model = task.build(epochs * fit_steps_per_epoch(task))
+    model = task.build(epochs * steps_per_epoch(len(task.data[0]), task.batch_size))
     x, y, x_val, y_val = task.data
     keras.utils.set_random_seed(task.seed)  # the same batch order for every run of a task
     start = time.perf_counter()

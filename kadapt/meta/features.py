@@ -76,7 +76,7 @@ class Observation:
         momentum: Float. Momentum or Adam's `beta_1`; `0.0` when absent.
         weights: 1-D float array. The trainable weights, flattened.
         budget_used: Float in [0, 1]. Fraction of the planned steps done.
-        schedule_ahead: Float > 0. The scheduled learning rate a quarter of
+        schedule_ahead: Float >= 0. The scheduled learning rate a quarter of
             the budget ahead over the scheduled rate now (`schedule_ratio`);
             `1.0` for a constant rate. Defaults to `1.0`.
     """

@@ -111,14 +111,18 @@ class DecisionData:
         return difference.astype("float32")
 
 
-def decision_data(records):
-    """Groups records by decision point (run, step, rollback) into `DecisionData`."""
+def decision_data(records, score="score"):
+    """Groups records by decision point (run, step, rollback) into `DecisionData`.
+
+    `score` names the outcome that scores a candidate: `"score"` (at the end
+    of the budget) or `"score_short"` (after the short horizon); a record
+    without it counts as not tried."""
     groups = {}
     for record in records:
         key = (record.run_id, record.step, bool(record.adjustment.get("rollback", False)))
         if key not in groups:
             groups[key] = (record.features, np.full(len(action_lib.ACTIONS), np.inf), record.family)
-        groups[key][1][int(record.adjustment["action"])] = record.outcome["score"]
+        groups[key][1][int(record.adjustment["action"])] = record.outcome.get(score, np.inf)
     if not groups:
         raise ValueError("The record store is empty: collect records first, e.g. `kadapt meta collect`.")
     groups = {key: group for key, group in groups.items() if np.isfinite(group[1][action_lib.KEEP])}

@@ -74,10 +74,6 @@ class Task:
     def regression(self):
         return self.loss != "classification"
 
-    @property
-    def steps_per_epoch(self):
-        return max(len(self.data[0]) // self.batch_size, 1)
-
     def build(self, total_steps=None):
         """A freshly initialized, compiled model; a schedule spans `total_steps`."""
         keras.utils.set_random_seed(self.seed)
