@@ -73,6 +73,13 @@ def test_decision_data_groups_records_and_targets_score_differences_to_keep():
     np.testing.assert_allclose(data.targets(), expected, rtol=1e-6)
 
 
+def test_decision_data_can_score_by_the_short_horizon():
+    records = [record("r", 10, 0, 0.2), record("r", 10, 2, -0.1)]
+    records[0].outcome["score_short"], records[1].outcome["score_short"] = -0.4, 0.0
+    np.testing.assert_allclose(decision_data(records, score="score_short").scores[0, [0, KEEP]], [-0.4, 0.0])
+    np.testing.assert_allclose(decision_data(records).scores[0, [0, KEEP]], [0.2, -0.1])
+
+
 def test_masked_score_error_against_numpy_over_the_tried_candidates():
     rng = np.random.default_rng(0)
     predicted = rng.normal(size=(5, len(ACTIONS))).astype("float32") * 2
