@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from kadapt.batching import probe
+from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.memory_budget import device_budget
 
@@ -37,6 +38,7 @@ def resolve_auto_micro_batch(model, x, y, batch_size, sample_weight):
     cap = _logical_batch_size(x, sample, batch_size)
     budget = device_budget(model.memory_budget)
     key = cache_key(model, sample, budget, cap)
+    reserve_region(budget)  # the region the cached size was measured in
     cached = _read_cache().get(key)
     if cached is not None:
         model.micro_batch_size = cached["micro_batch_size"]

@@ -12,6 +12,7 @@ import tensorflow as tf
 from kadapt.batching import training_state
 from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
+from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch
 from kadapt.batching.memory_budget import device_budget
@@ -116,7 +117,10 @@ def probe_micro_batch(
 
     It needs TensorFlow's allocator statistics for the device; on the CPU
     they exist only with oneDNN on (see `kadapt.environment`), and without
-    them it raises `kadapt.AllocatorStatisticsError` before any trial.
+    them it raises `kadapt.AllocatorStatisticsError` before any trial. On the
+    CPU it first has the allocator hold twice the budget as one region, as a
+    GPU's does (`kadapt.batching.allocator_region`): peaks then depend on the
+    step, not on how the process's regions grew.
 
     Args:
         model: Compiled `keras.Model`. An accumulating model is probed as is;
@@ -152,6 +156,7 @@ def probe_micro_batch(
     model = _accumulating(model)
     budget = device_budget(memory_budget)
     require_allocator_statistics(budget.device)
+    reserve_region(budget)
     sample = sample_rows(data)
     cap = _cap(sample, max_micro_batch_size)
     report = on_trial or (lambda trial: None)

@@ -1,0 +1,51 @@
+"""`reserve_region`: the CPU budget held as one allocator region, as a GPU holds its memory.
+
+TensorFlow's CPU allocator with oneDNN is a BFC allocator, the GPU's kind. It
+grows on demand, region by region, each twice the last; a buffer never spans
+two regions, and a free chunk less than twice a request is handed out whole
+and counted whole in the peak. So where a step's buffers land, and its peak,
+depend on how the regions happened to grow: one step of a conv net with
+BatchNorm at 149 rows peaked 116.7-152.6 MiB over fresh processes, and lower
+in a process that had run larger steps before (the probe's own). A GPU's
+allocator takes its memory as one region when it starts. Taking
+`REGION_FACTOR` x the budget as one region before the first measured step
+(allocated uninitialized and freed at once: the pages are never touched, the
+region stays with the allocator) put that step's buffers in one region in
+every process: its highest of three steps' peaks was 101.8-109.1 MiB over six
+fresh processes (`benchmarks/README.md`).
+"""
+
+import tensorflow as tf
+
+from kadapt.batching.memory_budget import available_ram
+from kadapt.environment import allocator_statistics_available
+
+# Room for a trial up to twice the budget in the same region, so that the
+# probe measures an overshoot as it is rather than across a new region.
+REGION_FACTOR = 2
+
+_reserved_bytes = {}  # device -> the largest region reserved in this process
+
+
+def reserve_region(budget):
+    """Makes the allocator of `budget.device` hold one free region of
+    `REGION_FACTOR` x `budget.bytes` (at most the RAM available), once per
+    process and size. Resets the device's peak. A no-op on a GPU, whose
+    allocator holds its memory from the start (or grows by the user's
+    choice), and where the CPU keeps no allocator statistics (TensorFlow's
+    plain CPU allocator: `malloc`, no regions).
+
+    Args:
+        budget: `kadapt.batching.MemoryBudget`.
+    """
+    device = budget.device
+    if not device.upper().startswith("CPU") or not allocator_statistics_available(device):
+        return
+    size = min(REGION_FACTOR * budget.bytes, available_ram())
+    if _reserved_bytes.get(device, 0) >= size:
+        return
+    with tf.device(device):
+        block = tf.raw_ops.Empty(shape=[size], dtype=tf.uint8, init=False)
+    del block
+    tf.config.experimental.reset_memory_stats(device)
+    _reserved_bytes[device] = size
