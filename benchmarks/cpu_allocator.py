@@ -1,10 +1,11 @@
 """Which CPU configuration of TensorFlow the probe should measure under.
 
 For each candidate (TensorFlow's default, oneDNN on, the BFC CPU allocator,
-both), in a fresh process per candidate and model: are allocator statistics
-there at all, is the peak of one traced step repeatable (the same step run
-REPEATS times after its trace), and how does it compare with what a GPU's
-allocator would count? A GPU's BFC allocator counts every live buffer (rounded
+both, and oneDNN with the budget held as one allocator region, kadapt's
+choice), in PROCESSES fresh processes per candidate and model: are allocator
+statistics there at all, is the peak of one traced step repeatable (the same
+step run REPEATS times after its trace, and from process to process), and how
+does it compare with what a GPU's allocator would count? A GPU's BFC allocator counts every live buffer (rounded
 to 256 bytes): the variables, the optimizer slots, the float32 gradient sum
 and the activations the backward pass keeps. `estimate` below is that sum,
 with every layer's output of one micro-batch as the kept activations (fused
@@ -29,41 +30,56 @@ CANDIDATES = {
     "oneDNN": {"TF_ENABLE_ONEDNN_OPTS": "1"},
     "BFC": {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_ENABLE_ONEDNN_OPTS": "0"},
     "oneDNN+BFC": {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPU_ALLOCATOR_USE_BFC": "true"},
+    "oneDNN+region": {"TF_ENABLE_ONEDNN_OPTS": "1", "REGION": "256MiB"},
 }
 MODELS = ("small_cnn", "conv_bn")
 SIZES = (32, 128)  # micro-batch rows; each step runs two micro-batches
 REPEATS = 5
+PROCESSES = 3
 MiB = 2**20
 
 
 def main():
-    print(f"{'candidate':11s} {'model':10s} {'rows':>5s} {'stats':>6s} {'peaks of 5 runs (MiB)':>34s} "
+    print(f"{'candidate':13s} {'model':10s} {'rows':>5s} {'stats':>6s} {'peaks of 5 runs (MiB)':>34s} "
           f"{'spread':>7s} {'est. MiB':>9s} {'ms/step':>8s}")
     for name, settings in CANDIDATES.items():
         for model_name in MODELS:
-            rows = measure_in_fresh_process(settings, model_name)
-            for row in rows:
+            runs = [measure_in_fresh_process(settings, model_name) for _ in range(PROCESSES)]
+            for row in runs[0]:
                 print_row(name, model_name, row)
-            slope_line(name, model_name, rows)
+            slope_line(name, model_name, runs[0])
+            across_processes(model_name, runs)
 
 
 def measure_in_fresh_process(settings, model_name):
     env = {k: v for k, v in os.environ.items()
            if k not in ("TF_ENABLE_ONEDNN_OPTS", "TF_CPU_ALLOCATOR_USE_BFC")}
+    settings = dict(settings)
+    region = settings.pop("REGION", "")
     env.update(settings, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, __file__, "--worker", model_name], env=env,
+    done = subprocess.run([sys.executable, __file__, "--worker", model_name, region], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def across_processes(model_name, runs):
+    """The highest peak of each process's runs, per size: the level a fresh process lands on."""
+    if runs[0][0]["peaks"] is None:
+        return
+    for index, row in enumerate(runs[0]):
+        highs = [max(run[index]["peaks"]) for run in runs]
+        print(f"{'':13s} {model_name:10s} {row['rows']:5d} highest peak per process (MiB): "
+              f"{' '.join(f'{h / MiB:.1f}' for h in highs)}, spread {(max(highs) - min(highs)) / min(highs):.1%}")
+
+
 def print_row(name, model_name, row):
     if row["peaks"] is None:
-        print(f"{name:11s} {model_name:10s} {row['rows']:5d} {'no':>6s} {'-':>34s} {'-':>7s} "
+        print(f"{name:13s} {model_name:10s} {row['rows']:5d} {'no':>6s} {'-':>34s} {'-':>7s} "
               f"{row['estimate'] / MiB:9.1f} {row['ms']:8.1f}")
         return
     peaks = " ".join(f"{p / MiB:6.1f}" for p in row["peaks"])
     spread = (max(row["peaks"]) - min(row["peaks"])) / min(row["peaks"])
-    print(f"{name:11s} {model_name:10s} {row['rows']:5d} {'yes':>6s} {peaks:>34s} {spread:7.1%} "
+    print(f"{name:13s} {model_name:10s} {row['rows']:5d} {'yes':>6s} {peaks:>34s} {spread:7.1%} "
           f"{row['estimate'] / MiB:9.1f} {row['ms']:8.1f}")
 
 
@@ -71,17 +87,17 @@ def slope_line(name, model_name, rows):
     low, high = rows[0], rows[-1]
     estimate_slope = (high["estimate"] - low["estimate"]) / (high["rows"] - low["rows"])
     if low["peaks"] is None:
-        print(f"{'':11s} {model_name:10s} per row: estimate {estimate_slope / 1024:.1f} KiB, measured -")
+        print(f"{'':13s} {model_name:10s} per row: estimate {estimate_slope / 1024:.1f} KiB, measured -")
         return
     slope = (statistics.median(high["peaks"]) - statistics.median(low["peaks"])) / (high["rows"] - low["rows"])
-    print(f"{'':11s} {model_name:10s} per row: estimate {estimate_slope / 1024:.1f} KiB, "
+    print(f"{'':13s} {model_name:10s} per row: estimate {estimate_slope / 1024:.1f} KiB, "
           f"measured {slope / 1024:.1f} KiB ({slope / estimate_slope:.2f}x); "
           f"at {high['rows']} rows measured/estimate {statistics.median(high['peaks']) / high['estimate']:.2f}x")
 
 
 # ---- worker: one candidate configuration, one model, in its own process ----
 
-def worker(model_name):
+def worker(model_name, region):
     import time
 
     import keras
@@ -89,7 +105,11 @@ def worker(model_name):
     import tensorflow as tf
 
     import kadapt
+    from kadapt.batching import device_budget
+    from kadapt.batching.allocator_region import reserve_region
 
+    if region:
+        reserve_region(device_budget(region))
     rows = []
     for size in SIZES:
         keras.utils.set_random_seed(0)
@@ -134,6 +154,6 @@ def build(model_name):
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        worker(sys.argv[2])
+        worker(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
     else:
         main()

@@ -6,7 +6,9 @@ micro-batches of m rows), then MEASURED_STEPS (3) measured steps; m fits when
 each measured step's peak is within the budget. The reference is the largest
 m that fits by that rule, found by bisection with a fresh process per size
 (peaks vary from run to run, so a size near the edge can fit in one process
-and not in the next; the reference is itself a measurement). Then REPEATS
+and not in the next; the reference is itself a measurement). The process
+holds the budget as one allocator region first, as every kadapt process that
+trains with a budget does (`kadapt.batching.allocator_region`). Then REPEATS
 probes per model, each in a fresh process as a user's would run, and each
 chosen size checked by the rule in a fresh process of its own.
 
@@ -28,6 +30,7 @@ import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
 from kadapt.batching import probe  # noqa: E402
+from kadapt.batching.allocator_region import reserve_region  # noqa: E402
 from kadapt.batching.memory_budget import device_budget  # noqa: E402
 from benchmark_models import conv_bn  # noqa: E402
 
@@ -77,6 +80,7 @@ def fits_by_rule(index, size, measured_steps=3):
     model = compiled(build)
     sample = data_for(model)
     budget = device_budget(budget_text)
+    reserve_region(budget)  # as a process that trains with kadapt and a budget holds it
     with probe.leaves_no_trace(model, sample):
         model.micro_batch_size = size
         x, y, _ = probe.repeat_rows(sample, 2 * size)

@@ -84,3 +84,14 @@ def test_the_probe_holds_its_budget_before_its_trials(empty_calls):
     x = np.zeros((32, 4), np.float32)
     kadapt.probe_micro_batch(model, (x, np.zeros((32, 2), np.float32)), memory_budget="8MiB")
     assert empty_calls[0] == allocator_region.REGION_FACTOR * 8 * 2**20
+
+
+def test_a_region_the_allocator_cannot_hold_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(allocator_region, "_reserved_bytes", {})
+
+    def refuse(**kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")
+
+    monkeypatch.setattr(tf.raw_ops, "Empty", refuse)
+    with pytest.raises(ValueError, match=r"pass a smaller `memory_budget`. Received: memory_budget=1048576 bytes"):
+        allocator_region.reserve_region(MemoryBudget(2**20, "CPU:0", "memory_budget argument"))

@@ -5,6 +5,7 @@ from kadapt.batching.accumulate import AccumulatingWrapper
 from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_model import AccumulatingModel
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
+from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import BatchPlan
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch

@@ -44,8 +44,15 @@ def reserve_region(budget):
     size = min(REGION_FACTOR * budget.bytes, available_ram())
     if _reserved_bytes.get(device, 0) >= size:
         return
-    with tf.device(device):
-        block = tf.raw_ops.Empty(shape=[size], dtype=tf.uint8, init=False)
+    try:
+        with tf.device(device):
+            block = tf.raw_ops.Empty(shape=[size], dtype=tf.uint8, init=False)
+    except tf.errors.ResourceExhaustedError:
+        raise ValueError(
+            f"The CPU allocator could not hold {size / 2**20:.0f} MiB ({REGION_FACTOR} x the "
+            f"memory budget) as one region: pass a smaller `memory_budget`. Received: "
+            f"memory_budget={budget.bytes} bytes ({budget.source})"
+        ) from None
     del block
     tf.config.experimental.reset_memory_stats(device)
     _reserved_bytes[device] = size
