@@ -58,7 +58,7 @@ def empty_calls(monkeypatch):
     real = tf.raw_ops.Empty
 
     def spy(**kwargs):
-        calls.append(int(kwargs["shape"][0]))
+        calls.append(int(np.prod(kwargs["shape"])))
         return real(**kwargs)
 
     monkeypatch.setattr(tf.raw_ops, "Empty", spy)
@@ -71,6 +71,12 @@ def test_held_once_per_process_and_size(empty_calls):
         allocator_region.reserve_region(budget)
     factor = allocator_region.REGION_FACTOR
     assert empty_calls == [factor * 2**20, factor * 4 * 2**20]
+
+
+def test_a_region_past_two_gib_is_held(empty_calls, monkeypatch):
+    monkeypatch.setattr(allocator_region, "available_ram", lambda: 2**40)
+    allocator_region.reserve_region(MemoryBudget(3 * 2**29, "CPU:0", "test"))
+    assert empty_calls == [allocator_region.REGION_FACTOR * 3 * 2**29]
 
 
 def test_no_region_on_a_gpu(empty_calls):

@@ -23,6 +23,7 @@ from kadapt.environment import allocator_statistics_available
 # Room for a trial up to twice the budget in the same region, so that the
 # probe measures an overshoot as it is rather than across a new region.
 REGION_FACTOR = 2
+MiB = 2**20
 
 _reserved_bytes = {}  # device -> the largest region reserved in this process
 
@@ -46,7 +47,8 @@ def reserve_region(budget):
         return
     try:
         with tf.device(device):
-            block = tf.raw_ops.Empty(shape=[size], dtype=tf.uint8, init=False)
+            # Rows of 1 MiB: Empty's shape is int32, and a region may pass 2 GiB.
+            block = tf.raw_ops.Empty(shape=[-(-size // MiB), MiB], dtype=tf.uint8, init=False)
     except tf.errors.ResourceExhaustedError:
         raise ValueError(
             f"The CPU allocator could not hold {size / 2**20:.0f} MiB ({REGION_FACTOR} x the "
