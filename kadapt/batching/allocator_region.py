@@ -11,7 +11,7 @@ allocator takes its memory as one region when it starts. Taking
 `REGION_FACTOR` x the budget as one region before the first measured step
 (allocated uninitialized and freed at once: the pages are never touched, the
 region stays with the allocator) put that step's buffers in one region in
-every process: its highest of three steps' peaks was 101.8-109.1 MiB over six
+every process: its highest of three steps' peaks was 101.8-109.1 MiB over 13
 fresh processes (`benchmarks/README.md`).
 """
 
@@ -38,6 +38,13 @@ def reserve_region(budget):
 
     Args:
         budget: `kadapt.batching.MemoryBudget`.
+
+    Example:
+
+    ```python
+    # Before the first step of a process that trains a size probed elsewhere:
+    kadapt.batching.reserve_region(kadapt.batching.device_budget("2GiB"))
+    ```
     """
     device = budget.device
     if not device.upper().startswith("CPU") or not allocator_statistics_available(device):
