@@ -79,6 +79,12 @@ def test_a_region_past_two_gib_is_held(empty_calls, monkeypatch):
     assert empty_calls == [allocator_region.REGION_FACTOR * 3 * 2**29]
 
 
+def test_at_most_half_the_ram_available(empty_calls, monkeypatch):
+    monkeypatch.setattr(allocator_region, "available_ram", lambda: 4 * 2**20)
+    allocator_region.reserve_region(MemoryBudget(8 * 2**20, "CPU:0", "test"))
+    assert empty_calls == [2 * 2**20]
+
+
 def test_no_region_on_a_gpu(empty_calls):
     allocator_region.reserve_region(MemoryBudget(2**20, "GPU:0", "test"))
     assert empty_calls == []

@@ -156,9 +156,9 @@ def probe_micro_batch(
     model = _accumulating(model)
     budget = device_budget(memory_budget)
     require_allocator_statistics(budget.device)
-    reserve_region(budget)
     sample = sample_rows(data)
     cap = _cap(sample, max_micro_batch_size)
+    reserve_region(budget)
     report = on_trial or (lambda trial: None)
 
     def runner(size):
