@@ -76,3 +76,17 @@ def test_auto_needs_a_fit_before_train_on_batch():
     model = kadapt.accumulate(_cnn(), "auto")
     with pytest.raises(ValueError, match=r"`micro_batch_size='auto'` is resolved by the first `fit`"):
         model.train_on_batch(x, y)
+
+
+def test_auto_holds_the_region_also_when_the_size_comes_from_the_cache(monkeypatch):
+    from kadapt.batching import auto_micro_batch
+
+    x, y = _data(rows=32)
+    budget = tf.config.experimental.get_memory_info("CPU:0")["current"] + 64 * 2**20
+    kadapt.accumulate(_cnn(), "auto", memory_budget=budget).fit(x, y, batch_size=32, epochs=1, verbose=0)
+    held = []
+    monkeypatch.setattr(auto_micro_batch, "reserve_region", held.append)
+    again = kadapt.accumulate(_cnn(), "auto", memory_budget=budget)
+    again.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert again.probe_result is None  # from the cache, no trial run
+    assert [b.bytes for b in held] == [budget]
