@@ -5,9 +5,10 @@ both, and oneDNN with the budget held as one allocator region, kadapt's
 choice), in PROCESSES fresh processes per candidate and model: are allocator
 statistics there at all, is the peak of one traced step repeatable (the same
 step run REPEATS times after its trace, and from process to process), and how
-does it compare with what a GPU's allocator would count? A GPU's BFC allocator counts every live buffer (rounded
-to 256 bytes): the variables, the optimizer slots, the float32 gradient sum
-and the activations the backward pass keeps. `estimate` below is that sum,
+does it compare with what a GPU's allocator would count? A GPU's BFC
+allocator counts every live buffer (rounded to 256 bytes): the variables, the
+optimizer slots, the float32 gradient sum and the activations the backward
+pass keeps. `estimate` below is that sum,
 with every layer's output of one micro-batch as the kept activations (fused
 or in-place ops keep less, temporaries add more). The per-row slope between
 two sizes is compared with the estimate's per-row activation bytes: an

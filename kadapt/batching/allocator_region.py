@@ -60,7 +60,7 @@ def reserve_region(budget):
             block = tf.raw_ops.Empty(shape=[-(-size // MiB), MiB], dtype=tf.uint8, init=False)
     except tf.errors.ResourceExhaustedError:
         raise ValueError(
-            f"The CPU allocator could not hold {size / 2**20:.0f} MiB ({REGION_FACTOR} x the "
+            f"The CPU allocator could not hold {size / MiB:.0f} MiB ({REGION_FACTOR} x the "
             f"memory budget) as one region: pass a smaller `memory_budget`. Received: "
             f"memory_budget={budget.bytes} bytes ({budget.source})"
         ) from None

@@ -38,9 +38,9 @@ def resolve_auto_micro_batch(model, x, y, batch_size, sample_weight):
     cap = _logical_batch_size(x, sample, batch_size)
     budget = device_budget(model.memory_budget)
     key = cache_key(model, sample, budget, cap)
-    reserve_region(budget)  # the region the cached size was measured in
     cached = _read_cache().get(key)
     if cached is not None:
+        reserve_region(budget)  # the region the cached size was measured in (a probe holds its own)
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
         return
