@@ -31,13 +31,14 @@ import os
 import subprocess
 import sys
 
-VARIANTS = ("judge", "region+256MiB", "gc", "one-interop-thread", "plain", "prewarmed", "side-region", "ladder", "region-last")
+VARIANTS = ("judge", "region+256MiB", "gc", "one-interop-thread", "plain", "prewarmed", "side-region",
+            "ladder", "region-last")
 STEPS = 5
 JUDGED_STEPS = 3
 MiB = 2**20
 
 ONE_PROCESS = """
-import dataclasses, gc, json, sys
+import contextlib, dataclasses, gc, json, sys
 sys.path.insert(0, {here!r})
 from kadapt import environment
 environment.load_tensorflow()
@@ -53,10 +54,10 @@ model = judge.compiled(build)
 sample = judge.data_for(model)
 budget = device_budget(budget_text)
 extra = 256 * 2**20 if variant == "region+256MiB" else 0
+held_to_the_end = contextlib.ExitStack()  # the snapshot lives through the steps, as in the judge
 if variant == "region-last":  # the optimizer's slots and the snapshot allocated before the region
     model.micro_batch_size = rows
-    state = probe.leaves_no_trace(model, sample)
-    state.__enter__()
+    held_to_the_end.enter_context(probe.leaves_no_trace(model, sample))
 if variant == "prewarmed":  # the other models built and dropped: the allocator's first regions grow
     for other, _ in judge.CASES:
         other()
@@ -76,17 +77,9 @@ if variant == "plain":
     x, y = tf.constant(x), tf.constant(y)
     model.optimizer.build(model.trainable_variables)
 elif variant != "region-last":
-    state = probe.leaves_no_trace(model, sample)  # held: its snapshot lives to the end, as in the judge
-    state.__enter__()
+    held_to_the_end.enter_context(probe.leaves_no_trace(model, sample))
 collect = gc.collect if variant == "gc" else (lambda: None)
-collect()
-model.train_on_batch(x, y)
-peaks = []
-for _ in range({steps}):
-    collect()
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    model.train_on_batch(x, y)
-    peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+peaks = judge.measured_peaks(model, x, y, "CPU:0", {steps}, collect)
 print(json.dumps({{"peaks": peaks, "budget": budget.bytes}}))
 """
 

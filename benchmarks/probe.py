@@ -14,8 +14,8 @@ chosen size checked by the rule twice: in the probe's own process with a
 fresh trace (where `micro_batch_size="auto"` trains after probing), and in a
 fresh process of its own (where a size cached by `kadapt probe` is reused).
 
-Target, judged on the fresh process: the chosen size fits in every probe, is >= 0.85x the reference in at
-least 4 of 5 probes, in <= 5 trials.
+Target, judged on the fresh process: the chosen size fits in every probe, is
+>= 0.85x the reference in at least 4 of 5 probes, in <= 5 trials.
 
 Run: `make install && .venv/bin/python benchmarks/probe.py`
 """
@@ -94,15 +94,25 @@ def fits_here(model, sample, budget, size, measured_steps=3):
         model.train_function = None  # a fresh trace even where this size was traced before
         x, y, _ = probe.repeat_rows(sample, 2 * size)
         try:
-            model.train_on_batch(x, y)
-            peaks = []
-            for _ in range(measured_steps):
-                tf.config.experimental.reset_memory_stats(budget.device)
-                model.train_on_batch(x, y)
-                peaks.append(tf.config.experimental.get_memory_info(budget.device)["peak"])
+            peaks = measured_peaks(model, x, y, budget.device, measured_steps)
         except tf.errors.ResourceExhaustedError:
             return False
     return max(max(peaks), probe.resident_bytes(model)) <= budget.bytes
+
+
+def measured_peaks(model, x, y, device, steps, before_each_step=lambda: None):
+    """One warm-up step (the trace), then each of `steps` steps' peak bytes on `device`."""
+    import tensorflow as tf
+
+    before_each_step()
+    model.train_on_batch(x, y)
+    peaks = []
+    for _ in range(steps):
+        before_each_step()
+        tf.config.experimental.reset_memory_stats(device)
+        model.train_on_batch(x, y)
+        peaks.append(tf.config.experimental.get_memory_info(device)["peak"])
+    return peaks
 
 
 def probe_once(index):
