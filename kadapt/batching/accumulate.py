@@ -33,6 +33,12 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
         super().__init__(micro_batch_size=micro_batch_size, **kwargs)
         self.model = model
 
+    @property
+    def output_names(self):
+        # Keras' `compile` maps dict losses, metrics and targets to outputs by
+        # these names; a subclassed wrapper has none of its own.
+        return getattr(self.model, "output_names", None)
+
     def call(self, inputs, training=None):
         return self.model(inputs, training=training)
 

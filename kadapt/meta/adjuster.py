@@ -147,11 +147,10 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
-        if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
-            optimizer.build(self.model.trainable_variables)
         self.decisions, self._step = [], int(optimizer.iterations.numpy())
-        self._trainable = [any(v is t for t in self.model.trainable_variables) for v in self.model.variables]
-        self._last_good = self._pending = self._snapshot(math.inf)
+        self._last_good = self._pending = None
+        if self.model.trainable_variables:
+            self._hold_start()
         self._since_divergence = None
         self._epoch_decisions, self._interval_start = 0, (0, 0.0)
         self._last_epoch_ending = False
@@ -159,6 +158,16 @@ class MetaAdjuster(keras.callbacks.Callback):
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / DECISIONS_FILE).touch()
+
+    def _hold_start(self):
+        """Takes the first state a rollback can return to. A model that its first `fit` step
+        builds (a subclassed model never called before) has no variables before that step, so
+        its first state is the one after it."""
+        optimizer = self.model.optimizer
+        if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
+            optimizer.build(self.model.trainable_variables)
+        self._trainable = [any(v is t for t in self.model.trainable_variables) for v in self.model.variables]
+        self._last_good = self._pending = self._snapshot(math.inf)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._last_epoch_ending = False
@@ -168,6 +177,8 @@ class MetaAdjuster(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
+        if self._last_good is None:
+            self._hold_start()
         if not logs or "loss" not in logs:
             return
         if self._last_good.value == math.inf:
@@ -205,7 +216,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         logs["meta_adjustments"] = self._epoch_decisions
 
     def on_train_end(self, logs=None):
-        if not _all_finite(self.model.variables):
+        if self._last_good is not None and not _all_finite(self.model.variables):
             self._restore(self._last_good)
 
     def _observe(self, loss, val_loss, watched, measured_now):
