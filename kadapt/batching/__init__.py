@@ -9,6 +9,7 @@ from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import BatchPlan
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch
+from kadapt.batching.logical_batch_loss import LogicalBatchLoss
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_budget import parse_memory_size

@@ -13,10 +13,13 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
     ceil(B / micro_batch_size) forward and backward passes in a `tf.while_loop`
     (iterations not overlapped, so peak memory is that of one micro-batch),
     sums the gradients in float32 and calls `optimizer.apply` once. Each
-    micro-batch of n rows contributes its loss times n / B, which equals the
-    full-batch loss for Keras' default `"sum_over_batch_size"` reduction, with
-    sample weights, class weights, a ragged last micro-batch and
-    regularization losses (counted once per step). One fit step is one
+    micro-batch's loss is divided by the logical batch's count (rows, the
+    real tokens of a masked loss, or the sample weights' sum: see
+    `kadapt.batching.logical_batch_loss`), so the step's loss and gradient are
+    the full batch's, with sample weights, class weights, a ragged last
+    micro-batch and regularization losses (counted once per step). Sparse
+    gradients (`Embedding`) reach the optimizer as the full batch's slices
+    (`kadapt.batching.gradient_sum`). One fit step is one
     logical batch, so `optimizer.iterations`, schedules, callbacks and History
     count logical steps; the loss and metrics reported equal the full-batch
     ones.

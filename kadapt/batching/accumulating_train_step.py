@@ -4,6 +4,8 @@ import keras
 import tensorflow as tf
 
 from kadapt.batching import ghost_batch_norm
+from kadapt.batching import gradient_sum
+from kadapt.batching import logical_batch_loss
 from kadapt.batching import micro_batches
 from kadapt.batching import multi_worker
 from kadapt.batching.memory_budget import parse_memory_size
@@ -99,6 +101,21 @@ class AccumulatingTrainStep:
             "measure_noise": self.measure_noise,
         }
 
+    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
+        """As `keras.Model.compile`; each loss is divided by the logical
+        batch's count (`kadapt.batching.logical_batch_loss`)."""
+        super().compile(optimizer=optimizer, loss=logical_batch_loss.wrap(loss), **kwargs)
+
+    # Keras compiles a loaded model whose `compile` is its own only through its own
+    # `compile_from_config` (as Keras' own does it).
+    def get_compile_config(self):
+        return super().get_compile_config()
+
+    def compile_from_config(self, config):
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
         if not self.compiled:
             raise ValueError(
@@ -179,24 +196,27 @@ class AccumulatingTrainStep:
         tail = batch_size - num_full * micro
         num_micro = num_full + tf.cast(tail > 0, tf.int32)
         layers = ghost_batch_norm.batch_norm_layers(self)
-        weights = self._noise_weights()
+        context = (self._noise_weights(), None)
         # This replica's rows: no collective here (one in a function that runs out of memory on
         # one worker may never send its part, and the others would wait in it); `finish_step`
         # rescales to the global denominator.
         denominator = tf.cast(batch_size, tf.float32)
+        context = (context[0], self._logical_totals(batch, micro, num_full, tail))
         with ghost_batch_norm.per_logical_step_momentum(layers, num_micro):
             # The first micro-batch runs outside the loop: it builds the model,
             # metrics and loss on the first trace (variables cannot be created
             # inside the loop) and its gradients seed the float32 sum.
-            total = self._micro_step(micro_batches.first_rows(batch, micro), denominator, weights)
-            total = self._accumulate_full(batch, denominator, num_full, total, weights)
+            total = self._micro_step(micro_batches.first_rows(batch, micro), denominator, context)
+            if self.jit_compile:
+                total = (gradient_sum.reserve(total[0], num_micro), *total[1:])
+            total = self._accumulate_full(batch, denominator, num_full, num_micro, total, context)
             total = tf.cond(
                 tf.logical_and(tail > 0, num_full > 0),
-                lambda: self._accumulate_tail(batch, denominator, num_full, total, weights),
+                lambda: self._accumulate_tail(batch, denominator, num_full, num_micro, total, context),
                 lambda: total,
             )
-        gradients, loss, noise = total
-        return gradients, loss, noise, batch_size, denominator
+        parts, loss, noise = total
+        return gradient_sum.as_gradients(parts, self.trainable_variables), loss, noise, batch_size, denominator
 
     def finish_step(self, gradients, loss, noise, batch_size, denominator):
         """The second half of `train_step`: the noise statistics, the one
@@ -208,12 +228,44 @@ class AccumulatingTrainStep:
         global_denominator = _global_denominator(batch_size)
         if global_denominator is not None:
             factor = denominator / global_denominator
-            gradients, loss, denominator = [g * factor for g in gradients], loss * factor, global_denominator
+            gradients = [gradient_sum.scale(g, factor) for g in gradients]
+            loss, denominator = loss * factor, global_denominator
         if self.measure_noise:
             self._track_noise(*_across_replicas(gradients, noise, batch_size), self._noise_weights())
         self._apply_once(gradients)
         self._track_loss(loss, batch_size, denominator)
         return self.get_metrics_result()
+
+    def _logical_totals(self, batch, micro, num_full, tail):
+        """The logical batch's loss divisors per output, counted before the
+        micro-steps (`kadapt.batching.logical_batch_loss`): an inference pass
+        over the micro-batches counts the outputs' masks, where a layer can
+        make one."""
+        x, _, sample_weight = batch
+        if not logical_batch_loss.may_mask(self):
+            return logical_batch_loss.LogicalTotals(sample_weight)
+        outputs = tf.nest.flatten(self(micro_batches.first_rows(x, micro), training=False))
+        if all(logical_batch_loss.mask_of(output) is None for output in outputs):
+            return logical_batch_loss.LogicalTotals(sample_weight)
+        first = self._counts(outputs, micro_batches.first_rows(sample_weight, micro))
+        counts = micro_batches.fold((x, sample_weight), micro, num_full, tail, self._counts_of, first)
+        return logical_batch_loss.LogicalTotals(sample_weight, counts[0::2], counts[1::2])
+
+    def _counts_of(self, rows):
+        x, sample_weight = rows
+        return self._counts(tf.nest.flatten(self(x, training=False)), sample_weight)
+
+    @staticmethod
+    def _counts(outputs, sample_weight):
+        """[mask count, weight sum] per output of one micro-batch."""
+        counts = []
+        weights = logical_batch_loss.output_weights(sample_weight, len(outputs))
+        for output, weight in zip(outputs, weights):
+            mask = logical_batch_loss.mask_of(output)
+            counts.append(tf.constant(0.0) if mask is None else logical_batch_loss.mask_count(mask))
+            counts.append(logical_batch_loss.weight_sum(weight, mask)
+                          if mask is not None or weight is not None else tf.constant(0.0))
+        return counts
 
     def _noise_weights(self):
         """P^2 per variable when the optimizer preconditions (Adam family; see
@@ -246,12 +298,12 @@ class AccumulatingTrainStep:
         # Nothing of the update (not even `iterations += 1`) may run before
         # every micro-batch succeeded: a step that fails part-way (out of
         # memory) must leave the weights and the optimizer untouched.
-        with tf.control_dependencies(gradients):
+        with tf.control_dependencies(tf.nest.flatten(gradients, expand_composites=True)):
             self.optimizer.apply(
-                [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)], variables
+                [gradient_sum.cast(g, v.dtype) for g, v in zip(gradients, variables)], variables
             )
 
-    def _accumulate_full(self, batch, denominator, num_full, total, weights):
+    def _accumulate_full(self, batch, denominator, num_full, num_micro, total, context):
         """Adds the full micro-batches 1 .. num_full - 1, one at a time."""
         micro = self._traced_micro_batch_size()
 
@@ -260,20 +312,22 @@ class AccumulatingTrainStep:
             # exist, so at most one micro-batch's activations are alive.
             with tf.control_dependencies(tf.nest.flatten(total)):
                 rows = micro_batches.slice_rows(batch, index * micro, micro)
-            return index + 1, self._add(total, self._micro_step(rows, denominator, weights))
+            return index + 1, self._add(total, self._micro_step(rows, denominator, context), index, num_micro)
 
+        parts, loss, noise = total
         _, total = tf.while_loop(
             lambda index, _: index < num_full,
             body,
             (tf.constant(1, tf.int32), total),
+            shape_invariants=(tf.TensorShape([]), (gradient_sum.shape_invariants(parts), loss.shape, noise.shape)),
             parallel_iterations=1,
         )
         return total
 
-    def _accumulate_tail(self, batch, denominator, num_full, total, weights):
+    def _accumulate_tail(self, batch, denominator, num_full, num_micro, total, context):
         with tf.control_dependencies(tf.nest.flatten(total)):
             rows = micro_batches.rows_from(batch, num_full * self._traced_micro_batch_size())
-        return self._add(total, self._micro_step(rows, denominator, weights))
+        return self._add(total, self._micro_step(rows, denominator, context), num_full, num_micro)
 
     def _traced_micro_batch_size(self):
         if self._micro_batch_size is None:
@@ -284,23 +338,28 @@ class AccumulatingTrainStep:
             )
         return self._micro_batch_size
 
-    def _micro_step(self, rows, denominator, noise_weights=None):
+    def _micro_step(self, rows, denominator, context):
         """Returns the float32 gradients, loss share and noise statistics of
-        one micro-batch (its share: its rows over this replica's)."""
+        one micro-batch (its share: its rows over this replica's). `context`:
+        the noise statistics' preconditioner and the logical batch's loss
+        divisors (`_logical_totals`)."""
         x, y, sample_weight = rows
+        noise_weights, totals = context
         share = tf.cast(rows_of(x), tf.float32) / denominator
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             variables = self.trainable_variables
-            loss = self.compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
+            with logical_batch_loss.MicroStep(share, totals, y_pred):
+                loss = self.compute_loss(
+                    x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+                )
             loss = tf.cast(loss, tf.float32) * share
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, variables) if variables else []
         self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        gradients = [_dense_float32(g, v) for g, v in zip(gradients, variables)]
-        return gradients, loss, self._noise_statistics(gradients, share, rows_of(x), noise_weights)
+        parts = [gradient_sum.as_parts(g, v, rows) for g, v in zip(gradients, variables)]
+        gradients = gradient_sum.as_gradients(parts, variables)
+        return parts, loss, self._noise_statistics(gradients, share, rows_of(x), noise_weights)
 
     def _noise_statistics(self, gradients, share, rows, weights):
         """[|g_i|^2, 1/n_i, 1] for this micro-batch's mean gradient g_i (zeros
@@ -311,12 +370,15 @@ class AccumulatingTrainStep:
         squared_norm = _squared_norm(gradients, weights) / scale**2
         return tf.stack([squared_norm, 1.0 / tf.cast(rows, tf.float32), 1.0])
 
-    @staticmethod
-    def _add(total, step):
-        gradients, loss, noise = total
-        step_gradients, step_loss, step_noise = step
-        summed = [a + b for a, b in zip(gradients, step_gradients)]
-        return summed, loss + step_loss, noise + step_noise
+    def _add(self, total, step, slot, slots):
+        """`total` plus micro-batch number `slot` (of `slots`)."""
+        parts, loss, noise = total
+        step_parts, step_loss, step_noise = step
+        if self.jit_compile:
+            parts = gradient_sum.put(parts, step_parts, slot, slots)
+        else:
+            parts = gradient_sum.add(parts, step_parts)
+        return parts, loss + step_loss, noise + step_noise
 
     def _track_loss(self, loss, batch_size, denominator):
         # `compute_loss` divides by the replica count under tf.distribute; the
@@ -356,7 +418,7 @@ def _across_replicas(gradients, noise, batch_size):
     if context is None or context.num_replicas_in_sync == 1:
         return gradients, noise, batch_size
     replicas = float(context.num_replicas_in_sync)
-    total = context.all_reduce(tf.distribute.ReduceOp.SUM, list(gradients))
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, [gradient_sum.dense(g) for g in gradients])
     squared_norms, inverse_sizes, count = tf.unstack(context.all_reduce(tf.distribute.ReduceOp.SUM, noise))
     rows = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(batch_size, tf.float32))
     return total, tf.stack([squared_norms * replicas**2, inverse_sizes, count]), rows
@@ -374,14 +436,9 @@ def _global_denominator(batch_size):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, rows) / context.num_replicas_in_sync
 
 
-def _dense_float32(gradient, variable):
-    if gradient is None:
-        return tf.zeros(variable.shape, tf.float32)
-    return tf.cast(tf.convert_to_tensor(gradient), tf.float32)
-
-
 def _squared_norm(gradients, weights=None):
     """sum |g|^2 over the variables, or sum P^2 |g|^2 with `weights` = P^2."""
+    gradients = [gradient_sum.dense(g) for g in gradients]
     if weights is None:
         return tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradients])
     return tf.add_n([tf.reduce_sum(w * tf.square(g)) for g, w in zip(gradients, weights)])

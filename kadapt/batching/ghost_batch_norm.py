@@ -11,31 +11,12 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from kadapt.batching.layer_walk import reachable_layers
+
 
 def batch_norm_layers(layer):
     """Returns every `BatchNormalization` layer reachable from `layer`."""
-    found, seen, stack = [], set(), [layer]
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, keras.layers.BatchNormalization):
-            found.append(current)
-        stack.extend(_children(current))
-    return found
-
-
-def _children(layer):
-    if isinstance(layer, keras.Model):
-        return list(layer.layers)
-    children = []
-    for value in vars(layer).values():
-        if isinstance(value, keras.layers.Layer):
-            children.append(value)
-        elif isinstance(value, (list, tuple)):
-            children.extend(v for v in value if isinstance(v, keras.layers.Layer))
-    return children
+    return [found for found in reachable_layers(layer) if isinstance(found, keras.layers.BatchNormalization)]
 
 
 @contextlib.contextmanager

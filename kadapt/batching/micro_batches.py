@@ -42,3 +42,21 @@ def rows_from(structure, start):
     return tf.nest.map_structure(
         lambda t: None if t is None else t[start:], structure
     )
+
+
+def fold(batch, size, num_full, tail, step, first):
+    """`first` (micro-batch 0's value) plus `step(rows)` of every other
+    micro-batch of `size` rows: the full ones in a `tf.while_loop`, then the
+    ragged tail. `step` returns a list of scalars."""
+
+    def body(index, total):
+        rows = slice_rows(batch, index * size, size)
+        return index + 1, [a + b for a, b in zip(total, step(rows))]
+
+    _, total = tf.while_loop(lambda index, _: index < num_full, body, (tf.constant(1, tf.int32), first),
+                             parallel_iterations=1)
+    return tf.cond(
+        tf.logical_and(tail > 0, num_full > 0),
+        lambda: [a + b for a, b in zip(total, step(rows_from(batch, num_full * size)))],
+        lambda: total,
+    )
