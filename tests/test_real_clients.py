@@ -227,15 +227,19 @@ def _reversed_batches(data):
     return tuple(None if part is None else tf.nest.map_structure(reverse, part) for part in data)
 
 
-def assert_within_reordering_noise(reference, reordered, candidate):
-    """Each tensor of `candidate` is as close to `reference` as plain Keras is
-    to itself with the rows reordered (10x that float noise), or within 1e-5
-    of the tensor's scale. (A tensor whose true gradient is zero, such as an
-    attention key bias, is all noise, which Adam scales up to its step size.)"""
-    for ours, theirs, noise in zip(candidate, reference, reordered, strict=True):
-        scale = max(float(np.max(np.abs(theirs))), 1e-12)
-        bound = max(10 * float(np.max(np.abs(noise - theirs))), 1e-5 * scale)
-        assert float(np.max(np.abs(ours - theirs))) <= bound
+def assert_equals_plain_keras(name, weights):
+    """Each tensor within 1e-5 of plain Keras' (relative to the tensor's
+    scale), or as close as plain Keras is to itself with each batch's rows
+    reordered (10x that float noise): a tensor whose true gradient is zero,
+    such as an attention key bias, is all noise, which Adam scales up to its
+    step size."""
+    reference, reordered = _plain_weights(name), None
+    for index, (ours, theirs) in enumerate(zip(weights, reference, strict=True)):
+        difference = float(np.max(np.abs(ours - theirs)))
+        if difference <= 1e-5 * max(float(np.max(np.abs(theirs))), 1e-12):
+            continue
+        reordered = reordered or _plain_weights(name, reorder=True)
+        assert difference <= 10 * float(np.max(np.abs(reordered[index] - theirs)))
 
 
 def _accumulated(name, micro_batch_size=MICRO, **kwargs):
@@ -246,10 +250,16 @@ def _accumulated(name, micro_batch_size=MICRO, **kwargs):
 
 
 @pytest.mark.parametrize("name", sorted(CLIENTS))
-def test_equals_plain_keras_on_the_full_batch(name):
+def test_equals_plain_keras_and_continues_alike_from_a_keras_file(name, tmp_path):
     model, trainer, data = _accumulated(name)
     _fit(trainer, data)
-    assert_within_reordering_noise(_plain_weights(name), _plain_weights(name, reorder=True), model.get_weights())
+    assert_equals_plain_keras(name, model.get_weights())
+    trainer.save(tmp_path / "model.keras")
+    restored = kadapt.load_model(tmp_path / "model.keras")
+    assert restored.micro_batch_size == MICRO
+    _fit(trainer, data)
+    _fit(restored, data)
+    assert max_relative_difference(trainer.get_weights(), restored.get_weights()) <= 1e-6
 
 
 @pytest.mark.parametrize("name", sorted(CLIENTS))
@@ -262,15 +272,3 @@ def test_auto_and_the_meta_adjuster_train_it(name):
     assert int(trainer.optimizer.iterations) == 4
     assert np.isfinite(history.history["loss"]).all()
     assert all(np.isfinite(w).all() for w in model.get_weights())
-
-
-@pytest.mark.parametrize("name", sorted(CLIENTS))
-def test_keras_file_round_trip_continues_as_in_memory(name, tmp_path):
-    _, trainer, data = _accumulated(name)
-    _fit(trainer, data)
-    trainer.save(tmp_path / "model.keras")
-    restored = kadapt.load_model(tmp_path / "model.keras")
-    assert restored.micro_batch_size == MICRO
-    _fit(trainer, data)
-    _fit(restored, data)
-    assert max_relative_difference(trainer.get_weights(), restored.get_weights()) <= 1e-6

@@ -31,12 +31,11 @@ class AddPositions(keras.layers.Layer):
         return x + self.positions(keras.ops.arange(keras.ops.shape(x)[1]))
 
 
-def _model(positions):
+def _model():
+    """Token embeddings (six tokens over 60 lookups: many duplicates) and positions."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((5,), dtype="int32")
-    x = keras.layers.Embedding(6, 4)(inputs)  # six tokens over 60 lookups: many duplicates
-    if positions:
-        x = AddPositions()(x)
+    x = AddPositions()(keras.layers.Embedding(6, 4)(inputs))
     outputs = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(x))
     return keras.Model(inputs, outputs)
 
@@ -46,8 +45,8 @@ def _data():
     return rng.integers(0, 6, size=(24, 5)), rng.normal(size=(24, 1)).astype("float32")
 
 
-def _train(optimizer, positions, jit_compile, micro_batch_size=None, reverse=False):
-    model = _model(positions)
+def _train(optimizer, jit_compile, micro_batch_size=None, reverse=False):
+    model = _model()
     x, y = _data()
     if reverse:  # the same batches of 12, their rows in reverse order
         x, y = (np.concatenate([a[:12][::-1], a[12:][::-1]]) for a in (x, y))
@@ -61,19 +60,19 @@ def _largest_difference(a, b):
     return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b, strict=True))
 
 
-def _check(optimizer, positions, jit_compile):
-    full = _train(optimizer, positions, jit_compile)
-    noise = _largest_difference(full, _train(optimizer, positions, jit_compile, reverse=True))
-    accumulated = _train(optimizer, positions, jit_compile, micro_batch_size=5)  # 5 + 5 + 2 rows
-    assert _largest_difference(full, accumulated) <= max(10 * noise, 1e-6)
+def _check(optimizer, jit_compile):
+    """Within 1e-6 of the full batch, or of plain Keras' own float noise with
+    each batch's rows reordered (10x)."""
+    full = _train(optimizer, jit_compile)
+    difference = _largest_difference(full, _train(optimizer, jit_compile, micro_batch_size=5))  # 5 + 5 + 2
+    if difference > 1e-6:
+        assert difference <= 10 * _largest_difference(full, _train(optimizer, jit_compile, reverse=True))
 
 
-@pytest.mark.parametrize("positions", [False, True], ids=["tokens", "tokens_and_positions"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_embeddings_train_as_on_the_full_batch(optimizer, positions):
-    _check(optimizer, positions, jit_compile=False)
+def test_embeddings_train_as_on_the_full_batch(optimizer):
+    _check(optimizer, jit_compile=False)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
-def test_embeddings_train_as_on_the_full_batch_under_xla(optimizer):
-    _check(optimizer, positions=True, jit_compile=True)
+def test_embeddings_train_as_on_the_full_batch_under_xla():
+    _check("adam", jit_compile=True)
