@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _SUBMODULES = (
     "augment", "batching", "callbacks", "datasets", "distribute", "environment", "meta", "models",
-    "optimizers", "recipes", "schedules", "tuning",
+    "optimizers", "precision", "recipes", "schedules", "tuning",
 )
 _NAMES = {
     "AccumulatingModel": "kadapt.batching",
@@ -28,10 +28,12 @@ _NAMES = {
     "MetaAdjuster": "kadapt.meta",
     "MomentumScheduler": "kadapt.callbacks",
     "OutOfMemoryError": "kadapt.batching",
+    "PrecisionChoice": "kadapt.precision",
     "ProbeResult": "kadapt.batching",
     "ProbeTrial": "kadapt.batching",
     "accumulate": "kadapt.batching",
     "balanced_micro_batch": "kadapt.batching",
+    "choose_precision": "kadapt.precision",
     "load_model": "kadapt.saving",
     "plan_batch": "kadapt.batching",
     "probe_micro_batch": "kadapt.batching",

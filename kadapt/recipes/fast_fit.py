@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kadapt.precision import global_policy
 from kadapt.recipes import training
 from kadapt.recipes.config import FastFitConfig
 from kadapt.validation import check_range
@@ -47,7 +48,7 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
 
     Returns:
         The trained `keras.Model` (logits out); `model.history` holds the
-        History. Unless `config.restore_best_weights` is off, it holds the
+        History, `model.precision` the `kadapt.precision.PrecisionChoice`. Unless `config.restore_best_weights` is off, it holds the
         weights of the epoch with the best `val_loss` (`loss` without
         validation data).
 
@@ -77,7 +78,15 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
         keras.utils.set_random_seed(seed)
     train, images, num_classes, steps_per_epoch = _training_data(x, y, batch_size, num_classes, seed, config, epochs)
     steps = epochs * steps_per_epoch
-    model = training.compile_recipe(training.recipe_network(config, images, num_classes), config, steps)
+
+    def build():
+        return training.compile_recipe(training.recipe_network(config, images, num_classes), config, steps)
+
+    precision = training.recipe_precision(config, build, images, num_classes, batch_size)
+    if seed is not None and precision.seconds_per_step:
+        keras.utils.set_random_seed(seed)  # the timed networks drew from the generator
+    with global_policy(precision.policy):
+        model = build()
     trainer = training.micro_batched(model, micro_batch_size, memory_budget)
     validation = _validation(validation_data, num_classes, batch_size)
     best = training.best_weights_callback(config, "val_loss" if validation is not None else "loss")
@@ -90,7 +99,7 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
         callbacks=training.recipe_callbacks(config, steps) + list(callbacks or []) + [c for c in [best] if c],
         verbose=verbose,
     )
-    model.history = history
+    model.history, model.precision = history, precision
     return model
 
 

@@ -20,6 +20,9 @@ from kadapt.callbacks import MomentumScheduler
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import SGD
+from kadapt.precision import PrecisionChoice
+from kadapt.precision import choose_precision
+from kadapt.precision import policy_name
 from kadapt.recipes.inference import predict_with_tta
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
@@ -41,6 +44,18 @@ def recipe_network(config, images, num_classes):
         whitening=whitening, identity_init=config.identity_init,
         freeze_bn_scale=config.freeze_bn_scale, bias_lr_multiplier=config.bias_lr_multiplier,
     )
+
+
+def recipe_precision(config, build_model, images, num_classes, batch_size):
+    """The `PrecisionChoice` the recipe trains under: `config.precision`'s
+    policy, or for `"auto"` the one `choose_precision` measures with
+    `build_model` (a compiled network under the global policy) on a batch of
+    `images`. Build the network to train under `choice.policy`."""
+    if config.precision != "auto":
+        return PrecisionChoice(policy_name(config.precision), {}, f"--precision {config.precision}")
+    batch = np.asarray(images[:batch_size], "float32")
+    labels = one_hot(np.arange(len(batch)) % num_classes, num_classes)  # the labels do not change the time
+    return choose_precision(build_model, batch, labels, batch_size=len(batch))
 
 
 def compile_recipe(model, config, total_steps):

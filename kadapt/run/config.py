@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from kadapt.batching.memory_budget import parse_memory_size
+from kadapt.recipes.config import PRECISIONS
 from kadapt.recipes.config import SCHEDULES
 from kadapt.run.errors import UsageError
 
@@ -41,6 +42,7 @@ class RunConfig:
     expand: float | None = None
     expand_method: str | None = None
     ema: float | None = None
+    precision: str | None = None
     restore_best: str = "on"
     validation_split: float = 0.1
     meta: str = "default"
@@ -62,6 +64,8 @@ class RunConfig:
             _widths(self.widths)
         if self.schedule is not None:
             _choice("schedule", self.schedule, SCHEDULE_NAMES)
+        if self.precision is not None:
+            _choice("precision", self.precision, PRECISIONS)
         _meta(self.meta)
         _fraction("validation_split", self.validation_split, high=0.5)
         _memory_budget(self.memory_budget)

@@ -20,6 +20,8 @@ from kadapt.batching import balanced_micro_batch
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
 from kadapt.batching.memory_budget import device_budget
+from kadapt.precision import PrecisionChoice
+from kadapt.precision import global_policy
 from kadapt.recipes import training as recipe
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
@@ -52,6 +54,7 @@ class Run:
     resume: bool
     member: object = None  # `kadapt.run.workers.ClusterMember` of a multi-worker run, else None
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
+    precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
 
     def scope(self):
         """The distribution strategy's scope in a multi-worker run (else a no-op)."""
@@ -75,21 +78,39 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
             directory, overwrite = RunDirectory(member.scratch_directory(out, resume)), True
     data = load_data(config)
     settings = recipe_config(config, data)
-    keras.utils.set_random_seed(config.seed)
     name = network_name(config, data)
-    run = Run(config, settings, directory, data, name, build_network(name, data, settings), None, resume, member)
+    precision = _precision(config, settings, name, data, directory if resume else None, member)
+    keras.utils.set_random_seed(config.seed)
+    with global_policy(precision.policy):
+        model = build_network(name, data, settings)
+    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision)
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
         # network (outside the strategy) is also the one the probe's trial steps train.
         run.probe_model = run.model
-        with run.scope():
+        with run.scope(), global_policy(precision.policy):
             run.model = build_network(name, data, settings)
         run.model.set_weights(run.probe_model.get_weights())
     run.meta_adjuster = meta_adjuster(config, directory, data)
     if not (resume and member is not None and not member.is_chief):
         directory.create(overwrite)
     return run
+
+
+def _precision(config, settings, name, data, resumed, member):
+    """The recipe's `PrecisionChoice` (`--precision`); a resumed run keeps the one it recorded."""
+    recorded = (resumed.read_json(files.CONFIG) or {}).get("resolved", {}).get("precision") if resumed else None
+    if recorded:
+        return PrecisionChoice(**recorded)
+    if member is not None and settings.precision == "auto":
+        raise UsageError("--precision auto times steps in each worker, and the workers could choose "
+                         "differently: pass --precision float32, bfloat16 or float16 with --workers.")
+
+    def build():
+        return recipe.compile_recipe(build_network(name, data, settings), settings, total_steps=1)
+
+    return recipe.recipe_precision(settings, build, data.x_train, data.num_classes, config.batch_size)
 
 
 def _check_split(batch_size, workers):
@@ -110,7 +131,8 @@ def train(run, echo=print, callbacks=()):
              **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
     with run.scope():
         recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
-    resolved = {**steps, "model": run.model_name, "data": data.summary(),
+    echo(f"precision: {run.precision.policy} ({run.precision.reason})")
+    resolved = {**steps, "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
                 "test_time_augmentation": run.recipe.test_time_augmentation}
     _write_config(directory, config, resolved)

@@ -6,7 +6,7 @@ from kadapt.run.errors import UsageError
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
 FAST_RESNET_MIN_PIXELS = 16  # three 2x poolings and a global one need 16x16 images
 _RECIPE_OPTIONS = ("widths", "schedule", "learning_rate", "weight_decay", "label_smoothing", "cutout", "cutmix",
-                   "mixup", "expand", "expand_method")
+                   "mixup", "expand", "expand_method", "precision")
 _MIXING = ("cutout", "cutmix", "mixup")
 _IMAGE_ONLY = _MIXING + ("expand",)
 
