@@ -5,6 +5,7 @@ Arms (each over --seeds, one after another in this process):
   kadapt     `kadapt train --data fashion_mnist` with its defaults (the recipe, fast_resnet,
              the default MetaAdjuster), through the same library call the command makes
   meta_off   the same with `--meta off`
+  bfloat16   the kadapt arm with `--precision bfloat16` (Keras' mixed_bfloat16 policy)
 
 Wall time runs from the first data touch (loading the files) to the end of the final test
 evaluation (the command's own for the kadapt arms: test-time flips and shifts), less the time of
@@ -41,7 +42,7 @@ from kadapt.run.config import resolve_config  # noqa: E402
 BASELINE_EPOCHS = 10
 BASELINE_BATCH_SIZE = 128
 TARGET_ACCURACY = 0.91
-ARMS = ("baseline", "kadapt", "meta_off")
+ARMS = ("baseline", "kadapt", "meta_off", "bfloat16")
 DEFAULT_OUT = Path(__file__).parent / "results" / "main_job.json"
 
 
@@ -103,7 +104,7 @@ def seconds_to(curve, accuracy):
 def verdict(arms):
     """The targets of the main job, where the arms for them ran."""
     lines = []
-    baseline, ours, off = (arms.get(name) for name in ARMS)
+    baseline, ours, off, bfloat16 = (arms.get(name) for name in ARMS)
     if baseline and ours:
         gain = 100 * (ours["mean_accuracy"] - baseline["mean_accuracy"])
         ratio = ours["mean_wall_seconds"] / baseline["mean_wall_seconds"]
@@ -112,6 +113,12 @@ def verdict(arms):
     if ours and off:
         harm = 100 * (ours["mean_accuracy"] - off["mean_accuracy"])
         lines.append(f"meta on - meta off: {harm:+.2f} points (target >= -0.1): {'met' if harm >= -0.1 else 'NOT met'}")
+    if ours and bfloat16:
+        change = 100 * (bfloat16["mean_accuracy"] - ours["mean_accuracy"])
+        ratio = bfloat16["mean_wall_seconds"] / ours["mean_wall_seconds"]
+        lines.append(f"bfloat16 - float32: {change:+.2f} points (target within 0.15): "
+                     f"{'met' if abs(change) <= 0.15 else 'NOT met'}")
+        lines.append(f"wall time bfloat16 / float32: {ratio:.2f}x (target <= 0.65x): {'met' if ratio <= 0.65 else 'NOT met'}")
     return lines
 
 
@@ -137,6 +144,7 @@ def main():
         "baseline": lambda seed: run_baseline(seed, options, args.baseline_epochs),
         "kadapt": lambda seed: run_kadapt(seed, options, "default"),
         "meta_off": lambda seed: run_kadapt(seed, options, "off"),
+        "bfloat16": lambda seed: run_kadapt(seed, {**options, "precision": "bfloat16"}, "default"),
     }
     results = {"options": options, "seeds": args.seeds, "runs": [], "arms": {}}
     for arm in args.only or ARMS:
