@@ -37,8 +37,8 @@ def _fit(model, loss, sample_weight, micro_batch_size=None):
     return model.get_weights(), history.history["loss"]
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "token_weights"])
-@pytest.mark.parametrize("reduction", ["sum_over_batch_size", "mean_with_sample_weight", "sum"])
+@pytest.mark.parametrize("reduction, weighted", [
+    ("sum_over_batch_size", False), ("sum_over_batch_size", True), ("mean_with_sample_weight", True), ("sum", False)])
 def test_a_masked_token_loss_equals_the_full_batch(reduction, weighted):
     def loss():
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
@@ -62,7 +62,7 @@ def test_two_outputs_with_different_masks_and_weights():
         inputs = keras.Input((LENGTH,), dtype="int32")
         hidden = keras.layers.Embedding(9, 6, mask_zero=True)(inputs)
         tags = keras.layers.Dense(5, name="tags")(keras.layers.LSTM(8, return_sequences=True)(hidden))
-        score = keras.layers.Dense(1, name="score")(keras.layers.LSTM(4)(hidden))
+        score = keras.layers.Dense(1, name="score")(keras.layers.GlobalAveragePooling1D()(hidden))
         return keras.Model(inputs, {"tags": tags, "score": score})
 
     def train(micro_batch_size=None):

@@ -133,17 +133,37 @@ def test_auto_on_a_device_without_16_bit_units_times_nothing(monkeypatch):
 
 def test_kadapt_train_records_the_measured_choice_and_builds_under_it(tmp_path, monkeypatch):
     monkeypatch.setattr(precision, "supported_policies", lambda: ["float32", "mixed_bfloat16"])
+    # Whatever the timings, bfloat16: a float32 choice would not show which policy the network was built under.
+    monkeypatch.setattr(precision, "decide", lambda timings, _: precision.PrecisionChoice(
+        "mixed_bfloat16", timings, "chosen by the test"))
     out = tmp_path / "run"
     assert cli.main(["train", "--data", "digits", "--model", "mlp", "--batch-size", "64", "--max-steps", "2",
                      "--precision", "auto", "--meta", "off", "--out", str(out)]) == 0
     recorded = json.loads((out / "config.json").read_text())["resolved"]["precision"]
     assert set(recorded["seconds_per_step"]) == {"float32", "mixed_bfloat16"}
-    assert recorded["policy"] in recorded["seconds_per_step"]
+    assert recorded["policy"] == "mixed_bfloat16" and recorded["reason"] == "chosen by the test"
     saved = kadapt.load_model(out / "model.keras")
-    assert saved.dtype_policy.name == recorded["policy"]
+    assert {layer.dtype_policy.name for layer in saved.layers if layer.weights} == {recorded["policy"]}
 
 
 def test_config_rejects_an_unknown_precision():
     with pytest.raises(ValueError, match=r"`precision` must be one of float32, bfloat16, float16, auto. "
                                          r"Received: precision='half'"):
         FastFitConfig(precision="half")
+
+
+def test_the_probe_cache_tells_a_bfloat16_network_from_a_float32_one():
+    """The recipe builds under the chosen policy and trains after the global
+    policy is back to float32: the key reads the layers' policies."""
+    from kadapt.batching.auto_micro_batch import cache_key
+    from kadapt.batching.memory_budget import MemoryBudget
+
+    sample = (np.zeros((4, 16), "float32"), np.zeros(4, "int32"))
+    budget = MemoryBudget(2**30, "CPU:0", "test")
+    keys = []
+    for policy in ("float32", "mixed_bfloat16"):
+        with precision.global_policy(policy):
+            model = _build()
+        keys.append(cache_key(model, sample, budget, cap=1024))
+    assert keys[0] != keys[1]
+    assert cache_key(_build(), sample, budget, cap=1024) == keys[0]

@@ -20,6 +20,7 @@ import tensorflow as tf
 from kadapt.batching import probe
 from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
+from kadapt.batching.layer_walk import reachable_layers
 from kadapt.batching.memory_budget import device_budget
 
 logger = logging.getLogger("kadapt")
@@ -73,7 +74,9 @@ def cache_key(model, sample, budget, cap):
         "model": config,
         "weights": [list(w.shape) for w in model.weights],
         "inputs": inputs,
-        "dtype_policy": keras.mixed_precision.global_policy().name,
+        # The policies the layers compute under (a network built under mixed_bfloat16 and
+        # trained after the global policy went back to float32 is a bfloat16 network).
+        "dtype_policy": sorted({layer.dtype_policy.name for layer in reachable_layers(model)}),
         "optimizer": type(model.optimizer).__name__,
         "device": budget.device,
         "budget": budget.bytes,
