@@ -20,6 +20,7 @@ from kadapt.validation import check_range
 
 POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 MIN_SPEEDUP = 1.15
+NO_UNITS = "this device has no bfloat16 or float16 units"
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -119,7 +120,7 @@ def decide(seconds_per_step, min_speedup=MIN_SPEEDUP):
         reason = f"{fastest} ran a step {speedup:.2f}x faster than float32 (at least {min_speedup}x needed)"
         return PrecisionChoice(fastest, dict(seconds_per_step), reason)
     if len(seconds_per_step) == 1:
-        reason = "this device has no bfloat16 or float16 units"
+        reason = NO_UNITS
     else:
         others = ", ".join(f"{p} {base / s:.2f}x" for p, s in seconds_per_step.items() if p != "float32")
         reason = f"no policy beat float32 by {min_speedup}x ({others})"
@@ -129,7 +130,8 @@ def decide(seconds_per_step, min_speedup=MIN_SPEEDUP):
 def choose_precision(build_model, x, y=None, batch_size=256, steps=5, min_speedup=MIN_SPEEDUP, policies=None):
     """Times the model under each supported dtype policy and chooses one.
 
-    For each policy, `build_model()` is called with it as Keras' global
+    With float32 the only candidate nothing is timed. Otherwise, for each
+    policy, `build_model()` is called with it as Keras' global
     policy, and `steps` training steps of one batch are timed (after two
     untimed: the trace and the first run); the median step decides. The
     global policy is restored afterwards: set the chosen one before building
@@ -172,6 +174,8 @@ def choose_precision(build_model, x, y=None, batch_size=256, steps=5, min_speedu
     policies = supported_policies() if policies is None else [policy_name(p) for p in policies]
     if "float32" not in policies:
         policies = ["float32"] + list(policies)
+    if policies == ["float32"]:
+        return PrecisionChoice("float32", {}, NO_UNITS)  # nothing to compare: no time spent
     batch = _first_rows((x, y), batch_size)
     timings = {}
     for policy in policies:

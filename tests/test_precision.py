@@ -72,7 +72,7 @@ def test_choose_precision_refuses_what_it_cannot_time():
         kadapt.choose_precision("model", x, y)
     with pytest.raises(ValueError, match="must return a compiled keras.Model"):
         kadapt.choose_precision(lambda: keras.Sequential([keras.Input((16,)), keras.layers.Dense(3)]), x, y,
-                                policies=["float32"])
+                                policies=["float32", "bfloat16"])
     with pytest.raises(ValueError, match=r"`precision` must be one of auto, float32, bfloat16, float16. "
                                          r"Received: precision='int8'"):
         kadapt.choose_precision(_build, x, y, policies=["int8"])
@@ -127,7 +127,7 @@ def test_fast_fit_trains_under_the_precision_asked_for():
 def test_auto_on_a_device_without_16_bit_units_times_nothing(monkeypatch):
     monkeypatch.setattr(precision, "supported_policies", lambda: ["float32"])
     model = fast_fit(*_images(), epochs=1, batch_size=16, config=TINY.replace(precision="auto"), seed=0)
-    assert model.precision.policy == "float32"
+    assert model.precision.policy == "float32" and model.precision.seconds_per_step == {}
     assert model.precision.reason == "this device has no bfloat16 or float16 units"
 
 
