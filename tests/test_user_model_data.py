@@ -4,7 +4,6 @@ round trip and resume; every bad input as one pinned line."""
 
 import json
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -91,7 +90,8 @@ CALL = f"{MODULE}:{{}}(input_shape=(4,), num_classes=3)"
         ("too_many_classes", f"--model {CALL.format('too_many_classes')} must return a model with one output of "
                              f"shape (batch, 3); it outputs (None, 4). Received: --model={MODULE}:too_many_classes"),
         ("NOT_CALLABLE", "--model must name a function (input_shape, num_classes) -> uncompiled keras.Model with "
-                         f"num_classes logits; {MODULE}:NOT_CALLABLE is of type int. Received: --model={MODULE}:NOT_CALLABLE"),
+                         f"num_classes logits; {MODULE}:NOT_CALLABLE is of type int. "
+                         f"Received: --model={MODULE}:NOT_CALLABLE"),
         ("missing", f"--model names missing, which module {MODULE} ("),
     ],
 )
@@ -216,3 +216,19 @@ def test_predict_refuses_probabilities_without_an_output_file():
         cli.main(["predict", "no_run", "--data", "x.npy", "--probabilities"])
     assert str(raised.value) == ("kadapt: error: --probabilities writes to --output: add --output "
                                  "probabilities.npy (or .csv).")
+
+
+def test_predict_names_a_layer_class_it_cannot_load_without_importing_user_code(tmp_path):
+    import keras
+
+    class Twice(keras.layers.Layer):  # not registered: found only by importing the code that defines it
+        def call(self, inputs):
+            return 2 * inputs
+
+    keras.Sequential([keras.Input((3,)), Twice(), keras.layers.Dense(2)]).save(tmp_path / "model.keras")
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["predict", str(tmp_path), "--data", "x.npy"])
+    assert str(raised.value) == (
+        f"kadapt: error: {tmp_path / 'model.keras'} uses the class Twice, which kadapt predict cannot load (it "
+        "imports no user code). Load it in Python: import the module that defines it (decorated with "
+        "@keras.saving.register_keras_serializable()), then kadapt.load_model.")

@@ -1,6 +1,7 @@
 """`kadapt predict RUN_DIR --data ...`: classify rows with a run's saved model."""
 
 import argparse
+import re
 
 import numpy as np
 
@@ -20,7 +21,8 @@ def add_predict_arguments(subparsers):
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `kadapt train`")
     parser.add_argument("--data", required=True,
                         help="fashion_mnist or digits (their test rows), a .npz with x_test[, y_test] or x[, y], "
-                             "X.npy[,Y.npy] (every row), or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy (the test rows)")
+                             "X.npy[,Y.npy] (every row), or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy "
+                             "(the test rows)")
     parser.add_argument("--output", help="write the predicted classes to this .npy or .csv file (one per row)")
     parser.add_argument("--probabilities", action="store_true",
                         help="write each row's class probabilities (softmax of the logits) to --output instead")
@@ -74,7 +76,18 @@ def _load_model(directory):
     path = directory / files.MODEL
     if not path.is_file():
         raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")
-    return load_model(path)
+    try:
+        return load_model(path)
+    except (TypeError, ValueError) as error:
+        unknown = re.search(r"Could not locate class '([^']+)'", str(error))
+        if unknown is None:
+            raise
+        # Safe mode imports no code named by the file: a run directory may come from anyone.
+        raise UsageError(
+            f"{path} uses the class {unknown.group(1)}, which kadapt predict cannot load (it imports no user "
+            "code). Load it in Python: import the module that defines it (decorated with "
+            "@keras.saving.register_keras_serializable()), then kadapt.load_model."
+        ) from None
 
 
 def _check_shape(model, x, spec):
