@@ -324,7 +324,8 @@ def _npz(tmp_path, name, **arrays):
     "argv, message",
     [
         (["--data", "cifar99"], "--data must be one of fashion_mnist, digits or a .npz file"),
-        (["--data", "digits", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
+        (["--data", "digits", "--model", "vgg"], "--model must be one of auto, fast_resnet, small_cnn, mlp, or "
+                                                 "package.module:function"),
         (["--data", "missing.npz"], "--data missing.npz does not exist."),
         (["--data", "digits", "--batch-size", "0"], "--batch-size must be a positive integer. Received: --batch-size=0"),
         (["--data", "digits", "--batch-size", "-3"], "--batch-size must be a positive integer. Received: --batch-size=-3"),

@@ -31,9 +31,12 @@ def add_train_arguments(subparsers):
         help="the recipe: probe, plan, train with accumulation and the MetaAdjuster, evaluate, save",
     )
     add = parser.add_argument
-    add("--data", help="fashion_mnist, digits (scikit-learn 8x8), or a .npz with x_train, y_train, x_test, y_test")
-    add("--model", choices=MODEL_NAMES,
-        help="the network (default: auto = fast_resnet for images of at least 16x16 pixels, else mlp)")
+    add("--data", help="fashion_mnist, digits (scikit-learn 8x8), a .npz with x_train, y_train, x_test, y_test, "
+                       "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
+                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy; labels are integer classes")
+    add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
+                        "(input_shape, num_classes) -> uncompiled keras.Model of logits, imported from the current "
+                        "directory (default: auto = fast_resnet for images of at least 16x16 pixels, else mlp)")
     add("--batch-size", type=int, help=f"logical batch: rows per optimizer step (default: {DEFAULTS.batch_size})")
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
     add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")

@@ -12,6 +12,8 @@ from kadapt.batching.memory_budget import parse_memory_size
 from kadapt.recipes.config import PRECISIONS
 from kadapt.recipes.config import SCHEDULES
 from kadapt.run.errors import UsageError
+from kadapt.run.user_model import SIGNATURE as MODEL_SIGNATURE
+from kadapt.run.user_model import is_model_spec
 
 MODEL_NAMES = ("auto", "fast_resnet", "small_cnn", "mlp")
 DATA_NAMES = ("fashion_mnist", "digits")
@@ -26,7 +28,8 @@ class RunConfig:
     """The options of one run (constructor arguments only; results go to `run.json`)."""
 
     data: str
-    model: str = "auto"  # fast_resnet for images of at least 16x16 pixels, mlp for the rest
+    # auto: fast_resnet for images of at least 16x16 pixels, mlp for the rest; or package.module:function
+    model: str = "auto"
     batch_size: int = 256  # the recipe's measured batch (kadapt.recipes.fast_fit)
     memory_budget: str | None = None
     epochs: int = 10
@@ -57,7 +60,7 @@ class RunConfig:
         _positive_int("epochs", self.epochs)
         _optional_positive_int("max_steps", self.max_steps)
         _optional_positive_int("train_rows", self.train_rows)
-        _choice("model", self.model, MODEL_NAMES)
+        _model(self.model)
         _choice("augment", self.augment, AUGMENT_SETTINGS)
         _choice("restore_best", self.restore_best, SWITCHES)
         if self.widths is not None:
@@ -88,7 +91,7 @@ def resolve_config(options, saved=None):
     given = {k: v for k, v in options.items() if v is not None}
     if saved is None:
         if "data" not in given:
-            raise UsageError("--data is required: fashion_mnist, digits, or a .npz file.")
+            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, or .npy files.")
         return RunConfig(**given)
     if saved.get("widths") is not None:
         saved = {**saved, "widths": tuple(saved["widths"])}  # JSON keeps a list
@@ -126,6 +129,18 @@ def _choice(name, value, choices):
     if value not in choices:
         raise UsageError(
             f"{_flag(name)} must be one of {', '.join(choices)}. Received: {_flag(name)}={value}"
+        )
+
+
+def _model(value):
+    """A built-in name or a well-formed `package.module:function` (imported when the network is built)."""
+    if value in MODEL_NAMES:
+        return
+    module, _, function = str(value).partition(":")
+    if not is_model_spec(value) or not module or not function.isidentifier():
+        raise UsageError(
+            f"--model must be one of {', '.join(MODEL_NAMES)}, or package.module:function naming "
+            f"{MODEL_SIGNATURE}, e.g. my_models:build. Received: --model={value}"
         )
 
 

@@ -1,4 +1,4 @@
-"""The data of a run: a named offline set or a user's `.npz`, as float32 arrays.
+"""The data of a run: a named offline set or a user's `.npz` or `.npy` files, as float32 arrays.
 
 Images become (N, height, width, channels) float32; uint8 pixels are scaled
 to [0, 1]. `kadapt train` and `kadapt predict` prepare inputs the same way,
@@ -15,7 +15,9 @@ from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-DIGITS_TEST_FRACTION = 0.2
+# The test rows split off a set that comes without them (digits, `--data x.npy,y.npy`).
+TEST_FRACTION = 0.2
+NPY_FORMS = "X.npy,Y.npy or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +66,9 @@ def load_data(config):
     )
 
 
-def load_arrays(spec, seed=0):
-    """`(x_train, y_train), (x_test, y_test)` of a name or `.npz` path, prepared."""
+def load_arrays(spec: str, seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """`(x_train, y_train), (x_test, y_test)` of a name, an `.npz` path or
+    comma-separated `.npy` paths (`NPY_FORMS`), prepared."""
     if spec == "fashion_mnist":
         train, test = _fashion_mnist()
     elif spec == "digits":
@@ -73,15 +76,38 @@ def load_arrays(spec, seed=0):
     elif spec.endswith(".npz"):
         arrays = read_npz(spec, NPZ_KEYS)
         train, test = (arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])
+    elif is_npy_spec(spec):
+        train, test = _npy_arrays(spec, seed)
     else:
         raise UsageError(
             f"--data must be one of {', '.join(DATA_NAMES)} or a .npz file with "
-            f"{', '.join(NPZ_KEYS)}. Received: --data={spec}"
+            f"{', '.join(NPZ_KEYS)}, or .npy files {NPY_FORMS}. Received: --data={spec}"
         )
     return _prepared(spec, *train), _prepared(spec, *test)
 
 
-def read_npz(path, keys):
+def is_npy_spec(spec: str) -> bool:
+    """Whether `--data` names `.npy` files (comma-separated)."""
+    return any(path.endswith(".npy") for path in spec.split(","))
+
+
+def read_npy(path: str) -> np.ndarray:
+    """The array of one `.npy` file (no pickled objects), or a `UsageError`."""
+    if not Path(path).is_file():
+        raise UsageError(f"--data {path} does not exist.")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise UsageError(
+            f"--data {path} is not a readable .npy of a numeric array ({_one_line(error)})."
+        ) from None
+    if not isinstance(array, np.ndarray):  # np.load reads an archive whatever its name
+        array.close()
+        raise UsageError(f"--data {path} is an .npz archive, not one .npy array: rename it to .npz.")
+    return array
+
+
+def read_npz(path: str, keys: tuple) -> dict:
     """The arrays `keys` of an `.npz` file (no pickled objects), or a `UsageError`."""
     if not Path(path).is_file():
         raise UsageError(f"--data {path} does not exist.")
@@ -101,7 +127,7 @@ def read_npz(path, keys):
     return {key: arrays[key] for key in keys}
 
 
-def prepare_inputs(spec, x):
+def prepare_inputs(spec: str, x: np.ndarray) -> np.ndarray:
     """Float32 inputs: uint8 images scaled to [0, 1], a channel axis added to
     (N, height, width) images."""
     if x.dtype.kind not in "uif":
@@ -113,7 +139,7 @@ def prepare_inputs(spec, x):
     return x[..., None] if x.ndim == 3 else x
 
 
-def prepare_labels(spec, y, rows):
+def prepare_labels(spec: str, y: np.ndarray, rows: int) -> np.ndarray:
     """Integer class labels, shape (N,)."""
     y = y.reshape(-1) if y.ndim == 2 and y.shape[1] == 1 else y
     if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != rows or (len(y) and y.min() < 0):
@@ -143,20 +169,48 @@ def _digits(seed):
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    images = (digits.images / 16.0).astype("float32")
-    order = np.random.default_rng(seed).permutation(len(images))
-    cut = int(len(images) * (1 - DIGITS_TEST_FRACTION))
+    return _seeded_split((digits.images / 16.0).astype("float32"), digits.target, seed)
+
+
+def _seeded_split(x, y, seed):
+    """`(x_train, y_train), (x_test, y_test)`: a seeded `TEST_FRACTION` of the
+    rows, drawn at random because files are often sorted by class."""
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(len(x) * (1 - TEST_FRACTION))
     train, test = order[:cut], order[cut:]
-    return (images[train], digits.target[train]), (images[test], digits.target[test])
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def _npy_paths(spec, counts):
+    """The paths of `--data X.npy,Y.npy[,...]`, `len` in `counts`."""
+    paths = spec.split(",")
+    if len(paths) not in counts or not all(path.endswith(".npy") for path in paths):
+        raise UsageError(f"--data takes {' or '.join(map(str, counts))} .npy files separated by commas, "
+                         f"{NPY_FORMS}. Received: --data={spec}")
+    return paths
+
+
+def _npy_arrays(spec, seed):
+    """Train and test arrays of 4 files, or of 2 with the test rows split off."""
+    arrays = [read_npy(path) for path in _npy_paths(spec, (2, 4))]
+    if len(arrays) == 4:
+        return tuple(arrays[:2]), tuple(arrays[2:])
+    # Checked before the split, which would cut a label file of other rows into a plausible
+    # shape; `load_arrays` prepares them again, which leaves prepared arrays as they are.
+    x = prepare_inputs(spec, arrays[0])
+    return _seeded_split(x, prepare_labels(spec, arrays[1], len(x)), seed)
 
 
 def _one_line(error):
     return " ".join(str(error).split())
 
 
-def load_inputs(spec, seed=0):
+def load_inputs(spec: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
     """Rows to predict and their labels (`None` when the file has none): the
-    test split of a named set, or `x_test`/`y_test` (else `x`/`y`) of an `.npz`."""
+    test split of a named set or of four `.npy` files, `x_test`/`y_test`
+    (else `x`/`y`) of an `.npz`, or every row of `X.npy[,Y.npy]`."""
+    if is_npy_spec(spec) and len(spec.split(",")) < 4:
+        return _npy_inputs(spec)
     if not spec.endswith(".npz"):
         _, (x, y) = load_arrays(spec, seed)
         return x, y
@@ -178,3 +232,9 @@ def _npz_keys(path):
             return set(archive.files)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
         raise UsageError(f"--data {path} is not a readable .npz ({_one_line(error)}).") from None
+
+
+def _npy_inputs(spec):
+    arrays = [read_npy(path) for path in _npy_paths(spec, (1, 2, 4))]
+    x = prepare_inputs(spec, arrays[0])
+    return x, prepare_labels(spec, arrays[1], len(x)) if len(arrays) == 2 else None

@@ -1,4 +1,5 @@
-"""The networks `kadapt train` and `kadapt probe` build by name."""
+"""The networks `kadapt train` and `kadapt probe` build by name, or a user's
+`package.module:function` (`kadapt.run.user_model`)."""
 
 import re
 
@@ -6,17 +7,22 @@ import keras
 
 from kadapt.models import fast_resnet
 from kadapt.models import small_cnn
+from kadapt.recipes import FastFitConfig
+from kadapt.run.data import TrainingData
 from kadapt.run.errors import UsageError
+from kadapt.run.user_model import build_user_model
+from kadapt.run.user_model import is_model_spec
 
 IMAGE_MODELS = ("small_cnn", "fast_resnet")
 
 
-def build_network(name, data, recipe):
+def build_network(name: str, data: TrainingData, recipe: FastFitConfig) -> keras.Model:
     """The network `kadapt train` trains: `fast_resnet` with the recipe's
     switches and its whitening computed from `data.x_train`, or `build_model`.
 
     Args:
-        name: String. A `--model` other than `"auto"`.
+        name: String. A `--model` other than `"auto"`: a built-in name or
+            `package.module:function`.
         data: `TrainingData`.
         recipe: `kadapt.recipes.FastFitConfig`.
     """
@@ -34,14 +40,17 @@ def build_network(name, data, recipe):
         ) from None
 
 
-def build_model(name, input_shape, num_classes):
+def build_model(name: str, input_shape: tuple, num_classes: int) -> keras.Model:
     """A fresh, uncompiled model that outputs logits.
 
     Args:
-        name: String. `"small_cnn"`, `"fast_resnet"` (images) or `"mlp"` (any input).
+        name: String. `"small_cnn"`, `"fast_resnet"` (images), `"mlp"` (any
+            input), or a user's `package.module:function`.
         input_shape: Tuple. One row's shape.
         num_classes: Int. Output logits.
     """
+    if is_model_spec(name):
+        return build_user_model(name, input_shape, num_classes)
     _check_images(name, input_shape)
     try:
         return _builder(name)(tuple(input_shape), num_classes)
