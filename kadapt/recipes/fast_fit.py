@@ -88,16 +88,10 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     with global_policy(precision.policy):
         model = build()
     trainer = training.micro_batched(model, micro_batch_size, memory_budget)
-    validation = _validation(validation_data, num_classes, batch_size)
-    best = training.best_weights_callback(config, "val_loss" if validation is not None else "loss")
-    history = trainer.fit(
-        training.augmented_batches(train, config, seed),  # every epoch's batches, one after the other
-        validation_data=validation,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        shuffle=False,  # The dataset shuffles; Keras would only warn.
-        callbacks=training.recipe_callbacks(config, steps) + list(callbacks or []) + [c for c in [best] if c],
-        verbose=verbose,
+    history, _ = training.fit_recipe(
+        trainer, train, config, epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=steps,
+        arrange_callbacks=lambda schedule, best: [*schedule, *(callbacks or []), *([best] if best else [])],
+        validation_data=_validation(validation_data, num_classes, batch_size), seed=seed, verbose=verbose,
     )
     model.history, model.precision = history, precision
     return model
