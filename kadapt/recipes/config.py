@@ -9,7 +9,7 @@ PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 EXPAND_METHODS = ("mixup", "cutmix", "cutout")
 
 
-def switch(default, help, choices=None, flag=None):
+def switch(default, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None) -> dataclasses.Field:
     """A `FastFitConfig` field that `kadapt train` offers as a flag.
 
     Args:
@@ -135,17 +135,17 @@ class FastFitConfig:
                 )
 
     @property
-    def augments(self):
+    def augments(self) -> bool:
         """Whether any on-the-fly augmentation is on."""
         return bool(self.flip or self.translate or self.cutout or self.cutmix or self.mixup)
 
     @property
-    def test_time_augmentation(self):
+    def test_time_augmentation(self) -> dict:
         """`{"flip", "shift"}`: the keyword arguments of `predict_with_tta`
         that evaluate a network trained with this config."""
         return {"flip": self.flip, "shift": self.test_shift if self.translate else 0}
 
-    def replace(self, **changes):
+    def replace(self, **changes) -> "FastFitConfig":
         """A copy with `changes` applied (and checked)."""
         return dataclasses.replace(self, **changes)
 

@@ -10,9 +10,20 @@ from kadapt.recipes.config import FastFitConfig
 from kadapt.validation import check_range
 
 
-def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=None,
-             num_classes=None, callbacks=None, seed=None, verbose=0, micro_batch_size=None,
-             memory_budget=None):
+def fast_fit(
+    x: "np.ndarray | tf.data.Dataset",
+    y: np.ndarray | None = None,
+    validation_data: tuple | None = None,
+    epochs: int = 10,
+    batch_size: int = 256,
+    config: FastFitConfig | None = None,
+    num_classes: int | None = None,
+    callbacks: list | None = None,
+    seed: int | None = None,
+    verbose: int | str = 0,
+    micro_batch_size: int | str | None = None,
+    memory_budget: int | str | None = None,
+) -> keras.Model:
     """Trains a `fast_resnet` with the speed-record recipe and returns it.
 
     Images go in unscaled (any scale: the whitening layer, or the stem's

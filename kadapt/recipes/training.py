@@ -164,8 +164,9 @@ def augmented_batches(batches, config, seed=None, first_batch=0):
     return augment_dataset(batches, pipeline, first_batch=indexed).prefetch(tf.data.AUTOTUNE)
 
 
-def fit_recipe(trainer, batches, config, *, epochs, steps_per_epoch, total_steps, arrange_callbacks,
-               validation_data=None, seed=None, first_epoch=0, backup_dir=None, verbose=0, **fit_kwargs):
+def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs: int, steps_per_epoch: int,
+               total_steps: int, arrange_callbacks, validation_data=None, seed: int | None = None,
+               first_epoch: int = 0, backup_dir=None, verbose: int | str = 0, **fit_kwargs) -> tuple:
     """The recipe's training, in its order: best-weights keeper, schedule
     callbacks, on-the-fly augmentation of `batches`, then `trainer.fit`.
 
