@@ -89,7 +89,7 @@ def _check_arguments(args):
                          f"Received: --model={args.model}")
 
 
-def list_devices():
+def list_devices() -> list[dict]:
     """Devices with their total and used bytes, where TensorFlow can tell."""
     import tensorflow as tf
 
@@ -114,7 +114,7 @@ def list_devices():
     return devices
 
 
-def print_devices(devices, runtime):
+def print_devices(devices: list[dict], runtime: dict) -> None:
     print(f"{'device':8s} {'total MiB':>12s} {'used MiB':>12s}  {'statistics':10s}  {'allocator':33s}  source")
     for d in devices:
         total = "?" if d["total_bytes"] is None else f"{d['total_bytes'] / 2**20:.0f}"
@@ -141,7 +141,7 @@ def load_model(args):
     return model
 
 
-def parse_shape(text):
+def parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(part) for part in text.split(","))
     except ValueError:
@@ -153,13 +153,13 @@ def parse_shape(text):
     return shape
 
 
-def builtin_model(name, input_shape, num_classes):
+def builtin_model(name: str, input_shape: tuple[int, ...], num_classes: int):
     from kadapt.run.networks import build_model
 
     return build_model(name, input_shape, num_classes)
 
 
-def random_batch(model, rows, rng):
+def random_batch(model, rows: int, rng) -> tuple:
     """Inputs and integer labels shaped for `model` (trial data: content is irrelevant)."""
     x = [rng.random((rows, *tensor.shape[1:]), dtype="float32") for tensor in model.inputs]
     classes = int(model.outputs[0].shape[-1])
