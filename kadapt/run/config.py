@@ -48,10 +48,7 @@ class RunConfig:
         _optional_positive_int("train_rows", self.train_rows)
         _choice("model", self.model, MODEL_NAMES)
         _choice("augment", self.augment, AUGMENT_SETTINGS)
-        unknown = sorted(set(self.recipe) - set(RECIPE_FLAGS))
-        if unknown:
-            raise UsageError(f"Argument `recipe` must hold switches of FastFitConfig "
-                             f"({', '.join(RECIPE_FLAGS)}). Received: {', '.join(unknown)}")
+        _check_recipe(self.recipe)
         _meta(self.meta)
         _fraction("validation_split", self.validation_split, high=0.5)
         _memory_budget(self.memory_budget)
@@ -118,6 +115,13 @@ def _by_field_name(options):
     return renamed
 
 
+def in_flags(message):
+    """A `FastFitConfig` error in the command's words (`ema_momentum` is `--ema`)."""
+    for name, flag in RECIPE_FLAGS.items():
+        message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag}=")
+    return message
+
+
 def schedule_steps(config, train_rows):
     """`(steps_per_epoch, total_steps)` for `train_rows` rows."""
     steps_per_epoch = math.ceil(train_rows / config.batch_size)
@@ -142,6 +146,22 @@ def _choice(name, value, choices):
         raise UsageError(
             f"{_flag(name)} must be one of {', '.join(choices)}. Received: {_flag(name)}={value}"
         )
+
+
+def _check_recipe(recipe):
+    """Judges the given switches as `FastFitConfig` does, before any data is loaded."""
+    unknown = sorted(set(recipe) - set(RECIPE_FLAGS))
+    if unknown:
+        raise UsageError(f"Argument `recipe` must hold switches of FastFitConfig "
+                         f"({', '.join(RECIPE_FLAGS)}). Received: {', '.join(unknown)}")
+    ema = recipe.get("ema_momentum")
+    if ema is not None and recipe.get("restore_best_weights", True):
+        raise UsageError(f"--ema averages the weights, and --restore-best on would replace the average with "
+                         f"one epoch's weights: add --restore-best off. Received: --ema={ema}")
+    try:
+        FastFitConfig(**recipe)
+    except ValueError as error:
+        raise UsageError(in_flags(str(error))) from None
 
 
 def _meta(value):

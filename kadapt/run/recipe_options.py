@@ -1,7 +1,6 @@
 """From `kadapt train`'s options to the recipe: the `FastFitConfig` and the network."""
 
 from kadapt.recipes.config import FastFitConfig
-from kadapt.run.config import RECIPE_FLAGS
 from kadapt.run.errors import UsageError
 
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
@@ -33,14 +32,7 @@ def recipe_config(config, data):
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
-    ema = given.get("ema_momentum")
-    if ema is not None and given.get("restore_best_weights", defaults.restore_best_weights):
-        raise UsageError(f"--ema averages the weights, and --restore-best on would replace the average with "
-                         f"one epoch's weights: add --restore-best off. Received: --ema={ema}")
-    try:
-        return defaults.replace(**given)
-    except ValueError as error:
-        raise UsageError(_as_flags(str(error))) from None
+    return defaults.replace(**given)  # the given switches were judged by RunConfig
 
 
 def augmentation_text(recipe):
@@ -65,10 +57,3 @@ def _check_augmentation(config, data, given):
                          f"(shape {tuple(data.input_shape)}). Drop {', '.join(asked)}.")
     if asked and config.augment == "off":
         raise UsageError(f"{', '.join(asked)} cannot apply with --augment off. Drop one of them.")
-
-
-def _as_flags(message):
-    """A `FastFitConfig` error in the command's words (`ema_momentum` is `--ema`)."""
-    for name, flag in RECIPE_FLAGS.items():
-        message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag}=")
-    return message
