@@ -38,26 +38,26 @@ def add_probe_arguments(subparsers) -> None:
 
 def run_probe(args) -> int:
     _check_arguments(args)
+    model = load_model(args) if args.model is not None else None  # a bad file ends here, before any output
+    budget = _budget(args.memory_budget)
+    facts = {"devices": list_devices(), "tensorflow": environment.describe()}
+    if not args.json:
+        print_devices(facts["devices"], facts["tensorflow"])
+    if model is not None:
+        facts.update(_probe(model, budget, args))
+    if args.json:
+        print(json.dumps(facts, indent=1))
+    return 0
+
+
+def _probe(model, budget, args):
+    """Probes `model` and prints the trials (to stderr with `--json`); returns
+    `{"probe", "plan"}` for the JSON report."""
     import numpy as np
 
     import kadapt
-    from kadapt.batching import memory_budget
 
-    model = load_model(args) if args.model is not None else None  # a bad file ends here, before any output
-    try:
-        budget = memory_budget.device_budget(args.memory_budget)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"--memory-budget: {error}") from None
-    devices, runtime = list_devices(), environment.describe()
-    if model is None:
-        if args.json:
-            print(json.dumps({"devices": devices, "tensorflow": runtime}, indent=1))
-        else:
-            print_devices(devices, runtime)
-        return 0
     progress = sys.stderr if args.json else sys.stdout
-    if not args.json:
-        print_devices(devices, runtime)
     data = random_batch(model, 2 * args.batch_size, np.random.default_rng(0))
     print(budget_line(model.name, budget), file=progress, flush=True)
     result = kadapt.probe_micro_batch(
@@ -65,13 +65,19 @@ def run_probe(args) -> int:
         on_trial=lambda trial: print(trial_line(trial), file=progress, flush=True),
     )
     plan = result.plan(args.batch_size)
-    if args.json:
-        print(json.dumps({"devices": devices, "tensorflow": runtime, "probe": result.to_dict(),
-                          "plan": plan.__dict__}, indent=1))
-    else:
+    if not args.json:
         print(trial_table(result))
         print(f"plan: {plan}")
-    return 0
+    return {"probe": result.to_dict(), "plan": plan.__dict__}
+
+
+def _budget(text):
+    from kadapt.batching import memory_budget
+
+    try:
+        return memory_budget.device_budget(text)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error).replace("Argument `memory_budget`", "--memory-budget")) from None
 
 
 def _check_arguments(args):
@@ -135,7 +141,10 @@ def load_model(args):
         shape = parse_shape(args.input_shape or DEFAULT_INPUT_SHAPE)
         model = builtin_model(args.model, shape, args.num_classes)
     else:
-        model = kadapt_load_model(Path(args.model))
+        try:
+            model = kadapt_load_model(Path(args.model))
+        except (ValueError, TypeError, OSError) as error:
+            raise UsageError(f"--model {args.model} cannot be loaded: {' '.join(str(error).split())}") from None
     if not model.compiled:
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
