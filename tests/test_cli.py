@@ -37,11 +37,14 @@ def test_probe_table_for_a_keras_file(tmp_path, capsys):
         (["--model", "mlp", "--input-shape", "a,b"], "--input-shape must be positive ints"),
         (["--model", "mlp", "--input-shape", "0,3"], "Received: --input-shape=0,3"),
         (["--input-shape", "8"], "kadapt: error: --input-shape describes a built-in --model"),
+        (["--model", "mlp", "--input-shape", "4", "--memory-budget", "lots"], "--memory-budget could not be parsed"),
     ],
 )
-def test_bad_arguments(argv, message):
-    with pytest.raises(SystemExit, match=message):
+def test_bad_arguments_end_in_one_line_before_any_output(argv, message, capsys):
+    with pytest.raises(SystemExit, match=message) as raised:
         cli.main(["probe", *argv])
+    assert str(raised.value).startswith("kadapt: error: ")
+    assert capsys.readouterr().out == ""
 
 
 def test_probe_refuses_a_batch_size_that_is_not_positive(capsys):

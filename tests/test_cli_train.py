@@ -135,6 +135,19 @@ def test_train_prints_probe_trials_progress_and_the_result(trained):
     assert "training.png" in result.stdout and "probe.png" in result.stdout
 
 
+def test_training_output_into_a_pipe_has_one_line_per_epoch_and_no_escape_codes(trained):
+    result, _ = trained
+    assert "\x1b" not in result.stdout and "\r" not in result.stdout
+    assert len(re.findall(r"^\d+/\d+ - .* - val_loss: ", result.stdout, re.MULTILINE)) == 2
+
+
+def test_the_run_directory_names_the_meta_adjusters_decision_file():
+    from kadapt.meta.adjuster import DECISIONS_FILE
+    from kadapt.run import run_directory
+
+    assert run_directory.META_DECISIONS == DECISIONS_FILE
+
+
 # `report` and `predict` run in-process: each subprocess costs a TensorFlow import.
 def test_predict_agrees_with_the_evaluation_and_writes_classes(trained, capsys, monkeypatch):
     _, run = trained
@@ -170,12 +183,12 @@ def test_predict_on_a_run_recorded_before_test_time_shifts_uses_flips_only(train
     assert [(k["flip"], k["shift"]) for k in used] == [(False, 0), (False, 1)]
 
 
-def test_report_redraws_the_plots_and_prints_a_summary(trained, capsys):
+def test_report_prints_a_summary_and_writes_nothing(trained, capsys):
     _, run = trained
-    (run / "training.png").unlink()
+    before = {path: path.stat().st_mtime_ns for path in run.rglob("*")}
     assert cli.main(["report", str(run)]) == 0
     out = capsys.readouterr().out
-    assert (run / "training.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == before
     assert re.search(r"status +completed", out)
     assert re.search(r"batch plan +logical batch 16", out)
     assert re.search(r"test accuracy +\d\.\d{4}", out)
@@ -203,15 +216,16 @@ def test_training_plot_shows_validation_and_one_legend_entry_per_kind_of_decisio
     assert list(validation.get_xdata()) == [4, 8] and list(validation.get_ydata()) == [0.6, 0.4]
 
 
-def test_report_marks_meta_decisions_on_the_training_plot(trained, capsys):
+def test_report_redraw_marks_meta_decisions_on_the_training_plot(trained, capsys):
     _, run = trained
     decisions = run / "meta_decisions.jsonl"
-    cli.main(["report", str(run)])
+    (run / "training.png").unlink()
+    cli.main(["report", str(run), "--redraw"])
     without = image.imread(run / "training.png")
     decisions.write_text(json.dumps({"step": 4, "trigger": "plateau", "adjustment": "lr x2",
                                      "confidence": 0.8}) + "\n")
     try:
-        cli.main(["report", str(run)])
+        cli.main(["report", str(run), "--redraw"])
         marked = image.imread(run / "training.png")
     finally:
         decisions.write_text("")
@@ -428,6 +442,17 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(SystemExit, match="it is not a kadapt run directory, so --overwrite will not delete it"):
         cli.main(["train", "--data", "digits", "--model", "mlp", "--out", str(tmp_path), "--overwrite"])
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_a_run_that_failed_before_its_first_step_reruns_with_corrected_options(tmp_path):
+    out = str(tmp_path / "run")
+    command = ["train", "--data", "digits", "--model", "mlp", "--meta", "off", "--out", out]
+    with pytest.raises(SystemExit, match="--memory-budget 1KiB is too small"):
+        cli.main([*command, "--memory-budget", "1KiB"])
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+    assert cli.main([*command, "--memory-budget", "256MiB", "--batch-size", "64", "--max-steps", "1"]) == 0
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == "completed" and "error" not in record
 
 
 def test_resume_refuses_changed_options(tmp_path):

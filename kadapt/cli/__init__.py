@@ -1,20 +1,29 @@
 """The `kadapt` command line: one module per command, each adding its parser
 with `add_<command>_arguments(subparsers)` and its `run` function.
 
-TensorFlow is configured (`kadapt.environment`) and loaded before any command
-module is imported, with its C++ start-up lines held back unless `--verbose`
-(anywhere on the line) or the user's `TF_CPP_MIN_LOG_LEVEL` asks for them.
+The parser is built from modules that import no TensorFlow, so `--help`,
+`--version` and `kadapt report` answer at once. After parsing, TensorFlow is
+configured (`kadapt.environment`) and loaded for the commands that train or
+run a model, with its C++ start-up lines held back unless `--verbose`
+(anywhere on the line) or the user's `TF_CPP_MIN_LOG_LEVEL` asks for them;
+those commands import their heavy modules inside their `run` function.
 
 A mistake in the user's input (`kadapt.run.UsageError`, a bad flag) ends the
-command with one line, `kadapt: error: ...`, and a non-zero exit status.
+command with one line, `kadapt: error: ...`, and a non-zero exit status. A
+reader that closes the pipe early (`kadapt report RUN | head -2`) ends it
+quietly.
 """
 
 import argparse
+import os
 import sys
 
+from kadapt import __version__
 from kadapt import environment
+from kadapt.run.errors import UsageError
 
 VERBOSE = "--verbose"
+BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -24,7 +33,8 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(f"kadapt: error: {message} (see: {self.prog} --help)")
 
 
-def build_parser():
+def build_parser() -> ArgumentParser:
+    """The `kadapt` parser with every command; imports no TensorFlow."""
     from kadapt.cli.meta import add_meta_arguments
     from kadapt.cli.predict import add_predict_arguments
     from kadapt.cli.probe import add_probe_arguments
@@ -32,6 +42,7 @@ def build_parser():
     from kadapt.cli.train import add_train_arguments
 
     parser = ArgumentParser(prog="kadapt", description="Keras training that adapts to the machine and to the run.")
+    parser.add_argument("--version", action="version", version=f"kadapt {__version__}")
     parser.add_argument(VERBOSE, action="store_true",
                         help="show TensorFlow's C++ log lines (also accepted after the command)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -43,19 +54,31 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
+    """Runs one `kadapt` command line (`sys.argv[1:]` by default); returns its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = VERBOSE in argv
-    environment.load_tensorflow(verbose=verbose)
-    from kadapt.run.errors import UsageError
-
     argv = [arg for arg in argv if arg != VERBOSE]
     args = build_parser().parse_args(argv)
     args.verbose, args.argv = verbose, argv
     try:
-        return args.run(args)
+        if getattr(args, "tensorflow", True):
+            environment.load_tensorflow(verbose=verbose)
+        status = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return status
     except (UsageError, environment.AllocatorStatisticsError) as error:
         raise SystemExit(f"kadapt: error: {error}") from None
     except KeyboardInterrupt:
         print(f"kadapt: interrupted ({args.command})", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE_STATUS
+
+
+def _silence_stdout():
+    """Points stdout at /dev/null, so that the interpreter's last flush of
+    what the closed pipe did not take raises nothing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -6,7 +6,7 @@ import json
 from kadapt.run.errors import UsageError
 
 
-def add_meta_arguments(subparsers):
+def add_meta_arguments(subparsers) -> None:
     parser = subparsers.add_parser("meta", description=__doc__, help="collect records, train or judge a meta-model")
     commands = parser.add_subparsers(dest="meta_command", required=True)
     collect = commands.add_parser("collect", help="branching-lookahead records into a store (resumable)")
@@ -59,7 +59,7 @@ def _open_store(location):
         raise UsageError(str(error)) from None
 
 
-def run_collect(args):
+def run_collect(args) -> int:
     from kadapt.meta import collect
     from kadapt.meta import tasks
 
@@ -81,7 +81,7 @@ def run_collect(args):
     return 0
 
 
-def run_train(args):
+def run_train(args) -> int:
     from pathlib import Path
 
     from kadapt.meta import train_meta_model
@@ -108,7 +108,7 @@ def run_train(args):
     return 0
 
 
-def run_eval(args):
+def run_eval(args) -> int:
     from kadapt.meta.meta_model import load_meta_model
 
     try:

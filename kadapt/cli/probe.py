@@ -10,11 +10,14 @@ from pathlib import Path
 from kadapt import environment
 from kadapt.run.config import MODEL_NAMES as BUILTIN_MODELS
 from kadapt.run.errors import UsageError
+from kadapt.run.probe_text import budget_line
+from kadapt.run.probe_text import trial_line
+from kadapt.run.probe_text import trial_table
 
 DEFAULT_INPUT_SHAPE = "28,28,1"
 
 
-def add_probe_arguments(subparsers):
+def add_probe_arguments(subparsers) -> None:
     parser = subparsers.add_parser(
         "probe", description=__doc__,
         help="probe the largest micro-batch that fits in memory and print the batch plan",
@@ -33,56 +36,66 @@ def add_probe_arguments(subparsers):
     parser.set_defaults(run=run_probe)
 
 
-def run_probe(args):
+def run_probe(args) -> int:
+    _check_arguments(args)
+    model = load_model(args) if args.model is not None else None  # a bad file ends here, before any output
+    budget = _budget(args.memory_budget)
+    facts = {"devices": list_devices(), "tensorflow": environment.describe()}
+    if not args.json:
+        print_devices(facts["devices"], facts["tensorflow"])
+    if model is not None:
+        facts.update(_probe(model, budget, args))
+    if args.json:
+        print(json.dumps(facts, indent=1))
+    return 0
+
+
+def _probe(model, budget, args):
+    """Probes `model` and prints the trials (to stderr with `--json`); returns
+    `{"probe", "plan"}` for the JSON report."""
+    import numpy as np
+
+    import kadapt
+
+    progress = sys.stderr if args.json else sys.stdout
+    data = random_batch(model, 2 * args.batch_size, np.random.default_rng(0))
+    print(budget_line(model.name, budget), file=progress, flush=True)
+    result = kadapt.probe_micro_batch(
+        model, data, memory_budget=args.memory_budget, prefer=args.prefer, max_micro_batch_size=args.batch_size,
+        on_trial=lambda trial: print(trial_line(trial), file=progress, flush=True),
+    )
+    plan = result.plan(args.batch_size)
+    if not args.json:
+        print(trial_table(result))
+        print(f"plan: {plan}")
+    return {"probe": result.to_dict(), "plan": plan.__dict__}
+
+
+def _budget(text):
+    from kadapt.batching import memory_budget
+
+    try:
+        return memory_budget.device_budget(text)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error).replace("Argument `memory_budget`", "--memory-budget")) from None
+
+
+def _check_arguments(args):
+    """Raises `UsageError` for input that needs no TensorFlow to judge."""
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be a positive int (the logical batch to plan). "
                          f"Received: --batch-size={args.batch_size}")
     if args.model is None and args.input_shape is not None:
         raise UsageError(f"--input-shape describes a built-in --model: give --model too, e.g. "
                          f"--model mlp. Received: --input-shape={args.input_shape}")
-    import numpy as np
-
-    import kadapt
-    from kadapt.batching import memory_budget
-
-    progress = sys.stderr if args.json else sys.stdout
-    devices = list_devices()
-    runtime = environment.describe()
-    if args.model is None:
-        if args.json:
-            print(json.dumps({"devices": devices, "tensorflow": runtime}, indent=1))
-        else:
-            print_devices(devices, runtime)
-        return 0
-    if not args.json:
-        print_devices(devices, runtime)
-    model = load_model(args)
-    rows = 2 * args.batch_size
-    data = random_batch(model, rows, np.random.default_rng(0))
-
-    def on_trial(trial):
-        peak = "out of memory" if trial.peak_bytes is None else f"{trial.peak_bytes / 2**20:9.1f} MiB"
-        print(f"  trial micro-batch {trial.micro_batch_size:6d}: {peak}, "
-              f"{'fits' if trial.fits else 'does not fit'}", file=progress, flush=True)
-
-    budget = memory_budget.device_budget(args.memory_budget)
-    print(f"probing {model.name} on {budget.device}, budget {budget.bytes / 2**20:.1f} MiB "
-          f"({budget.source})", file=progress, flush=True)
-    result = kadapt.probe_micro_batch(
-        model, data, memory_budget=args.memory_budget, prefer=args.prefer,
-        max_micro_batch_size=args.batch_size, on_trial=on_trial,
-    )
-    plan = result.plan(args.batch_size)
-    if args.json:
-        print(json.dumps({"devices": devices, "tensorflow": runtime, "probe": result.to_dict(),
-                          "plan": plan.__dict__}, indent=1))
-    else:
-        print_trials(result)
-        print(f"plan: {plan}")
-    return 0
+    if args.model in BUILTIN_MODELS:
+        parse_shape(args.input_shape or DEFAULT_INPUT_SHAPE)
+    elif args.model is not None and (Path(args.model).suffix != ".keras" or not Path(args.model).is_file()):
+        raise UsageError(f"--model must be an existing .keras file or one of {', '.join(BUILTIN_MODELS)}. "
+                         f"Received: --model={args.model}")
 
 
-def list_devices():
+def list_devices() -> list[dict]:
     """Devices with their total and used bytes, where TensorFlow can tell."""
     import tensorflow as tf
 
@@ -107,7 +120,7 @@ def list_devices():
     return devices
 
 
-def print_devices(devices, runtime):
+def print_devices(devices: list[dict], runtime: dict) -> None:
     print(f"{'device':8s} {'total MiB':>12s} {'used MiB':>12s}  {'statistics':10s}  {'allocator':33s}  source")
     for d in devices:
         total = "?" if d["total_bytes"] is None else f"{d['total_bytes'] / 2**20:.0f}"
@@ -116,15 +129,6 @@ def print_devices(devices, runtime):
               f"{d['allocator']:33s}  {d['source']}")
     setting = f" ({runtime['onednn_variable']})" if runtime["onednn_variable"] else ""
     print(f"oneDNN CPU kernels: {runtime['onednn']}{setting}")
-
-
-def print_trials(result):
-    print(f"{'micro-batch':>11s} {'peak MiB':>10s} {'samples/s':>10s}  fits")
-    for t in result.trials:
-        peak = "OOM" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:.1f}"
-        speed = "-" if t.samples_per_second is None else f"{t.samples_per_second:.0f}"
-        print(f"{t.micro_batch_size:11d} {peak:>10s} {speed:>10s}  {'yes' if t.fits else 'no'}")
-    print(f"chosen micro-batch: {result.micro_batch_size}")
 
 
 def load_model(args):
@@ -137,38 +141,34 @@ def load_model(args):
         shape = parse_shape(args.input_shape or DEFAULT_INPUT_SHAPE)
         model = builtin_model(args.model, shape, args.num_classes)
     else:
-        path = Path(args.model)
-        if path.suffix != ".keras" or not path.is_file():
-            raise SystemExit(
-                f"kadapt probe: --model must be an existing .keras file or one of "
-                f"{', '.join(BUILTIN_MODELS)}. Received: --model={args.model}"
-            )
-        model = kadapt_load_model(path)
+        try:
+            model = kadapt_load_model(Path(args.model))
+        except (ValueError, TypeError, OSError) as error:
+            raise UsageError(f"--model {args.model} cannot be loaded: {' '.join(str(error).split())}") from None
     if not model.compiled:
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
-def parse_shape(text):
+def parse_shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(part) for part in text.split(","))
     except ValueError:
         shape = ()
     if not shape or min(shape) <= 0:
-        raise SystemExit(
-            f"kadapt probe: --input-shape must be positive ints separated by commas, "
-            f"e.g. 28,28,1. Received: --input-shape={text}"
+        raise UsageError(
+            f"--input-shape must be positive ints separated by commas, e.g. 28,28,1. Received: --input-shape={text}"
         )
     return shape
 
 
-def builtin_model(name, input_shape, num_classes):
+def builtin_model(name: str, input_shape: tuple[int, ...], num_classes: int):
     from kadapt.run.networks import build_model
 
     return build_model(name, input_shape, num_classes)
 
 
-def random_batch(model, rows, rng):
+def random_batch(model, rows: int, rng) -> tuple:
     """Inputs and integer labels shaped for `model` (trial data: content is irrelevant)."""
     x = [rng.random((rows, *tensor.shape[1:]), dtype="float32") for tensor in model.inputs]
     classes = int(model.outputs[0].shape[-1])

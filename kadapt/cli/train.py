@@ -1,35 +1,40 @@
 """`kadapt train`: the whole adaptive pipeline on a data set, into a run directory."""
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
-from kadapt.recipes import FastFitConfig
-from kadapt.recipes.config import EXPAND_METHODS
-from kadapt.recipes.config import PRECISIONS
-from kadapt.run import RunConfig
-from kadapt.run import UsageError
-from kadapt.run import start_run
-from kadapt.run import train
+from kadapt.recipes.config import FastFitConfig
+from kadapt.recipes.config import command_line_switches
+from kadapt.recipes.config import switch_flag
 from kadapt.run.config import AUGMENT_SETTINGS
 from kadapt.run.config import MODEL_NAMES
-from kadapt.run.config import SCHEDULE_NAMES
-from kadapt.run.config import SWITCHES
+from kadapt.run.config import RunConfig
+from kadapt.run.errors import UsageError
 from kadapt.run.run_directory import RunDirectory
-from kadapt.run.workers import ClusterMember
-from kadapt.run.workers import launch_local_workers
 
 DEFAULTS = RunConfig(data="fashion_mnist")
 RECIPE = FastFitConfig()
+ON_OFF = ("on", "off")
+FIT_VERBOSITIES = ("auto", "0", "1", "2")
 
 
-def add_train_arguments(subparsers):
+def add_train_arguments(subparsers) -> None:
     parser = subparsers.add_parser(
         "train", description=__doc__ + _STAGES,
         help="the recipe: probe, plan, train with accumulation and the MetaAdjuster, evaluate, save",
     )
+    _add_run_arguments(parser)
+    _add_recipe_arguments(parser.add_argument_group("the recipe (kadapt.recipes.FastFitConfig)"))
+    _add_job_arguments(parser)
+    parser.set_defaults(run=run_train)
+
+
+def _add_run_arguments(parser):
     add = parser.add_argument
     add("--data", help="fashion_mnist, digits (scikit-learn 8x8), a .npz with x_train, y_train, x_test, y_test, "
                        "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
@@ -40,25 +45,6 @@ def add_train_arguments(subparsers):
     add("--batch-size", type=int, help=f"logical batch: rows per optimizer step (default: {DEFAULTS.batch_size})")
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
     add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
-    add("--widths", type=_widths,
-        help=f"fast_resnet's channels per stage (default: {','.join(map(str, RECIPE.widths))})")
-    add("--schedule", choices=SCHEDULE_NAMES,
-        help=f"triangular LR with momentum 0.9, or cosine LR with cosine momentum (default: {RECIPE.schedule})")
-    add("--learning-rate", type=float, help=f"peak learning rate (default: {RECIPE.learning_rate})")
-    add("--weight-decay", type=float, help=f"decoupled weight decay (default: {RECIPE.weight_decay})")
-    add("--label-smoothing", type=float, help=f"of the cross-entropy (default: {RECIPE.label_smoothing})")
-    add("--cutout", type=float, help="erase a patch of this fraction of the image (default: off)")
-    add("--cutmix", type=float, help="CutMix factor (default: off)")
-    add("--mixup", type=float, help="MixUp alpha (default: off)")
-    add("--expand", type=float, help="append this many generated samples per training image before training "
-                                      "(kadapt.augment.expand; default: off)")
-    add("--expand-method", choices=EXPAND_METHODS, help="how --expand makes samples (default: mixup)")
-    add("--precision", choices=PRECISIONS,
-        help="float32, bfloat16 or float16 (Keras mixed precision), or auto: time a few steps under each the "
-             f"device has units for and keep the fastest that beats float32 by 1.15x (default: {RECIPE.precision})")
-    add("--ema", type=float, help="average the weights with this momentum, e.g. 0.99 (needs --restore-best off)")
-    add("--restore-best", choices=SWITCHES,
-        help="end with the weights of the epoch with the best val_loss (default: on)")
     add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
     add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
     add("--augment", choices=AUGMENT_SETTINGS, help="augment images with kadapt.augment (default: auto)")
@@ -67,6 +53,29 @@ def add_train_arguments(subparsers):
     add("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")
     add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")
     add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
+
+
+def _add_recipe_arguments(group):
+    """One flag per `FastFitConfig` switch: its name, help and choices come from the field."""
+    for field in command_line_switches():
+        kind = _value_type(field)
+        default = getattr(RECIPE, field.name)
+        options = {"dest": field.name, "help": f"{field.metadata['help']} (default: {_shown(default)})"}
+        if kind is bool:
+            options.update(type=_on_off, metavar="{on,off}")
+        elif kind is tuple:
+            options.update(type=_ints, metavar="N,N,...")
+        else:
+            options.update(type=kind, choices=field.metadata["choices"])
+        options.setdefault("metavar", None if options.get("choices") else switch_flag(field)[2:].upper())
+        group.add_argument(switch_flag(field), **options)
+
+
+def _add_job_arguments(parser):
+    add = parser.add_argument
+    add("--fit-verbose", choices=FIT_VERBOSITIES, default="auto",
+        help="Keras fit's progress output: 0 none, 1 a progress bar, 2 one line per epoch "
+             "(default: auto = 1 on a terminal, else 2)")
     add("--out", help="the run directory (default: runs/DATA-MODEL-TIME)")
     add("--workers", type=int, default=1,
         help="train on N local worker processes (tf.distribute.MultiWorkerMirroredStrategy, 127.0.0.1); "
@@ -76,7 +85,6 @@ def add_train_arguments(subparsers):
     existing.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     existing.add_argument("--resume", action="store_true",
                           help="continue the interrupted run in --out from its last finished epoch")
-    parser.set_defaults(run=run_train)
 
 
 _STAGES = """
@@ -90,14 +98,15 @@ the test rows (test-time flips and shifts where the training used them) and save
 model.keras, history, per-step log, plots and TensorBoard logs.
 """
 
-_OPTIONS = ("data", "model", "batch_size", "memory_budget", "epochs", "widths", "schedule", "learning_rate",
-            "weight_decay", "label_smoothing", "cutout", "cutmix", "mixup", "expand", "expand_method", "precision",
-            "ema",
-            "restore_best", "meta", "target_accuracy", "augment", "validation_split", "seed", "max_steps",
-            "train_rows")
+_OPTIONS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "recipe") + tuple(
+    f.name for f in command_line_switches())
 
 
-def run_train(args):
+def run_train(args) -> int:
+    from kadapt.run.pipeline import start_run
+    from kadapt.run.pipeline import train
+    from kadapt.run.workers import ClusterMember
+
     out = args.out or _default_out(args)
     if args.workers != 1:
         return _launch(args, out)
@@ -105,7 +114,7 @@ def run_train(args):
     run = start_run({name: getattr(args, name) for name in _OPTIONS}, out,
                     overwrite=args.overwrite, resume=args.resume, member=member)
     try:
-        train(run, echo=_echo)
+        train(run, echo=_echo, verbose=fit_verbosity(args.fit_verbose, sys.stdout))
     except KeyboardInterrupt:
         print(f"kadapt: interrupted: {out} keeps what finished; continue with "
               f"`kadapt train --resume --out {out}`", file=sys.stderr)
@@ -113,7 +122,18 @@ def run_train(args):
     return 0
 
 
+def fit_verbosity(setting: str, stream) -> int:
+    """Keras fit's `verbose` for `--fit-verbose`: `"auto"` is a progress bar
+    on a terminal and one line per epoch elsewhere (a log, a pipe: no
+    carriage returns or escape codes)."""
+    if setting != "auto":
+        return int(setting)
+    return 1 if stream.isatty() else 2
+
+
 def _launch(args, out):
+    from kadapt.run.workers import launch_local_workers
+
     if args.workers < 1:
         raise UsageError(f"--workers must be a positive int. Received: {args.workers}")
     if os.environ.get("TF_CONFIG"):
@@ -145,7 +165,28 @@ def _default_out(args):
     return f"runs/{data}-{args.model or 'auto'}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _widths(text):
+def _value_type(field):
+    """The type a flag's text becomes: the field's, without `None` (`float | None` is `float`)."""
+    kinds = field.type.__args__ if isinstance(field.type, types.UnionType) else (field.type,)
+    kind = next(k for k in kinds if k is not type(None))
+    return getattr(kind, "__origin__", kind)  # tuple[int, ...] is a tuple
+
+
+def _shown(default):
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if default is None or default == 0.0:
+        return "off"
+    return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+
+
+def _on_off(text):
+    if text not in ON_OFF:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from on, off)")
+    return text == "on"
+
+
+def _ints(text):
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:

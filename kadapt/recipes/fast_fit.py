@@ -10,9 +10,20 @@ from kadapt.recipes.config import FastFitConfig
 from kadapt.validation import check_range
 
 
-def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=None,
-             num_classes=None, callbacks=None, seed=None, verbose=0, micro_batch_size=None,
-             memory_budget=None):
+def fast_fit(
+    x: "np.ndarray | tf.data.Dataset",
+    y: np.ndarray | None = None,
+    validation_data: tuple | None = None,
+    epochs: int = 10,
+    batch_size: int = 256,
+    config: FastFitConfig | None = None,
+    num_classes: int | None = None,
+    callbacks: list | None = None,
+    seed: int | None = None,
+    verbose: int | str = 0,
+    micro_batch_size: int | str | None = None,
+    memory_budget: int | str | None = None,
+) -> keras.Model:
     """Trains a `fast_resnet` with the speed-record recipe and returns it.
 
     Images go in unscaled (any scale: the whitening layer, or the stem's
@@ -88,16 +99,10 @@ def fast_fit(x, y=None, validation_data=None, epochs=10, batch_size=256, config=
     with global_policy(precision.policy):
         model = build()
     trainer = training.micro_batched(model, micro_batch_size, memory_budget)
-    validation = _validation(validation_data, num_classes, batch_size)
-    best = training.best_weights_callback(config, "val_loss" if validation is not None else "loss")
-    history = trainer.fit(
-        training.augmented_batches(train, config, seed),  # every epoch's batches, one after the other
-        validation_data=validation,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        shuffle=False,  # The dataset shuffles; Keras would only warn.
-        callbacks=training.recipe_callbacks(config, steps) + list(callbacks or []) + [c for c in [best] if c],
-        verbose=verbose,
+    history, _ = training.fit_recipe(
+        trainer, train, config, epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=steps,
+        arrange_callbacks=lambda schedule, best: [*schedule, *(callbacks or []), *([best] if best else [])],
+        validation_data=_validation(validation_data, num_classes, batch_size), seed=seed, verbose=verbose,
     )
     model.history, model.precision = history, precision
     return model

@@ -164,6 +164,49 @@ def augmented_batches(batches, config, seed=None, first_batch=0):
     return augment_dataset(batches, pipeline, first_batch=indexed).prefetch(tf.data.AUTOTUNE)
 
 
+def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs: int, steps_per_epoch: int,
+               total_steps: int, arrange_callbacks, validation_data=None, seed: int | None = None,
+               first_epoch: int = 0, backup_dir=None, verbose: int | str = 0, **fit_kwargs) -> tuple:
+    """The recipe's training, in its order: best-weights keeper, schedule
+    callbacks, on-the-fly augmentation of `batches`, then `trainer.fit`.
+
+    Both front doors (`fast_fit`, `kadapt train`) train through this.
+
+    Args:
+        trainer: The compiled model that trains (`micro_batched`).
+        batches: `tf.data.Dataset` of `(x, one-hot y)` logical batches of
+            epochs `first_epoch` to `epochs - 1` (`shuffled_batches`).
+        config: `FastFitConfig`.
+        epochs: Int. As in `Model.fit`.
+        steps_per_epoch: Int. As in `Model.fit`.
+        total_steps: Int. The steps the schedule spans (`compile_recipe`'s).
+        arrange_callbacks: Callable `(schedule_callbacks, best_weights) ->
+            list of callbacks`: where the caller's callbacks go around the
+            recipe's (`best_weights` is `None` when the config restores none).
+        validation_data: As in `Model.fit`. Defaults to `None`.
+        seed: Int or `None`. Seeds the augmentation. Defaults to `None`.
+        first_epoch: Int. The epoch `batches` starts at (a resumed run).
+            Defaults to `0`.
+        backup_dir: Path or `None`. Where the best weights survive a resume.
+            Defaults to `None`.
+        verbose: As in `Model.fit`. Defaults to `0`.
+        **fit_kwargs: More `Model.fit` arguments.
+
+    Returns:
+        `(history, best_weights)`: Keras' History and the best-weights
+        callback (`None` when the config restores none).
+    """
+    monitor = "val_loss" if validation_data is not None else "loss"
+    best = best_weights_callback(config, monitor, backup_dir=backup_dir)
+    callbacks = arrange_callbacks(recipe_callbacks(config, total_steps), best)
+    augmented = augmented_batches(batches, config, seed, first_batch=first_epoch * steps_per_epoch)
+    history = trainer.fit(augmented, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                          validation_data=validation_data, callbacks=callbacks, verbose=verbose,
+                          shuffle=False,  # the dataset shuffles; Keras would only warn
+                          **fit_kwargs)
+    return history, best
+
+
 def micro_batched(model, micro_batch_size, memory_budget=None):
     """The model that trains: `model` itself when `micro_batch_size` is
     `None`, else `kadapt.accumulate(model, micro_batch_size)` (an int, or

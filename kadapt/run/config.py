@@ -1,26 +1,25 @@
 """`RunConfig`: what a `kadapt train` run was asked to do, defaults filled in.
 
 Options the user did not give are `None` on the way in, so a resumed run can
-tell a changed option from a default one.
+tell a changed option from a default one. The recipe's switches are not
+repeated here: `RunConfig.recipe` holds the `FastFitConfig` fields the user
+gave, by field name (`kadapt.recipes.config.command_line_switches`).
 """
 
 import dataclasses
 import math
 from pathlib import Path
 
-from kadapt.batching.memory_budget import parse_memory_size
-from kadapt.recipes.config import PRECISIONS
-from kadapt.recipes.config import SCHEDULES
+from kadapt.recipes.config import FastFitConfig
+from kadapt.recipes.config import command_line_switches
+from kadapt.recipes.config import switch_flag
 from kadapt.run.errors import UsageError
-from kadapt.run.user_model import SIGNATURE as MODEL_SIGNATURE
-from kadapt.run.user_model import is_model_spec
 
 MODEL_NAMES = ("auto", "fast_resnet", "small_cnn", "mlp")
 DATA_NAMES = ("fashion_mnist", "digits")
 META_SETTINGS = ("default", "off")
 AUGMENT_SETTINGS = ("auto", "on", "off")
-SWITCHES = ("on", "off")
-SCHEDULE_NAMES = SCHEDULES
+RECIPE_FLAGS = {field.name: switch_flag(field) for field in command_line_switches()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,20 +32,8 @@ class RunConfig:
     batch_size: int = 256  # the recipe's measured batch (kadapt.recipes.fast_fit)
     memory_budget: str | None = None
     epochs: int = 10
-    # The recipe's switches: None takes `kadapt.recipes.FastFitConfig`'s default.
-    widths: tuple | None = None
-    schedule: str | None = None
-    learning_rate: float | None = None
-    weight_decay: float | None = None
-    label_smoothing: float | None = None
-    cutout: float | None = None
-    cutmix: float | None = None
-    mixup: float | None = None
-    expand: float | None = None
-    expand_method: str | None = None
-    ema: float | None = None
-    precision: str | None = None
-    restore_best: str = "on"
+    # The `FastFitConfig` switches given, by field name; the others take the recipe's defaults.
+    recipe: dict = dataclasses.field(default_factory=dict)
     validation_split: float = 0.1
     meta: str = "default"
     target_accuracy: float | None = None
@@ -62,18 +49,10 @@ class RunConfig:
         _optional_positive_int("train_rows", self.train_rows)
         _model(self.model)
         _choice("augment", self.augment, AUGMENT_SETTINGS)
-        _choice("restore_best", self.restore_best, SWITCHES)
-        if self.widths is not None:
-            _widths(self.widths)
-        if self.schedule is not None:
-            _choice("schedule", self.schedule, SCHEDULE_NAMES)
-        if self.precision is not None:
-            _choice("precision", self.precision, PRECISIONS)
+        _check_recipe(self.recipe)
         _meta(self.meta)
         _fraction("validation_split", self.validation_split, high=0.5)
         _memory_budget(self.memory_budget)
-        if self.learning_rate is not None and self.learning_rate <= 0:
-            raise UsageError(f"--learning-rate must be positive. Received: --learning-rate={self.learning_rate}")
         if self.target_accuracy is not None:
             _target(self.target_accuracy, self.validation_split)
 
@@ -82,28 +61,66 @@ class RunConfig:
 
 
 def resolve_config(options, saved=None):
-    """The `RunConfig` of `options` (a dict; `None` = not given).
+    """The `RunConfig` of `options` (a flat dict of run options and recipe
+    switches by field name; `None` = not given).
 
     With `saved` (the config of the run being resumed) the saved values
     stand; a given option that differs from them is an error, because the
     learning-rate schedule and the backup belong to the saved run.
     """
-    given = {k: v for k, v in options.items() if v is not None}
+    given = {k: v for k, v in _by_field_name(options).items() if v is not None}
     if saved is None:
         if "data" not in given:
             raise UsageError("--data is required: fashion_mnist, digits, a .npz file, or .npy files.")
-        return RunConfig(**given)
-    if saved.get("widths") is not None:
-        saved = {**saved, "widths": tuple(saved["widths"])}  # JSON keeps a list
-    changed = sorted(k for k, v in given.items() if saved.get(k) != v)
+        return _run_config(given)
+    saved = _flat_options(saved)
+    recipe_defaults = FastFitConfig()
+    changed = sorted(k for k, v in given.items() if saved.get(k, getattr(recipe_defaults, k, None)) != v)
     if changed:
-        flags = ", ".join(f"--{k.replace('_', '-')}={given[k]} (saved: {saved.get(k)})" for k in changed)
+        flags = ", ".join(f"{_flag(k)}={given[k]} (saved: {saved.get(k)})" for k in changed)
         raise UsageError(
             f"--resume continues the run as it was configured; these options differ: {flags}. "
             "Drop them, or start a new run with --overwrite or another --out."
         )
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig(**{k: v for k, v in saved.items() if k in known})
+    return _run_config(saved)
+
+
+def _run_config(options):
+    run_options = {f.name for f in dataclasses.fields(RunConfig)} - {"recipe"}
+    unknown = sorted(set(options) - run_options - set(RECIPE_FLAGS))
+    if unknown:
+        raise UsageError(f"Unknown option(s) of kadapt train: {', '.join(unknown)}.")
+    recipe = {k: v for k, v in options.items() if k in RECIPE_FLAGS}
+    return RunConfig(recipe=recipe, **{k: v for k, v in options.items() if k in run_options})
+
+
+def _flat_options(saved):
+    """A saved `config.json` "options" as one flat dict, lists back to tuples.
+
+    Runs written before `RunConfig.recipe` existed kept the switches at the
+    top level under their flag names (`ema`, `restore_best` on/off)."""
+    flat = {k: v for k, v in saved.items() if k != "recipe" and v is not None}
+    flat.update(saved.get("recipe") or {})
+    flat = _by_field_name(flat)
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in flat.items()}
+
+
+def _by_field_name(options):
+    """`options` with recipe switches under a flag name (`ema`) renamed to their field (`ema_momentum`)."""
+    renamed = dict(options)
+    for field in command_line_switches():
+        old = switch_flag(field)[2:].replace("-", "_")
+        if old != field.name and old in renamed:
+            value = renamed.pop(old)
+            renamed[field.name] = (value == "on") if isinstance(value, str) and field.type is bool else value
+    return renamed
+
+
+def in_flags(message):
+    """A `FastFitConfig` error in the command's words (`ema_momentum` is `--ema`)."""
+    for name, flag in RECIPE_FLAGS.items():
+        message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag}=")
+    return message
 
 
 def schedule_steps(config, train_rows):
@@ -136,12 +153,31 @@ def _model(value):
     """A built-in name or a well-formed `package.module:function` (imported when the network is built)."""
     if value in MODEL_NAMES:
         return
+    from kadapt.run.user_model import SIGNATURE as MODEL_SIGNATURE  # imports Keras: not while parsing options
+    from kadapt.run.user_model import is_model_spec
+
     module, _, function = str(value).partition(":")
     if not is_model_spec(value) or not module or not function.isidentifier():
         raise UsageError(
             f"--model must be one of {', '.join(MODEL_NAMES)}, or package.module:function naming "
             f"{MODEL_SIGNATURE}, e.g. my_models:build. Received: --model={value}"
         )
+
+
+def _check_recipe(recipe):
+    """Judges the given switches as `FastFitConfig` does, before any data is loaded."""
+    unknown = sorted(set(recipe) - set(RECIPE_FLAGS))
+    if unknown:
+        raise UsageError(f"Argument `recipe` must hold switches of FastFitConfig "
+                         f"({', '.join(RECIPE_FLAGS)}). Received: {', '.join(unknown)}")
+    ema = recipe.get("ema_momentum")
+    if ema is not None and recipe.get("restore_best_weights", True):
+        raise UsageError(f"--ema averages the weights, and --restore-best on would replace the average with "
+                         f"one epoch's weights: add --restore-best off. Received: --ema={ema}")
+    try:
+        FastFitConfig(**recipe)
+    except ValueError as error:
+        raise UsageError(in_flags(str(error))) from None
 
 
 def _meta(value):
@@ -153,12 +189,6 @@ def _meta(value):
         )
 
 
-def _widths(value):
-    if not value or any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in value):
-        raise UsageError(f"--widths must be positive integers, one per stage, e.g. 64,128,256. "
-                         f"Received: --widths={value}")
-
-
 def _fraction(name, value, high):
     if not 0 <= value <= high:
         raise UsageError(f"{_flag(name)} must be in [0, {high}]. Received: {_flag(name)}={value}")
@@ -167,6 +197,9 @@ def _fraction(name, value, high):
 def _memory_budget(value):
     if value is None:
         return
+    # kadapt.batching loads TensorFlow; the parser and `kadapt report` import this module without it.
+    from kadapt.batching.memory_budget import parse_memory_size
+
     try:
         parse_memory_size(value)
     except (TypeError, ValueError):
@@ -185,4 +218,4 @@ def _target(value, validation_split):
 
 
 def _flag(name):
-    return "--" + name.replace("_", "-")
+    return RECIPE_FLAGS.get(name) or "--" + name.replace("_", "-")

@@ -33,6 +33,8 @@ from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
 from kadapt.run.networks import build_network
 from kadapt.run.plots import draw_plots
+from kadapt.run.probe_text import budget_line
+from kadapt.run.probe_text import trial_line
 from kadapt.run.recipe_options import augmentation_text
 from kadapt.run.recipe_options import network_name
 from kadapt.run.recipe_options import recipe_config
@@ -69,13 +71,13 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
     strategy, and a worker that is not the chief writes into a scratch
     directory instead of `out`."""
     directory = RunDirectory(out)
-    directory.check_new_run(overwrite, resume)
+    replace = directory.check_new_run(overwrite, resume)
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
     if member is not None:
         _check_split(config.batch_size, member.workers)
         if not member.is_chief:
-            directory, overwrite = RunDirectory(member.scratch_directory(out, resume)), True
+            directory, replace = RunDirectory(member.scratch_directory(out, resume)), True
     data = load_data(config)
     settings = recipe_config(config, data)
     name = network_name(config, data)
@@ -94,7 +96,7 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
         run.model.set_weights(run.probe_model.get_weights())
     run.meta_adjuster = meta_adjuster(config, directory, data)
     if not (resume and member is not None and not member.is_chief):
-        directory.create(overwrite)
+        directory.create(replace)
     return run
 
 
@@ -119,11 +121,12 @@ def _check_split(batch_size, workers):
                          f"multiple of {workers}, e.g. {batch_size - batch_size % workers or workers}.")
 
 
-def train(run, echo=print, callbacks=()):
+def train(run, echo=print, callbacks=(), verbose=1):
     """Trains `run` (from `start_run`) and returns its `run.json` record.
 
     `callbacks` (Keras callbacks) run after kadapt's own, e.g. to measure
-    something at every epoch end."""
+    something at every epoch end. `verbose` is `Model.fit`'s: 1 a progress
+    bar, 2 one line per epoch (for logs and pipes), 0 nothing."""
     started = time.time()
     config, directory, data = run.config, run.directory, run.data
     rows = recipe.expanded(data.x_train, data.y_train, run.recipe, data.num_classes, config.seed)
@@ -143,7 +146,7 @@ def train(run, echo=print, callbacks=()):
         with run.scope():
             trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        best = _fit(run, trainer, rows, steps, micro, list(callbacks))
+        best = _fit(run, trainer, rows, steps, micro, list(callbacks), verbose)
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
@@ -186,7 +189,7 @@ def _share(run):
 def _probe(run, echo):
     config, data = run.config, run.data
     budget = device_budget(config.memory_budget)
-    echo(f"probing {run.model_name} on {budget.device}, budget {budget.bytes / 2**20:.1f} MiB ({budget.source})")
+    echo(budget_line(run.model_name, budget))
     model = run.model
     if run.member is not None:
         # The probe's trial steps run on this worker alone (their sizes may differ between
@@ -195,15 +198,10 @@ def _probe(run, echo):
     rows = slice(0, 2 * _share(run))
     sample = (data.x_train[rows], recipe.one_hot(data.y_train[rows], data.num_classes))
 
-    def on_trial(trial):
-        peak = "out of memory" if trial.peak_bytes is None else f"{trial.peak_bytes / 2**20:9.1f} MiB"
-        echo(f"  trial micro-batch {trial.micro_batch_size:6d}: {peak}, "
-             f"{'fits' if trial.fits else 'does not fit'}")
-
     try:
         return probe_micro_batch(
             model, sample, memory_budget=config.memory_budget,
-            max_micro_batch_size=_share(run), on_trial=on_trial,
+            max_micro_batch_size=_share(run), on_trial=lambda trial: echo(trial_line(trial)),
         )
     except ValueError as error:  # the budget holds not even one row
         reason = " ".join(str(error).split()).replace("Argument `memory_budget` is", "it is")
@@ -221,34 +219,36 @@ def _trainer(run, micro):
     return trainer
 
 
-def _fit(run, trainer, rows, steps, micro, extra_callbacks):
+def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
     """Trains; returns the best-weights callback (`None` with `--restore-best off`).
 
     The training data is one stream of every epoch's batches, each epoch's
     order and each batch's augmentation a function of the seed and the
     epoch or batch index; a resumed run's stream starts at the checkpointed
     epoch, so it trains the batches the uninterrupted run would have."""
-    config, data, settings = run.config, run.data, run.recipe
+    config, data = run.config, run.data
     validation = None
     if len(data.x_val):
         validation = (data.x_val, recipe.one_hot(data.y_val, data.num_classes))
     backup = run.directory / files.BACKUP
     first_epoch = InterruptSafeBackup.checkpointed_epoch(backup) if run.resume else 0
-    best = recipe.best_weights_callback(settings, "val_loss" if validation else "loss", backup_dir=backup)
-    callbacks = training_callbacks(run, steps, recipe.recipe_callbacks(settings, steps["total_steps"]), best,
-                                   first_epoch)
-    callbacks = callbacks[:-1] + extra_callbacks + callbacks[-1:]  # the backup's committer stays last
-    per_epoch = steps["steps_per_epoch"]
-    batches = recipe.augmented_batches(
-        recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
-                                first_epoch=first_epoch),
-        settings, config.seed, first_batch=first_epoch * per_epoch)
+    batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
+                                      first_epoch=first_epoch)
+    arranged = []
+
+    def arrange(schedule_callbacks, best):
+        arranged.extend(training_callbacks(run, steps, schedule_callbacks, best, first_epoch))
+        arranged[-1:-1] = extra_callbacks  # the backup's committer stays last
+        return arranged
+
     try:
-        trainer.fit(batches, epochs=config.epochs, steps_per_epoch=per_epoch, validation_data=validation,
-                    validation_batch_size=micro, callbacks=callbacks, verbose=1,
-                    shuffle=False)  # the dataset shuffles, seeded
+        _, best = recipe.fit_recipe(
+            trainer, batches, run.recipe, epochs=config.epochs, steps_per_epoch=steps["steps_per_epoch"],
+            total_steps=steps["total_steps"], arrange_callbacks=arrange, validation_data=validation,
+            seed=config.seed, first_epoch=first_epoch, backup_dir=backup, verbose=verbose,
+            validation_batch_size=micro)
     finally:
-        for callback in callbacks:
+        for callback in arranged:
             if hasattr(callback, "close"):
                 callback.close()
     return best

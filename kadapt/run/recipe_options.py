@@ -1,12 +1,10 @@
 """From `kadapt train`'s options to the recipe: the `FastFitConfig` and the network."""
 
-from kadapt.recipes import FastFitConfig
+from kadapt.recipes.config import FastFitConfig
 from kadapt.run.errors import UsageError
 
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
 FAST_RESNET_MIN_PIXELS = 16  # three 2x poolings and a global one need 16x16 images
-_RECIPE_OPTIONS = ("widths", "schedule", "learning_rate", "weight_decay", "label_smoothing", "cutout", "cutmix",
-                   "mixup", "expand", "expand_method", "precision")
 _MIXING = ("cutout", "cutmix", "mixup")
 _IMAGE_ONLY = _MIXING + ("expand",)
 
@@ -28,22 +26,13 @@ def recipe_config(config, data):
     `--augment off`; rows that are not images are never augmented, and asking
     for it there is a `UsageError`.
     """
-    given = {name: getattr(config, name) for name in _RECIPE_OPTIONS if getattr(config, name) is not None}
+    given = dict(config.recipe)
     _check_augmentation(config, data, given)
     augment = data.is_image and config.augment != "off"
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
-    if config.ema is not None and config.restore_best == "on":
-        raise UsageError(f"--ema averages the weights, and --restore-best on would replace the average with "
-                         f"one epoch's weights: add --restore-best off. Received: --ema={config.ema}")
-    if config.ema is not None:
-        given["ema_momentum"] = config.ema
-    given["restore_best_weights"] = config.restore_best == "on"
-    try:
-        return defaults.replace(**given)
-    except ValueError as error:
-        raise UsageError(_as_flags(str(error))) from None
+    return defaults.replace(**given)  # the given switches were judged by RunConfig
 
 
 def augmentation_text(recipe):
@@ -68,12 +57,3 @@ def _check_augmentation(config, data, given):
                          f"(shape {tuple(data.input_shape)}). Drop {', '.join(asked)}.")
     if asked and config.augment == "off":
         raise UsageError(f"{', '.join(asked)} cannot apply with --augment off. Drop one of them.")
-
-
-def _as_flags(message):
-    """A `FastFitConfig` error in the command's words (`ema_momentum` is `--ema`)."""
-    message = message.replace("`ema_momentum`", "--ema").replace("ema_momentum=", "--ema=")
-    for name in _RECIPE_OPTIONS:
-        message = message.replace(f"`{name}`", f"--{name.replace('_', '-')}").replace(
-            f"{name}=", f"--{name.replace('_', '-')}=")
-    return message

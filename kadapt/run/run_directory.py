@@ -15,14 +15,13 @@ import os
 import shutil
 from pathlib import Path
 
-from kadapt.meta.adjuster import DECISIONS_FILE
 from kadapt.run.errors import UsageError
 
 CONFIG = "config.json"
 RUN = "run.json"
 HISTORY = "history.json"
 STEPS = "steps.jsonl"
-META_DECISIONS = DECISIONS_FILE
+META_DECISIONS = "meta_decisions.jsonl"  # kadapt.meta.adjuster.DECISIONS_FILE (that import loads Keras)
 PROBE = "probe.json"
 MODEL = "model.keras"
 TRAINING_PLOT = "training.png"
@@ -45,14 +44,22 @@ class RunDirectory:
         return self.path / name
 
     def check_new_run(self, overwrite=False, resume=False):
-        """Raises `UsageError` unless a run may start (or resume) here; writes nothing."""
+        """Raises `UsageError` unless a run may start (or resume) here; writes nothing.
+
+        Returns whether the directory is to be emptied before the run starts:
+        with `overwrite`, and for the run directory of a run that failed or
+        was stopped before its first step (it holds nothing to resume, so a
+        corrected command starts it afresh)."""
         if overwrite and resume:
             raise UsageError("--overwrite and --resume exclude each other: pick one.")
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"--out {self.path} exists and is not a directory.")
         if resume:
-            return self._check_resumable()
+            self._check_resumable()
+            return False
         if self.path.exists() and any(self.path.iterdir()):
+            if (self / CONFIG).is_file() and not self.has_trained():
+                return True
             if not overwrite:
                 raise UsageError(
                     f"--out {self.path} already exists: pass --overwrite to replace it, "
@@ -64,6 +71,13 @@ class RunDirectory:
                     "run directory, so --overwrite will not delete it."
                 )
         self._check_writable()
+        return overwrite
+
+    def has_trained(self):
+        """Whether a step of the run finished here: a step logged, an epoch checkpointed or a model saved."""
+        steps, backup = self / STEPS, self / BACKUP
+        return ((steps.is_file() and steps.stat().st_size > 0) or (self / MODEL).exists()
+                or (backup.is_dir() and any(backup.iterdir())))
 
     def create(self, overwrite=False):
         """Makes the directory (emptied first with `overwrite`)."""
