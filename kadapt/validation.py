@@ -1,5 +1,6 @@
 """Argument checks with Keras-style messages, shared by every kadapt module."""
 
+import math
 import numbers
 
 
@@ -41,3 +42,11 @@ def check_range(name, value, low=None, high=None, low_open=False, high_open=Fals
         raise ValueError(
             f"Argument `{name}` must be in {left}{low}, {high}{right}. Received: {name}={value!r}"
         )
+
+
+def checked_lease(lease_seconds):
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, numbers.Real) or not (
+            math.isfinite(lease_seconds) and lease_seconds > 0):
+        raise ValueError(
+            f"Argument `lease_seconds` must be a positive number of seconds. Received: lease_seconds={lease_seconds!r}")
+    return float(lease_seconds)

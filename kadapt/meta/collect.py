@@ -45,9 +45,9 @@ from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import Observation
 from kadapt.meta.features import schedule_ratio
-from kadapt.meta.record_store import checked_lease
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
+from kadapt.validation import checked_lease
 
 DIVERGED_SCORE = 5.0
 _TINY_LOSS = 1e-8  # a validation loss can reach 0.0 in float32 on an easy task

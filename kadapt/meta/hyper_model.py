@@ -1,13 +1,15 @@
 """`MetaHyperModel`: the recurrent meta-model's search space for KerasTuner."""
 
 import keras
-import keras_tuner
 
+from kadapt.extras import require
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import WINDOW
 from kadapt.meta.meta_model import MaskedScoreError
 from kadapt.meta.meta_model import MetaSpec
+
+keras_tuner = require("keras_tuner", extra="tuner")
 
 
 class MetaHyperModel(keras_tuner.HyperModel):

@@ -10,10 +10,13 @@ import sqlite3
 import time
 
 import numpy as np
-import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
 
+from kadapt.extras import require
 from kadapt.meta.adjustment_record import AdjustmentRecord
+from kadapt.validation import checked_lease
+
+sa = require("sqlalchemy", extra="store")
+NullPool = require("sqlalchemy.pool", extra="store").NullPool
 
 SCHEMA_VERSION = 1
 FORMAT = "kadapt-records"
@@ -362,14 +365,6 @@ def _checked_names(tasks):
     return names
 
 
-def checked_lease(lease_seconds):
-    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, numbers.Real) or not (
-            math.isfinite(lease_seconds) and lease_seconds > 0):
-        raise ValueError(
-            f"Argument `lease_seconds` must be a positive number of seconds. Received: lease_seconds={lease_seconds!r}")
-    return float(lease_seconds)
-
-
 def _parse_location(location):
     """`(SQLAlchemy URL, path or None)` of a path, an sqlite:/// URL or a postgresql:// URL."""
     if not isinstance(location, (str, os.PathLike)):
@@ -389,6 +384,7 @@ def _parse_location(location):
         path = pathlib.Path(url.database).absolute()
         return url.set(database=str(path)), path
     if backend == "postgresql":
+        require("psycopg", extra="postgres")
         return url.set(drivername="postgresql+psycopg"), None
     raise ValueError(
         "Argument `location` must be a path, an sqlite:///path URL or a postgresql:// URL. "

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from kadapt import optimizers
+from kadapt.extras import require
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import PiecewiseLinear
 
@@ -178,8 +179,7 @@ def _split(x, y, loss, seed, validation_fraction=0.25):
 
 def _sklearn_bundled(name, images=False):
     def load(seed):
-        from sklearn import datasets
-
+        datasets = require("sklearn.datasets", extra="data")
         x, y = getattr(datasets, f"load_{name}")(return_X_y=True)
         return (x.reshape(-1, 8, 8, 1) if images else x), y
 
@@ -188,8 +188,7 @@ def _sklearn_bundled(name, images=False):
 
 def _generated(name, **kwargs):
     def load(seed):
-        from sklearn import datasets
-
+        datasets = require("sklearn.datasets", extra="data")
         return getattr(datasets, f"make_{name}")(random_state=seed, **kwargs)
 
     return load

@@ -4,13 +4,15 @@ import json
 from pathlib import Path
 
 import keras
-import keras_tuner
 import numpy as np
 
+from kadapt.extras import require
 from kadapt.meta.hyper_model import MetaHyperModel
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
 from kadapt.tuning.distributed_search import distributed_search
+
+keras_tuner = require("keras_tuner", extra="tuner")
 
 BATCH_SIZE = 64
 PATIENCE = 5

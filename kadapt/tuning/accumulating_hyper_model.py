@@ -1,9 +1,10 @@
 """A KerasTuner `HyperModel` that searches logical batch sizes beyond memory."""
 
-import keras_tuner
-
 from kadapt.batching.accumulate import accumulate
+from kadapt.extras import require
 from kadapt.validation import check_micro_batch_size
+
+keras_tuner = require("keras_tuner", extra="tuner")
 
 
 class AccumulatingHyperModel(keras_tuner.HyperModel):
