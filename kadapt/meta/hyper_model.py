@@ -1,5 +1,7 @@
 """`MetaHyperModel`: the recurrent meta-model's search space for KerasTuner."""
 
+from __future__ import annotations
+
 import keras
 
 from kadapt.extras import require
@@ -32,7 +34,7 @@ class MetaHyperModel(keras_tuner.HyperModel):
     ```
     """
 
-    def build(self, hp):
+    def build(self, hp: keras_tuner.HyperParameters) -> keras.Model:
         cell = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM}[hp.Choice("cell", ["gru", "lstm"])]
         units = hp.Choice("units", [16, 32, 64])
         layers = hp.Int("layers", 1, 2)
