@@ -53,7 +53,7 @@ class PartialIdentity(keras.initializers.Initializer):
         keras.initializers.get(base)
         self.base = base
 
-    def __call__(self, shape, dtype=None):
+    def __call__(self, shape: Sequence[int], dtype: Any = None) -> Any:
         if len(shape) != 4:
             raise ValueError(
                 "`PartialIdentity` initializes 2D conv kernels of shape (kh, kw, in, out). "
@@ -68,7 +68,7 @@ class PartialIdentity(keras.initializers.Initializer):
         random = keras.initializers.get(self.base)(shape, dtype=dtype)
         return ops.where(is_identity, ops.cast(identity, random.dtype), random)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"base": self.base}
 
 
@@ -85,15 +85,15 @@ class CentreTap(keras.initializers.Initializer):
             Defaults to `"glorot_uniform"`.
     """
 
-    def __init__(self, base="glorot_uniform"):
+    def __init__(self, base: str | keras.initializers.Initializer = "glorot_uniform") -> None:
         self.base = keras.initializers.get(base)
 
-    def __call__(self, shape, dtype=None):
+    def __call__(self, shape: Sequence[int], dtype: Any = None) -> Any:
         if len(shape) != 4 or tuple(shape[:2]) != (1, 1):
             raise ValueError(f"`CentreTap` initializes 1x1 conv kernels. Received: shape={tuple(shape)}")
         return self.base((3, 3, *shape[2:]), dtype=dtype)[1:2, 1:2]
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"base": keras.initializers.serialize(self.base)}
 
 
@@ -127,15 +127,15 @@ class ScaledGradientBias(keras.layers.Layer):
         check_range("gradient_scale", gradient_scale, low=0.0, low_open=True)
         self.gradient_scale = float(gradient_scale)
 
-    def build(self, input_shape):
+    def build(self, input_shape: Sequence[int | None]) -> None:
         self.bias = self.add_weight(shape=(input_shape[-1],), initializer="zeros", name="bias")
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         # A tensor read of the variable: `custom_gradient` must not see the variable itself.
         bias = ops.cast(self.bias, self.compute_dtype)
         return inputs + _scale_gradient(bias, self.gradient_scale)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "gradient_scale": self.gradient_scale}
 
 
