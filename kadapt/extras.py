@@ -14,11 +14,11 @@ from types import ModuleType
 # Extra -> what it is for, as the error message says it. Keep in step with
 # [project.optional-dependencies] in pyproject.toml.
 EXTRAS = {
-    "data": "scikit-learn's bundled data sets (kadapt.meta.tasks, `kadapt train --data digits`)",
-    "plots": "The run directory's plots (`kadapt train`, `kadapt report`)",
+    "data": "Loading scikit-learn's bundled data sets (kadapt.meta.tasks, `kadapt train --data digits`)",
+    "plots": "Drawing the run directory's plots (`kadapt train`, `kadapt report`)",
     "postgres": "A record store on a PostgreSQL server",
     "store": "The record store (kadapt.meta.RecordStore, `kadapt meta`)",
-    "tuner": "KerasTuner searches (kadapt.tuning, kadapt.meta.MetaHyperModel, kadapt.meta.train_meta_model)",
+    "tuner": "A KerasTuner search (kadapt.tuning, kadapt.meta.MetaHyperModel, kadapt.meta.train_meta_model)",
 }
 
 

@@ -62,22 +62,23 @@ def test_plots_without_matplotlib(monkeypatch, tmp_path):
 
     block(monkeypatch, "matplotlib")
     steps = [{"step": 1, "learning_rate": 0.1, "momentum": 0.9, "loss": 1.0}]
-    with pytest.raises(ImportError, match=r'^The run directory\'s plots .*pip install "kadapt\[plots\]"$'):
+    with pytest.raises(ImportError, match=r'^Drawing the run directory\'s plots .*pip install "kadapt\[plots\]"$'):
         plots.plot_training(steps, [], {}, tmp_path / "training.png")
 
 
 @pytest.mark.parametrize("module", ["kadapt.tuning.accumulating_hyper_model", "kadapt.meta.hyper_model",
                                     "kadapt.meta.train"])
-def test_tuner_without_keras_tuner(monkeypatch, module):
-    block(monkeypatch, "keras_tuner")
-    with pytest.raises(ImportError, match=r'^KerasTuner searches .*pip install "kadapt\[tuner\]"$'):
+@pytest.mark.parametrize("missing", ["keras_tuner", "tensorboard"])
+def test_tuner_without_keras_tuner_or_tensorboard(monkeypatch, module, missing):
+    block(monkeypatch, missing)
+    with pytest.raises(ImportError, match=rf'^A KerasTuner search .*`{missing}`.*pip install "kadapt\[tuner\]"$'):
         fresh_import(monkeypatch, module)
 
 
 @pytest.mark.parametrize("family", ["digits", "moons"])
 def test_bundled_data_without_sklearn(monkeypatch, family):
     block(monkeypatch, "sklearn")
-    with pytest.raises(ImportError, match=r'^scikit-learn\'s bundled data sets .*pip install "kadapt\[data\]"$'):
+    with pytest.raises(ImportError, match=r'^Loading scikit-learn\'s bundled data sets .*pip install "kadapt\[data\]"$'):
         tasks.load_family(family, seed=0)
 
 

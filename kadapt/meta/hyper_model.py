@@ -12,6 +12,7 @@ from kadapt.meta.meta_model import MaskedScoreError
 from kadapt.meta.meta_model import MetaSpec
 
 keras_tuner = require("keras_tuner", extra="tuner")
+require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
 
 
 class MetaHyperModel(keras_tuner.HyperModel):

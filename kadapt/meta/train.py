@@ -19,6 +19,7 @@ from kadapt.meta.meta_model import evaluate_policies
 from kadapt.tuning.distributed_search import distributed_search
 
 keras_tuner = require("keras_tuner", extra="tuner")
+require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
 
 BATCH_SIZE = 64
 PATIENCE = 5

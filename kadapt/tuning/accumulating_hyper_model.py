@@ -12,6 +12,7 @@ from kadapt.extras import require
 from kadapt.validation import check_micro_batch_size
 
 keras_tuner = require("keras_tuner", extra="tuner")
+require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
 
 
 class AccumulatingHyperModel(keras_tuner.HyperModel):
