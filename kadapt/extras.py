@@ -3,7 +3,8 @@
 `pip install kadapt` installs what `kadapt.accumulate` needs (Keras, TensorFlow,
 NumPy). Every other feature names its packages as an extra in `pyproject.toml`;
 a module that needs one imports it through `require`, so a missing package is one
-`ImportError` that says which `pip install "kadapt[...]"` brings it.
+`MissingExtraError` (an `ImportError`) that says which `pip install "kadapt[...]"`
+brings it; the `kadapt` command reports it in one line.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ EXTRAS = {
 }
 
 
+class MissingExtraError(ImportError):
+    """An optional package is missing; the message names the extra that installs it."""
+
+
 def require(module: str, extra: str) -> ModuleType:
-    """Imports `module`, or raises an `ImportError` naming the extra that installs it.
+    """Imports `module`, or raises `MissingExtraError` naming the extra that installs it.
 
     Args:
         module: String. The module to import, e.g. `"sqlalchemy"`.
@@ -43,7 +48,7 @@ def require(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(
+        raise MissingExtraError(
             f"{EXTRAS[extra]} needs `{module}`, which cannot be imported ({error}). "
             f'Install it with: pip install "kadapt[{extra}]"',
             name=module,

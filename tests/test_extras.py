@@ -32,8 +32,16 @@ def test_require_returns_the_module():
 
 def test_require_names_the_extra(monkeypatch):
     block(monkeypatch, "matplotlib")
-    with pytest.raises(ImportError, match=r'matplotlib.figure`, which cannot be imported .*pip install "kadapt\[plots\]"'):
+    with pytest.raises(extras.MissingExtraError, match=r'matplotlib.figure`, which cannot be imported .*pip install "kadapt\[plots\]"'):
         extras.require("matplotlib.figure", extra="plots")
+
+
+def test_the_command_reports_a_missing_extra_in_one_line(monkeypatch, tmp_path):
+    from kadapt import cli
+
+    block(monkeypatch, "sklearn")
+    with pytest.raises(SystemExit, match=r'^kadapt: error: Loading scikit-learn.*pip install "kadapt\[data\]"$'):
+        cli.main(["meta", "collect", "--families", "digits", "--tasks-per-family", "1", "--store", str(tmp_path / "records.sqlite")])
 
 
 def test_require_rejects_an_unknown_extra():

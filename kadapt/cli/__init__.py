@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from kadapt import environment
+from kadapt.extras import MissingExtraError
 
 VERBOSE = "--verbose"
 
@@ -54,7 +55,7 @@ def main(argv=None):
     args.verbose, args.argv = verbose, argv
     try:
         return args.run(args)
-    except (UsageError, environment.AllocatorStatisticsError) as error:
+    except (UsageError, environment.AllocatorStatisticsError, MissingExtraError) as error:
         raise SystemExit(f"kadapt: error: {error}") from None
     except KeyboardInterrupt:
         print(f"kadapt: interrupted ({args.command})", file=sys.stderr)
