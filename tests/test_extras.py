@@ -32,7 +32,8 @@ def test_require_returns_the_module():
 
 def test_require_names_the_extra(monkeypatch):
     block(monkeypatch, "matplotlib")
-    with pytest.raises(extras.MissingExtraError, match=r'matplotlib.figure`, which cannot be imported .*pip install "kadapt\[plots\]"'):
+    message = r'matplotlib.figure`, which cannot be imported .*pip install "kadapt\[plots\]"'
+    with pytest.raises(extras.MissingExtraError, match=message):
         extras.require("matplotlib.figure", extra="plots")
 
 
@@ -41,7 +42,8 @@ def test_the_command_reports_a_missing_extra_in_one_line(monkeypatch, tmp_path):
 
     block(monkeypatch, "sklearn")
     with pytest.raises(SystemExit, match=r'^kadapt: error: Loading scikit-learn.*pip install "kadapt\[data\]"$'):
-        cli.main(["meta", "collect", "--families", "digits", "--tasks-per-family", "1", "--store", str(tmp_path / "records.sqlite")])
+        cli.main(["meta", "collect", "--families", "digits", "--tasks-per-family", "1",
+                  "--store", str(tmp_path / "records.sqlite")])
 
 
 def test_require_rejects_an_unknown_extra():
@@ -61,7 +63,8 @@ def test_postgres_store_without_psycopg(monkeypatch):
     from kadapt.meta import RecordStore
 
     block(monkeypatch, "psycopg")
-    with pytest.raises(ImportError, match=r'^A record store on a PostgreSQL server .*pip install "kadapt\[postgres\]"$'):
+    message = r'^A record store on a PostgreSQL server .*pip install "kadapt\[postgres\]"$'
+    with pytest.raises(ImportError, match=message):
         RecordStore("postgresql://kadapt@localhost:1/records")
 
 
@@ -86,7 +89,8 @@ def test_tuner_without_keras_tuner_or_tensorboard(monkeypatch, module, missing):
 @pytest.mark.parametrize("family", ["digits", "moons"])
 def test_bundled_data_without_sklearn(monkeypatch, family):
     block(monkeypatch, "sklearn")
-    with pytest.raises(ImportError, match=r'^Loading scikit-learn\'s bundled data sets .*pip install "kadapt\[data\]"$'):
+    message = r'^Loading scikit-learn\'s bundled data sets .*pip install "kadapt\[data\]"$'
+    with pytest.raises(ImportError, match=message):
         tasks.load_family(family, seed=0)
 
 
@@ -97,7 +101,8 @@ def test_core_trains_without_any_extra():
         {blocked}
         import keras, numpy as np
         import kadapt
-        from kadapt.meta import MetaAdjuster  # the adjuster and its default meta-model need no extra
+        from kadapt.meta import MetaAdjuster, load_meta_model
+        MetaAdjuster(), load_meta_model()  # the adjuster and its default meta-model need no extra
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         model = kadapt.accumulate(model, micro_batch_size=2)
         model.compile(optimizer="sgd", loss="mse")

@@ -8,8 +8,8 @@ import tensorflow as tf
 from kadapt.validation import check_range
 
 
-def augmentation(flip: bool = True, translate: float = 0.0, cutout: float = 0.0, cutmix: float = 0.0, mixup: float = 0.0,
-                 seed: int | None = None) -> keras.layers.Pipeline:
+def augmentation(flip: bool = True, translate: float = 0.0, cutout: float = 0.0, cutmix: float = 0.0,
+                 mixup: float = 0.0, seed: int | None = None) -> keras.layers.Pipeline:
     """A `keras.layers.Pipeline` of Keras' augmentation layers, in this order.
 
     Every layer maps a batch `{"images": x, "labels": y}` to a new one, so

@@ -121,7 +121,8 @@ class AccumulatingTrainStep:
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any) -> keras.callbacks.History:
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+            **kwargs: Any) -> keras.callbacks.History:
         if not self.compiled:
             raise ValueError(
                 "The model must be compiled before `fit`: call "

@@ -86,7 +86,8 @@ class Task:
         model.optimizer.build(model.trainable_variables)
         return model
 
-    def learning_rate_schedule(self, total_steps: int | None = None) -> float | keras.optimizers.schedules.LearningRateSchedule:
+    def learning_rate_schedule(
+            self, total_steps: int | None = None) -> float | keras.optimizers.schedules.LearningRateSchedule:
         """The float rate, or the schedule over `total_steps` peaking at `learning_rate`."""
         if self.schedule == "constant":
             return self.learning_rate

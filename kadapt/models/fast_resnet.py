@@ -210,7 +210,8 @@ def image_patches(images: np.ndarray, patch_size: int) -> np.ndarray:
 def fast_resnet(input_shape: tuple[int, int, int] = (28, 28, 1), num_classes: int = 10,
                 widths: Sequence[int] = (64, 128, 256), residual_stages: Sequence[int] = (0, 2), *,
                 whitening: tuple[np.ndarray, np.ndarray] | None = None, identity_init: bool = True,
-                freeze_bn_scale: bool = True, bias_lr_multiplier: float = 1.0, name: str = "fast_resnet") -> keras.Model:
+                freeze_bn_scale: bool = True, bias_lr_multiplier: float = 1.0,
+                name: str = "fast_resnet") -> keras.Model:
     """A ResNet-9-style network of conv-BN-activation combination layers.
 
     Stem: a 2x2 stride-2 convolution (`whitening`'s frozen filters, or a
