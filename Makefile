@@ -11,11 +11,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e ".[all]"
 	touch $@
 
 $(VENV)/.installed-test: $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[all,test]"
 	touch $@
 
 install: $(VENV)/.installed

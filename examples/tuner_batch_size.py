@@ -1,7 +1,8 @@
 """Search the logical batch size (and learning rate) with KerasTuner while the
 micro-batch, and so the memory, stays fixed.
 
-Run: `.venv/bin/python examples/tuner_batch_size.py`
+Run: `.venv/bin/python examples/tuner_batch_size.py` (KerasTuner: `pip install "kadapt[tuner]"`;
+`make install` has it)
 """
 
 import tempfile

@@ -1,5 +1,7 @@
 """Offline data sets."""
 
+from __future__ import annotations
+
 import gzip
 import os
 from pathlib import Path
@@ -16,7 +18,7 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 KERAS_CACHE_FASHION_MNIST = Path("~/.keras/datasets/fashion-mnist").expanduser()
 
 
-def fashion_mnist(download=True):
+def fashion_mnist(download: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Loads Fashion-MNIST as uint8 images (N, 28, 28) and uint8 labels (N,).
 
     Looks in `$KADAPT_DATA` (a folder holding the four `*-ubyte.gz` files),

@@ -26,12 +26,18 @@ model.fit(dataset, epochs=10)   # `dataset` batched by the global batch: 2 x the
 ```
 """
 
+from __future__ import annotations
+
 import errno
 import json
 import os
 import socket
+from typing import TYPE_CHECKING, Any
 
 from kadapt.batching.multi_worker import WorkerLostError  # noqa: F401  (raised by `fit`)
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 COLLECTIVE_TIMEOUT_SECONDS = 600.0  # a collective that waits this long for a peer fails the step
 _EXAMPLE = ('{"cluster": {"worker": ["host-a:2222", "host-b:2222"]}, '
@@ -39,7 +45,8 @@ _EXAMPLE = ('{"cluster": {"worker": ["host-a:2222", "host-b:2222"]}, '
 _JOBS = ("chief", "worker")
 
 
-def multi_worker_strategy(collective_timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS):
+def multi_worker_strategy(
+        collective_timeout_seconds: float = COLLECTIVE_TIMEOUT_SECONDS) -> tf.distribute.MultiWorkerMirroredStrategy:
     """A `MultiWorkerMirroredStrategy` for the cluster in `TF_CONFIG`, checked first.
 
     Args:
@@ -64,7 +71,7 @@ def multi_worker_strategy(collective_timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
-def check_tf_config(text=None, bind=True):
+def check_tf_config(text: str | None = None, bind: bool = True) -> dict[str, Any]:
     """Returns the parsed `TF_CONFIG` (or `text`), or raises `ValueError` naming what is wrong.
 
     Checks: JSON; a `cluster` of "chief" (at most one) and "worker" lists of

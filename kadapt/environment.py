@@ -19,11 +19,15 @@ is never changed. In a process that imported TensorFlow without them,
 what to set. This module imports nothing of TensorFlow at import time.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
 import re
 import sys
 import tempfile
+from types import ModuleType
+from typing import Any
 
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
@@ -43,7 +47,7 @@ class AllocatorStatisticsError(RuntimeError):
     """TensorFlow keeps no allocator statistics for a device in this process."""
 
 
-def configure_tensorflow(verbose=False):
+def configure_tensorflow(verbose: bool = False) -> None:
     """Sets kadapt's TensorFlow settings where the user has not set them.
 
     Call it before TensorFlow is imported; afterwards TensorFlow has read its
@@ -75,7 +79,7 @@ def configure_tensorflow(verbose=False):
     return applied
 
 
-def load_tensorflow(verbose=False):
+def load_tensorflow(verbose: bool = False) -> ModuleType:
     """`configure_tensorflow`, then imports TensorFlow and lists its devices.
 
     TensorFlow's CUDA probing writes C++ log lines to the process's standard
@@ -129,17 +133,17 @@ def _write_back(text, keep_all):
         sys.stderr.flush()
 
 
-def is_tensorflow_log_line(line):
+def is_tensorflow_log_line(line: str) -> bool:
     """Whether `line` is one of TensorFlow's C++ (absl) log lines."""
     return bool(_CPP_LOG_LINE.match(line)) or line.startswith(_ABSL_PREAMBLE)
 
 
-def thread_share(processes):
+def thread_share(processes: int) -> int:
     """The CPU threads each of `processes` processes on this host gets: an equal share, at least 1."""
     return max(1, (os.cpu_count() or 1) // processes)
 
 
-def set_cpu_threads(threads):
+def set_cpu_threads(threads: int) -> None:
     """Limits TensorFlow in this process to `threads` intra-op and inter-op threads; call it
     before TensorFlow runs its first operation (or creates a distribution strategy)."""
     import tensorflow as tf
@@ -148,7 +152,7 @@ def set_cpu_threads(threads):
     tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
-def allocator_statistics_available(device="CPU:0"):
+def allocator_statistics_available(device: str = "CPU:0") -> bool:
     """Whether `tf.config.experimental.get_memory_info(device)` works here."""
     import tensorflow as tf
 
@@ -159,7 +163,7 @@ def allocator_statistics_available(device="CPU:0"):
     return True
 
 
-def require_allocator_statistics(device="CPU:0"):
+def require_allocator_statistics(device: str = "CPU:0") -> None:
     """Raises `AllocatorStatisticsError` unless `device` keeps statistics."""
     if allocator_statistics_available(device):
         return
@@ -174,7 +178,7 @@ def require_allocator_statistics(device="CPU:0"):
     )
 
 
-def describe():
+def describe() -> dict[str, Any]:
     """The settings TensorFlow runs under here, for `kadapt probe`'s fact sheet."""
     onednn = os.environ.get(ONEDNN)
     bfc = os.environ.get(BFC, "").strip().lower() in _TRUE

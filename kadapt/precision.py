@@ -9,10 +9,14 @@ loses time. The variables stay float32 under every policy (Keras' mixed
 precision); `"mixed_float16"` scales the loss (Keras wraps the optimizer).
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import keras
 
@@ -36,18 +40,18 @@ class PrecisionChoice:
     """
 
     policy: str
-    seconds_per_step: dict
+    seconds_per_step: dict[str, float]
     reason: str
 
-    def speedup(self, policy):
+    def speedup(self, policy: str) -> float:
         """float32's seconds per step over `policy`'s."""
         return self.seconds_per_step["float32"] / self.seconds_per_step[policy]
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def cpu_flags(path="/proc/cpuinfo"):
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     """The CPU's feature flags (Linux), or an empty set where they cannot be read."""
     try:
         with open(path) as file:
@@ -59,7 +63,8 @@ def cpu_flags(path="/proc/cpuinfo"):
     return set()
 
 
-def supported_policies(gpus=None, flags=None):
+def supported_policies(gpus: Sequence[tuple[int, int]] | None = None,
+                       flags: set[str] | None = None) -> list[str]:
     """The dtype policies this device has arithmetic units for, float32 first.
 
     A GPU of compute capability 8.0 or more (Ampere, Hopper) has bfloat16 and
@@ -87,7 +92,7 @@ def _gpu_capabilities():
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def policy_name(precision):
+def policy_name(precision: str) -> str:
     """The Keras policy of a precision name (`"float32"`, `"bfloat16"`,
     `"float16"`) or policy name; raises `ValueError` for anything else."""
     if precision in POLICIES.values():
@@ -99,7 +104,7 @@ def policy_name(precision):
 
 
 @contextlib.contextmanager
-def global_policy(policy):
+def global_policy(policy: str) -> Iterator[None]:
     """Keras' global dtype policy set to `policy` inside the block, restored after."""
     before = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
@@ -109,7 +114,7 @@ def global_policy(policy):
         keras.mixed_precision.set_global_policy(before)
 
 
-def decide(seconds_per_step, min_speedup=MIN_SPEEDUP):
+def decide(seconds_per_step: dict[str, float], min_speedup: float = MIN_SPEEDUP) -> PrecisionChoice:
     """The `PrecisionChoice` for measured `seconds_per_step` (policy -> seconds):
     the fastest policy at least `min_speedup` times faster than float32, else
     float32."""
@@ -127,7 +132,9 @@ def decide(seconds_per_step, min_speedup=MIN_SPEEDUP):
     return PrecisionChoice("float32", dict(seconds_per_step), reason)
 
 
-def choose_precision(build_model, x, y=None, batch_size=256, steps=5, min_speedup=MIN_SPEEDUP, policies=None):
+def choose_precision(build_model: Callable[[], keras.Model], x: Any, y: Any = None, batch_size: int = 256,
+                     steps: int = 5, min_speedup: float = MIN_SPEEDUP,
+                     policies: Sequence[str] | None = None) -> PrecisionChoice:
     """Times the model under each supported dtype policy and chooses one.
 
     With float32 the only candidate nothing is timed. Otherwise, for each

@@ -1,6 +1,13 @@
 """`load_model`: a saved `.keras` file, loaded in safe mode with kadapt's objects known."""
 
+from __future__ import annotations
+
 import importlib
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import keras
 
 # The modules whose classes are registered with Keras (optimizers, schedules,
 # layers, models); Keras finds a registered class only once its module ran.
@@ -10,13 +17,13 @@ REGISTERING_MODULES = (
 )
 
 
-def register_objects():
+def register_objects() -> None:
     """Imports every kadapt module that registers classes with Keras."""
     for name in REGISTERING_MODULES:
         importlib.import_module(name)
 
 
-def load_model(path, compile=True):
+def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
     """Loads a `.keras` file in Keras' safe mode, kadapt's objects registered.
 
     Args:

@@ -1,9 +1,12 @@
 """Argument checks with Keras-style messages, shared by every kadapt module."""
 
+from __future__ import annotations
+
+import math
 import numbers
 
 
-def check_micro_batch_size(value, name="micro_batch_size"):
+def check_micro_batch_size(value: object, name: str = "micro_batch_size") -> int:
     """Returns `value` as an int if it is a positive integer, else raises."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(
@@ -18,7 +21,7 @@ def check_micro_batch_size(value, name="micro_batch_size"):
     return int(value)
 
 
-def check_non_negative_int(value, name):
+def check_non_negative_int(value: object, name: str) -> int:
     """Returns `value` as an int if it is an integer >= 0, else raises."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(
@@ -27,7 +30,8 @@ def check_non_negative_int(value, name):
     return int(value)
 
 
-def check_range(name, value, low=None, high=None, low_open=False, high_open=False, integer=False):
+def check_range(name: str, value: object, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False, integer: bool = False) -> None:
     """Raises unless `value` is a number (an int if `integer`) within the bounds."""
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
@@ -41,3 +45,12 @@ def check_range(name, value, low=None, high=None, low_open=False, high_open=Fals
         raise ValueError(
             f"Argument `{name}` must be in {left}{low}, {high}{right}. Received: {name}={value!r}"
         )
+
+
+def checked_lease(lease_seconds: object) -> float:
+    """Returns `lease_seconds` as a float if it is a positive finite number, else raises."""
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, numbers.Real) or not (
+            math.isfinite(lease_seconds) and lease_seconds > 0):
+        raise ValueError(
+            f"Argument `lease_seconds` must be a positive number of seconds. Received: lease_seconds={lease_seconds!r}")
+    return float(lease_seconds)

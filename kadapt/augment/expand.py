@@ -1,5 +1,7 @@
 """`expand`: the training set with generated (cut or mixed) samples appended."""
 
+from __future__ import annotations
+
 import numbers
 
 import keras
@@ -14,7 +16,8 @@ _METHODS = {
 }
 
 
-def expand(x, y, method="mixup", factor=0.5, num_classes=None, seed=None, batch_size=256):
+def expand(x: np.ndarray, y: np.ndarray, method: str = "mixup", factor: float = 0.5, num_classes: int | None = None,
+           seed: int | None = None, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Returns `(x, y)` with `round(factor * len(x))` generated samples appended.
 
     The new samples are made by Keras' layers from randomly drawn training

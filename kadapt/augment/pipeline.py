@@ -1,12 +1,15 @@
 """`augmentation`: Keras' image-augmentation layers composed for a `tf.data` pipeline."""
 
+from __future__ import annotations
+
 import keras
 import tensorflow as tf
 
 from kadapt.validation import check_range
 
 
-def augmentation(flip=True, translate=0.0, cutout=0.0, cutmix=0.0, mixup=0.0, seed=None):
+def augmentation(flip: bool = True, translate: float = 0.0, cutout: float = 0.0, cutmix: float = 0.0,
+                 mixup: float = 0.0, seed: int | None = None) -> keras.layers.Pipeline:
     """A `keras.layers.Pipeline` of Keras' augmentation layers, in this order.
 
     Every layer maps a batch `{"images": x, "labels": y}` to a new one, so
@@ -68,7 +71,8 @@ def augmentation(flip=True, translate=0.0, cutout=0.0, cutmix=0.0, mixup=0.0, se
     )
 
 
-def augment_dataset(dataset, pipeline, parallel=True, first_batch=None):
+def augment_dataset(dataset: tf.data.Dataset, pipeline: keras.layers.Pipeline, parallel: bool = True,
+                    first_batch: int | None = None) -> tf.data.Dataset:
     """Applies `pipeline` to every `(images, labels)` batch of `dataset`.
 
     Args:

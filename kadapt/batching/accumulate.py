@@ -1,5 +1,9 @@
 """`accumulate(model, micro_batch_size)`: gradient accumulation for any model."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
@@ -22,7 +26,7 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
             `kadapt.AccumulatingTrainStep`), the rest passed to `keras.Model`.
     """
 
-    def __init__(self, model, micro_batch_size, **kwargs):
+    def __init__(self, model: keras.Model, micro_batch_size: int | str, **kwargs: Any) -> None:
         if not isinstance(model, keras.Model):
             raise TypeError(
                 "Argument `model` must be a `keras.Model` (Sequential, "
@@ -34,22 +38,22 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
         self.model = model
 
     @property
-    def output_names(self):
+    def output_names(self) -> list[str] | None:
         # Keras' `compile` maps dict losses, metrics and targets to outputs by
         # these names; a subclassed wrapper has none of its own.
         return getattr(self.model, "output_names", None)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
         return self.model(inputs, training=training)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "model": keras.saving.serialize_keras_object(self.model),
             "name": self.name,
             **self.accumulation_config(),
         }
 
-    def build_from_config(self, config):
+    def build_from_config(self, config: dict[str, Any]) -> None:
         # Keras builds a subclassed model here by tracing `call`, which builds
         # the wrapped model (every weight is its) but leaves the wrapper
         # unbuilt, and `load_weights` (KerasTuner's `get_best_models`) refuses
@@ -57,7 +61,7 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
         super().build_from_config(config)
         self.built = self.model.built
 
-    def compile_from_config(self, config):
+    def compile_from_config(self, config: dict[str, Any]) -> None:
         config = keras.saving.deserialize_keras_object(config)
         if self.model.compiled:
             # One optimizer, as before saving: its state is stored once,
@@ -68,7 +72,7 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
             self.optimizer.build(self.trainable_variables)
 
     @classmethod
-    def from_config(cls, config, custom_objects=None):
+    def from_config(cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None) -> AccumulatingWrapper:
         config = dict(config)
         model = keras.saving.deserialize_keras_object(
             config.pop("model"), custom_objects=custom_objects
@@ -76,7 +80,8 @@ class AccumulatingWrapper(AccumulatingTrainStep, keras.Model):
         return cls(model, **config)
 
 
-def accumulate(model, micro_batch_size, memory_budget=None, max_oom_retries=8, measure_noise=False):
+def accumulate(model: keras.Model, micro_batch_size: int | str, memory_budget: int | str | None = None,
+               max_oom_retries: int = 8, measure_noise: bool = False) -> AccumulatingWrapper:
     """Returns a model that trains `model` with gradient accumulation.
 
     Inside `fit`, every batch (the logical batch, B rows) is trained as

@@ -1,5 +1,9 @@
 """`AccumulatingModel`: a `keras.Model` that trains batches as micro-batches."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
@@ -59,12 +63,13 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
     ```
     """
 
-    def __init__(self, inputs, outputs, name=None, *, micro_batch_size, **kwargs):
+    def __init__(self, inputs: Any, outputs: Any, name: str | None = None, *, micro_batch_size: int | str,
+                 **kwargs: Any) -> None:
         super().__init__(
             inputs, outputs, name=name, micro_batch_size=micro_batch_size, **kwargs
         )
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(self.accumulation_config())
         return config

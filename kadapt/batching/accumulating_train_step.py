@@ -1,5 +1,10 @@
 """The accumulating `train_step`, shared by every kadapt accumulating model."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -59,8 +64,8 @@ class AccumulatingTrainStep:
     ```
     """
 
-    def __init__(self, *args, micro_batch_size, memory_budget=None, max_oom_retries=8,
-                 measure_noise=False, **kwargs):
+    def __init__(self, *args: Any, micro_batch_size: int | str, memory_budget: int | str | None = None,
+                 max_oom_retries: int = 8, measure_noise: bool = False, **kwargs: Any) -> None:
         micro = None if micro_batch_size == AUTO else check_micro_batch_size(micro_batch_size)
         if memory_budget is not None:
             parse_memory_size(memory_budget)
@@ -77,22 +82,22 @@ class AccumulatingTrainStep:
         self._oom_events = []
 
     @property
-    def micro_batch_size(self):
+    def micro_batch_size(self) -> int | str:
         """Rows per forward/backward pass; `"auto"` until the first `fit` probes."""
         return AUTO if self._micro_batch_size is None else self._micro_batch_size
 
     @micro_batch_size.setter
-    def micro_batch_size(self, value):
+    def micro_batch_size(self, value: int) -> None:
         # The size is a trace-time constant (static shapes, XLA-friendly); the
         # train function retraces at the next step, even inside `fit`.
         self._micro_batch_size = check_micro_batch_size(value)
 
     @property
-    def oom_events(self):
+    def oom_events(self) -> tuple[tuple[int, int, int], ...]:
         """`(logical step, micro-batch before, micro-batch after)` per recovery."""
         return tuple(self._oom_events)
 
-    def accumulation_config(self):
+    def accumulation_config(self) -> dict[str, Any]:
         """The constructor arguments this mixin adds, for `get_config`."""
         return {
             "micro_batch_size": self.micro_batch_size,
@@ -101,22 +106,23 @@ class AccumulatingTrainStep:
             "measure_noise": self.measure_noise,
         }
 
-    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, **kwargs: Any) -> None:
         """As `keras.Model.compile`; each loss is divided by the logical
         batch's count (`kadapt.batching.logical_batch_loss`)."""
         super().compile(optimizer=optimizer, loss=logical_batch_loss.wrap(loss), **kwargs)
 
     # Keras compiles a loaded model whose `compile` is its own only through its own
     # `compile_from_config` (as Keras' own does it).
-    def get_compile_config(self):
+    def get_compile_config(self) -> dict[str, Any] | None:
         return super().get_compile_config()
 
-    def compile_from_config(self, config):
+    def compile_from_config(self, config: dict[str, Any]) -> None:
         self.compile(**keras.saving.deserialize_keras_object(config))
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+            **kwargs: Any) -> keras.callbacks.History:
         if not self.compiled:
             raise ValueError(
                 "The model must be compiled before `fit`: call "
@@ -167,22 +173,22 @@ class AccumulatingTrainStep:
             iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
-    def make_test_function(self, force=False):
+    def make_test_function(self, force: bool = False) -> Callable:
         if not multi_worker.in_multi_worker_mode(self.distribute_strategy):
             return super().make_test_function(force)
         if self.test_function is None or force:
             self.test_function = multi_worker.StepsFunction(self, self.test_step)
         return self.test_function
 
-    def make_train_function(self, force=False):
+    def make_train_function(self, force: bool = False) -> Callable:
         if self.train_function is None or force:
             self.train_function = RecoveringTrainFunction(self)
         return self.train_function
 
-    def train_step(self, data):
+    def train_step(self, data: Any) -> dict[str, Any]:
         return self.finish_step(*self.compute_step(data))
 
-    def compute_step(self, data):
+    def compute_step(self, data: Any) -> tuple:
         """The first half of `train_step`: every micro-batch's forward and
         backward pass, with no collective after them. Returns `(gradients,
         loss, noise statistics, batch size, loss denominator)` for
@@ -218,7 +224,8 @@ class AccumulatingTrainStep:
         parts, loss, noise = total
         return gradient_sum.as_gradients(parts, self.trainable_variables), loss, noise, batch_size, denominator
 
-    def finish_step(self, gradients, loss, noise, batch_size, denominator):
+    def finish_step(self, gradients: list, loss: tf.Tensor, noise: Any, batch_size: tf.Tensor,
+                    denominator: tf.Tensor) -> dict[str, Any]:
         """The second half of `train_step`: the noise statistics, the one
         optimizer update (its all-reduce) and the loss; returns the metrics.
 

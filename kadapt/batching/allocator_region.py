@@ -15,8 +15,11 @@ every process: its highest of three steps' peaks was 101.8-109.1 MiB over 13
 fresh processes (`benchmarks/README.md`).
 """
 
+from __future__ import annotations
+
 import tensorflow as tf
 
+from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import available_ram
 from kadapt.environment import allocator_statistics_available
 
@@ -28,7 +31,7 @@ MiB = 2**20
 _reserved_bytes = {}  # device -> the largest region reserved in this process
 
 
-def reserve_region(budget):
+def reserve_region(budget: MemoryBudget) -> None:
     """Makes the allocator of `budget.device` hold one free region of
     `REGION_FACTOR` x `budget.bytes` (at most half the RAM available), once per
     process and size. Resets the device's peak. A no-op on a GPU, whose

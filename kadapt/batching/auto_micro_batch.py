@@ -7,12 +7,15 @@ micro-batch without probing. The cache lives in `$KADAPT_CACHE_DIR`
 (default `~/.cache/kadapt`), one JSON file.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import logging
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -21,18 +24,19 @@ from kadapt.batching import probe
 from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.layer_walk import reachable_layers
+from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 
 logger = logging.getLogger("kadapt")
 KERAS_DEFAULT_BATCH_SIZE = 32
 
 
-def cache_path():
+def cache_path() -> Path:
     folder = os.environ.get("KADAPT_CACHE_DIR") or Path("~/.cache/kadapt").expanduser()
     return Path(folder) / "probe-cache.json"
 
 
-def resolve_auto_micro_batch(model, x, y, batch_size, sample_weight):
+def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int | None, sample_weight: Any) -> None:
     """Sets `model.micro_batch_size` from the cache or a fresh probe."""
     data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
     sample = probe.sample_rows(data)
@@ -62,7 +66,7 @@ def _logical_batch_size(x, sample, batch_size):
     return batch_size or KERAS_DEFAULT_BATCH_SIZE
 
 
-def cache_key(model, sample, budget, cap):
+def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int) -> str:
     inputs = [
         (list(a.shape[1:]), str(a.dtype)) for a in tf.nest.flatten(sample[0]) if a is not None
     ]

@@ -1,5 +1,7 @@
 """`plan_batch`: how a logical batch splits into micro-batches."""
 
+from __future__ import annotations
+
 import dataclasses
 import math
 
@@ -22,7 +24,7 @@ class BatchPlan:
     num_micro_batches: int
     tail_size: int
 
-    def __str__(self):
+    def __str__(self) -> str:
         tail = f", last one {self.tail_size} rows" if self.tail_size else ""
         return (
             f"logical batch {self.logical_batch_size} = {self.num_micro_batches} "
@@ -30,7 +32,7 @@ class BatchPlan:
         )
 
 
-def plan_batch(logical_batch_size, micro_batch_size):
+def plan_batch(logical_batch_size: int, micro_batch_size: int) -> BatchPlan:
     """Returns the `BatchPlan` for a logical batch and a micro-batch size.
 
     Example:
@@ -44,7 +46,7 @@ def plan_batch(logical_batch_size, micro_batch_size):
     return BatchPlan(logical, micro, full + (1 if tail else 0), tail)
 
 
-def balanced_micro_batch(logical_batch_size, micro_batch_size):
+def balanced_micro_batch(logical_batch_size: int, micro_batch_size: int) -> int:
     """The micro-batch that splits a logical batch into as many micro-batches
     as `micro_batch_size` does, as evenly as possible: ceil(B / ceil(B / m)).
 

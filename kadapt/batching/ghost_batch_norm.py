@@ -6,7 +6,10 @@ momentum alpha ** (1 / k) per micro-batch decays the old statistics by exactly
 alpha per logical step, as a full-batch step would.
 """
 
+from __future__ import annotations
+
 import contextlib
+from collections.abc import Iterator, Sequence
 
 import keras
 import tensorflow as tf
@@ -14,13 +17,14 @@ import tensorflow as tf
 from kadapt.batching.layer_walk import reachable_layers
 
 
-def batch_norm_layers(layer):
+def batch_norm_layers(layer: keras.layers.Layer) -> list[keras.layers.BatchNormalization]:
     """Returns every `BatchNormalization` layer reachable from `layer`."""
     return [found for found in reachable_layers(layer) if isinstance(found, keras.layers.BatchNormalization)]
 
 
 @contextlib.contextmanager
-def per_logical_step_momentum(layers, num_micro_batches):
+def per_logical_step_momentum(layers: Sequence[keras.layers.BatchNormalization],
+                              num_micro_batches: int | tf.Tensor) -> Iterator[None]:
     """Sets each layer's momentum to `momentum ** (1 / num_micro_batches)`.
 
     Used while tracing the accumulating step: the traced graph computes the

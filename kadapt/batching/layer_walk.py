@@ -1,9 +1,11 @@
 """The layers reachable from a layer or model, nested ones included."""
 
+from __future__ import annotations
+
 import keras
 
 
-def reachable_layers(layer):
+def reachable_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Returns every layer reachable from `layer` (itself included), once each."""
     found, seen, stack = [], set(), [layer]
     while stack:

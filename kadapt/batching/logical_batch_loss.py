@@ -22,7 +22,10 @@ can make a mask (`may_mask`), from an inference pass over the micro-batches.
 Outside an accumulating step the wrapper is the loss it wraps.
 """
 
+from __future__ import annotations
+
 import threading
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -45,12 +48,12 @@ class LogicalBatchLoss(keras.losses.Loss):
             (`"crossentropy"` from the shapes) at the first call.
     """
 
-    def __init__(self, loss, name=None, **kwargs):
+    def __init__(self, loss: Any, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name=name or _name_of(loss), **kwargs)
         self.loss = loss
         self._resolved = loss if isinstance(loss, keras.losses.Loss) else None
 
-    def __call__(self, y_true, y_pred, sample_weight=None):
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         if self._resolved is None:
             self._resolved = get_loss(self.loss, y_true, y_pred)  # Keras' own resolution
         value = self._resolved(y_true, y_pred, sample_weight)
@@ -59,14 +62,14 @@ class LogicalBatchLoss(keras.losses.Loss):
             return value
         return value * tf.cast(step.correction(self._resolved.reduction, y_pred, sample_weight), value.dtype)
 
-    def call(self, y_true, y_pred):
+    def call(self, y_true: Any, y_pred: Any) -> Any:
         return self._resolved.call(y_true, y_pred)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"loss": keras.saving.serialize_keras_object(self.loss), "name": self.name}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> LogicalBatchLoss:
         config = dict(config)
         loss = config.pop("loss")
         if isinstance(loss, dict):
@@ -80,7 +83,7 @@ def _name_of(loss):
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
-def wrap(loss):
+def wrap(loss: Any) -> Any:
     """`compile`'s `loss` argument with every loss a `LogicalBatchLoss`."""
     if loss is None or isinstance(loss, LogicalBatchLoss):
         return loss
@@ -91,7 +94,7 @@ def wrap(loss):
     return LogicalBatchLoss(loss)
 
 
-def may_mask(model):
+def may_mask(model: keras.Model) -> bool:
     """Whether a layer of `model` can start a Keras mask: an `Embedding` with
     `mask_zero`, `Masking`, a `Lambda` with a `mask`, or a layer from outside
     Keras with a `compute_mask` of its own. (Keras' other masking layers only

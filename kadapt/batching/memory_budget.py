@@ -7,6 +7,8 @@ through `nvidia-ml-py` when installed, else the logical device's
 RAM available now.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import numbers
 import os
@@ -36,7 +38,7 @@ class MemoryBudget:
     source: str
 
 
-def parse_memory_size(value, name="memory_budget"):
+def parse_memory_size(value: int | str, name: str = "memory_budget") -> int:
     """Returns `value` in bytes: an int, or a string like `"2GiB"` / `"512 MB"`."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise TypeError(
@@ -60,12 +62,12 @@ def parse_memory_size(value, name="memory_budget"):
     return int(value)
 
 
-def default_device():
+def default_device() -> str:
     """`"GPU:0"` when TensorFlow sees a GPU, else `"CPU:0"`."""
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
-def device_budget(memory_budget=None, device=None):
+def device_budget(memory_budget: int | str | None = None, device: str | None = None) -> MemoryBudget:
     """Returns the `MemoryBudget` for `device` (see the module docstring)."""
     device = device or default_device()
     if memory_budget is not None:
@@ -82,7 +84,7 @@ def device_budget(memory_budget=None, device=None):
     )
 
 
-def gpu_capacity(device="GPU:0"):
+def gpu_capacity(device: str = "GPU:0") -> tuple[int, str]:
     """Total bytes of a GPU and how they were found."""
     index = int(device.split(":")[-1])
     try:
@@ -108,7 +110,7 @@ def gpu_capacity(device="GPU:0"):
     )
 
 
-def available_ram():
+def available_ram() -> int:
     """Bytes of RAM available to new allocations (Linux MemAvailable)."""
     try:
         with open("/proc/meminfo") as meminfo:

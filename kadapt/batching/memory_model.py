@@ -1,7 +1,11 @@
 """Peak memory of a training step as an affine function of the micro-batch."""
 
+from __future__ import annotations
+
 import dataclasses
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +23,7 @@ class MemoryModel:
     bytes_per_row: float
 
     @classmethod
-    def fit(cls, sizes, peaks):
+    def fit(cls, sizes: Sequence[float], peaks: Sequence[float]) -> MemoryModel:
         """Least-squares line through (size, peak) points (two or more)."""
         sizes = np.asarray(sizes, dtype=np.float64)
         peaks = np.asarray(peaks, dtype=np.float64)
@@ -34,15 +38,15 @@ class MemoryModel:
         # "rows are cheap", not "rows are free".
         return cls(float(intercept), float(max(slope, 1.0)))
 
-    def peak_bytes(self, micro_batch_size):
+    def peak_bytes(self, micro_batch_size: float) -> float:
         return self.fixed_bytes + self.bytes_per_row * micro_batch_size
 
-    def largest_fitting(self, budget_bytes, margin=0.05):
+    def largest_fitting(self, budget_bytes: float, margin: float = 0.05) -> int:
         """Largest m whose predicted peak fits, keeping `margin` of the room
         above the fixed part free (so the choice is >= (1 - margin) of the
         true largest when the line is exact)."""
         room = (budget_bytes - self.fixed_bytes) * (1.0 - margin)
         return max(0, math.floor(room / self.bytes_per_row + 1e-9))
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -11,6 +11,13 @@ across workers already, so any replica's results are the global ones — as in
 kadapt's train function.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import keras
+import numpy as np
 import tensorflow as tf
 
 from kadapt.batching.oom_recovery import replica_step_function
@@ -26,7 +33,7 @@ PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.e
                tf.errors.AbortedError)
 
 
-def worker_lost(error):
+def worker_lost(error: Exception) -> WorkerLostError:
     """`WorkerLostError` for a collective's `error`: what happened, in one line, and what to do."""
     first = next((line.strip() for line in str(error.message).splitlines() if line.strip()), "")
     return WorkerLostError(
@@ -35,7 +42,7 @@ def worker_lost(error):
         "continue from the last checkpoint.")
 
 
-def in_multi_worker_mode(strategy):
+def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning more than this process."""
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
         strategy.extended._in_multi_worker_mode())
@@ -44,11 +51,11 @@ def in_multi_worker_mode(strategy):
 class StepsFunction:
     """Callable `iterator -> logs` that runs `steps_per_execution` steps of `step`."""
 
-    def __init__(self, model, step):
+    def __init__(self, model: keras.Model, step: Callable) -> None:
         self.model, self.step = model, step
         self._function = None
 
-    def __call__(self, iterator):
+    def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         if self._function is None:
             self._function = replica_step_function(self.model, self.step)
         outputs = None
@@ -59,7 +66,7 @@ class StepsFunction:
         return outputs
 
 
-def chief_values(strategy, values):
+def chief_values(strategy: tf.distribute.Strategy, values: Sequence[float]) -> list[float]:
     """The chief's `values` (a list of floats) on every worker: one all-gather.
 
     Under MultiWorkerMirroredStrategy the chief is the collective group's
@@ -67,7 +74,7 @@ def chief_values(strategy, values):
     return gather_values(strategy, values)[0].tolist()
 
 
-def gather_values(strategy, values):
+def gather_values(strategy: tf.distribute.Strategy, values: Sequence[float]) -> np.ndarray:
     """Every worker's `values` (a list of floats, the same length on all):
     an array of shape (workers, len(values)), in task order. One all-gather."""
     gathered = _gather_function(strategy)(tf.constant(values, tf.float32))

@@ -24,6 +24,11 @@ On the Fashion-MNIST MLP of `benchmarks/noise_scale.py` (Adam, batch 64) it
 came out 4.3x, 1.9x and 1.9x the plain B_simple after epochs 1, 2 and 3.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -32,7 +37,8 @@ from kadapt.optimizers.live_variables import slot_key
 from kadapt.validation import check_range
 
 
-def squared_preconditioner(optimizer, variables):
+def squared_preconditioner(optimizer: keras.optimizers.Optimizer,
+                           variables: Sequence[keras.Variable]) -> list[tf.Tensor] | None:
     """P^2 per variable for an Adam-family optimizer (Keras `Adam`, `AdamW`,
     `kadapt.optimizers.Adam`), as float32 tensors, or `None` for any other
     optimizer (plain gradients). See the module docstring."""
@@ -64,7 +70,7 @@ class NoiseScale(keras.metrics.Metric):
         name: String. Defaults to `"noise_scale"`.
     """
 
-    def __init__(self, decay=0.99, name="noise_scale", **kwargs):
+    def __init__(self, decay: float = 0.99, name: str = "noise_scale", **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
         check_range("decay", decay, low=0.0, high=1.0, high_open=True)
         self.decay = float(decay)
@@ -79,7 +85,7 @@ class NoiseScale(keras.metrics.Metric):
         self.weights_sum = self.add_variable(name="weights_sum", **average)
         self.weights_square_sum = self.add_variable(name="weights_square_sum", **average)
 
-    def update_state(self, a, b, u, v, measured=True):
+    def update_state(self, a: Any, b: Any, u: Any, v: Any, measured: Any = True) -> None:
         """Folds in one step's a, b, u, v (see the module docstring); a step
         with `measured` false, or with one micro-batch, is left out."""
         a, b, u, v = (tf.cast(t, tf.float32) for t in (a, b, u, v))
@@ -95,11 +101,11 @@ class NoiseScale(keras.metrics.Metric):
         self.weights_sum.assign(keep * self.weights_sum + (1 - keep))
         self.weights_square_sum.assign(tf.square(keep) * self.weights_square_sum + tf.square(1 - keep))
 
-    def result(self):
+    def result(self) -> tf.Tensor:
         # The EMAs' bias corrections are equal and cancel in the ratio.
         return tf.math.divide_no_nan(self.trace, self.squared_norm)
 
-    def squared_norm_error(self):
+    def squared_norm_error(self) -> tf.Tensor:
         """The standard error of `squared_norm`, in its units: the spread of
         the steps' |G|^2 estimates (weighted as in the EMA, with the
         reliability-weights correction) times the root of the EMA's sum of
@@ -111,12 +117,12 @@ class NoiseScale(keras.metrics.Metric):
         effective = 1.0 - tf.math.divide_no_nan(squares, tf.square(total))  # 0 after one step
         return tf.sqrt(tf.math.divide_no_nan(spread, effective) * squares)
 
-    def reset_state(self):
+    def reset_state(self) -> None:
         pass  # kept across epochs; see the class docstring
 
-    def clear(self):
+    def clear(self) -> None:
         for variable in self.variables:
             variable.assign(0.0)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"decay": self.decay, "name": self.name}

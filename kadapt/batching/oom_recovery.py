@@ -10,12 +10,18 @@ micro-batch succeeded. The logical batch, and so the training trajectory, is
 unchanged.
 """
 
+from __future__ import annotations
+
 import logging
 import math
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import keras
 import tensorflow as tf
 
 from kadapt.batching import training_state
+from kadapt.batching.memory_model import MemoryModel
 
 logger = logging.getLogger("kadapt")
 
@@ -33,14 +39,14 @@ class RecoveringTrainFunction:
         model: An accumulating model (`kadapt.AccumulatingTrainStep`).
     """
 
-    def __init__(self, model):
+    def __init__(self, model: keras.Model) -> None:
         self.model = model
         self._step = None
         self._traced_micro_batch_size = None
         self._halves_traced = None
         self._needs_trace = True
 
-    def __call__(self, iterator):
+    def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         outputs = None
         for _, data in zip(range(self.model.steps_per_execution), iterator):
             outputs = self._run_with_recovery(data)
@@ -122,7 +128,7 @@ class RecoveringTrainFunction:
         return self._step
 
 
-def replica_step_function(model, step):
+def replica_step_function(model: keras.Model, step: Callable) -> Callable:
     """`step` (a model's `train_step` or `test_step`) run on every replica, traced
     unless the model runs eagerly; returns the first replica's outputs."""
     strategy = model.distribute_strategy
@@ -146,7 +152,7 @@ def _traced(model, function):
                        jit_compile=model.jit_compile)
 
 
-def two_step_functions(model):
+def two_step_functions(model: keras.Model) -> tuple[Callable, Callable]:
     """`(compute, finish)`: the model's `compute_step` on every replica, and
     its `finish_step` on those outputs (returning the first replica's
     metrics), each traced unless the model runs eagerly."""
@@ -215,7 +221,7 @@ def _shrink(model, error, attempt, smaller=None):
     model.micro_batch_size = smaller
 
 
-def smaller_micro_batch(micro_batch_size, memory_model=None):
+def smaller_micro_batch(micro_batch_size: int, memory_model: MemoryModel | None = None) -> int:
     """The micro-batch to retry with after `micro_batch_size` ran out of memory.
 
     With a memory model, re-solve it for 90% of the peak it predicted for the

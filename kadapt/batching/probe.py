@@ -1,9 +1,13 @@
 """`probe_micro_batch`: the largest micro-batch that fits, from real trial steps."""
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import keras
 import numpy as np
@@ -13,8 +17,10 @@ from kadapt.batching import training_state
 from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
 from kadapt.batching.allocator_region import reserve_region
+from kadapt.batching.batch_plan import BatchPlan
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch
+from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.environment import require_allocator_statistics
@@ -57,12 +63,12 @@ class ProbeTrial:
     step_peaks: tuple = ()
 
     @property
-    def mean_peak_bytes(self):
+    def mean_peak_bytes(self) -> float | None:
         """The mean of `step_peaks`, else `peak_bytes`."""
         return float(np.mean(self.step_peaks)) if self.step_peaks else self.peak_bytes
 
     @property
-    def samples_per_second(self):
+    def samples_per_second(self) -> float | None:
         return None if self.seconds_per_sample is None else 1.0 / self.seconds_per_sample
 
 
@@ -75,13 +81,13 @@ class ProbeResult:
     memory_model: MemoryModel | None
     budget: object
 
-    def plan(self, logical_batch_size):
+    def plan(self, logical_batch_size: int) -> BatchPlan:
         """The `BatchPlan` of `logical_batch_size`: as many micro-batches as the
         chosen size needs, split evenly (`balanced_micro_batch`), as
         `kadapt train` and `micro_batch_size="auto"` train it."""
         return plan_batch(logical_batch_size, balanced_micro_batch(logical_batch_size, self.micro_batch_size))
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {
             "micro_batch_size": self.micro_batch_size,
             "trials": [dataclasses.asdict(t) for t in self.trials],
@@ -91,13 +97,13 @@ class ProbeResult:
 
 
 def probe_micro_batch(
-    model,
-    data,
-    memory_budget=None,
-    prefer="largest",
-    max_micro_batch_size=None,
-    on_trial=None,
-):
+    model: keras.Model,
+    data: Any,
+    memory_budget: int | str | None = None,
+    prefer: str = "largest",
+    max_micro_batch_size: int | None = None,
+    on_trial: Callable[[ProbeTrial], None] | None = None,
+) -> ProbeResult:
     """Finds the largest micro-batch whose training step fits in memory.
 
     Runs real trial steps of the accumulating train step (two micro-batches,
@@ -182,11 +188,11 @@ class MicroBatchSearch:
         budget_bytes: Int. Peak bytes a trial may reach and still fit.
     """
 
-    def __init__(self, runner, budget_bytes):
+    def __init__(self, runner: Callable[[int], ProbeTrial], budget_bytes: int) -> None:
         self.runner, self.budget_bytes = runner, budget_bytes
         self.trials = []
 
-    def largest(self, cap):
+    def largest(self, cap: int) -> int:
         size = min(cap, FIRST_TRIAL_ROWS)
         while not self.run(size).fits:
             if size == 1:
@@ -204,7 +210,7 @@ class MicroBatchSearch:
         # largest that fit by the rule, which did fit.
         return self.best_fitting() or max(t.micro_batch_size for t in self.trials if t.fits)
 
-    def next_size(self, cap):
+    def next_size(self, cap: int) -> int | None:
         """The next trial size, or `None` when the search is done."""
         target, predicted = self.next_target(cap)
         best = self.best_fitting()
@@ -220,11 +226,11 @@ class MicroBatchSearch:
             return explore
         return None
 
-    def upper_bound(self, cap):
+    def upper_bound(self, cap: int) -> int:
         failed = [t.micro_batch_size for t in self.trials if not self.safe(t)]
         return min(failed, default=cap + 1) - 1
 
-    def second_size(self, first, cap):
+    def second_size(self, first: int, cap: int) -> int:
         """A second size far enough from the first for a good slope.
 
         Peak / rows of the first trial over-counts the per-row cost (the fixed
@@ -237,7 +243,7 @@ class MicroBatchSearch:
         estimate = int(0.9 * self.budget_bytes * first / trial.peak_bytes)
         return min(cap, max(first * SECOND_TRIAL_FACTOR, estimate))
 
-    def next_target(self, cap):
+    def next_target(self, cap: int) -> tuple[int, bool]:
         """The next size to try, and whether the memory model predicted it."""
         failed = [t for t in self.trials if not self.safe(t)]
         upper = self.upper_bound(cap)
@@ -251,7 +257,7 @@ class MicroBatchSearch:
                 return min(cap, upper, self.damped(predicted)), True
         return (self.best_fitting() + upper + 1) // 2, False
 
-    def damped(self, target):
+    def damped(self, target: int) -> int:
         """A target far beyond every measured size, pulled back: a line
         through sizes far below its answer is least sure of it (real curves
         bend and step), so go EXTRAPOLATED_SHARE of the way there from the
@@ -262,7 +268,7 @@ class MicroBatchSearch:
         best = self.best_fitting()
         return best + math.ceil(EXTRAPOLATED_SHARE * (target - best))
 
-    def fastest(self, largest):
+    def fastest(self, largest: int) -> int:
         smallest = min(t.micro_batch_size for t in self.trials if t.fits)
         tried = {t.micro_batch_size for t in self.trials}
         powers = [2**k for k in range(32) if smallest < 2**k < largest and 2**k not in tried]
@@ -271,10 +277,10 @@ class MicroBatchSearch:
         fitting = [t for t in self.trials if t.fits]
         return max(fitting, key=lambda t: t.samples_per_second).micro_batch_size
 
-    def best_fitting(self):
+    def best_fitting(self) -> int:
         return max((t.micro_batch_size for t in self.trials if self.safe(t)), default=0)
 
-    def noise(self):
+    def noise(self) -> float:
         """The relative standard deviation of one step's peak, pooled over
         the measured steps of the trials of at least half the largest
         measured size (a small trial's peak is mostly the fixed part and says
@@ -288,14 +294,14 @@ class MicroBatchSearch:
         squares = sum(float(np.sum((r - 1.0) ** 2)) for r in near)
         return math.sqrt(squares / sum(len(r) - 1 for r in near))
 
-    def safe(self, trial):
+    def safe(self, trial: ProbeTrial) -> bool:
         """Fits, and keeps fitting: its mean peak plus NOISE_SIGMAS pooled
         standard deviations within the budget. A size whose steps fit once
         near the edge may not fit in the next process."""
         limit = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
         return trial.fits and trial.mean_peak_bytes <= limit
 
-    def memory_model(self):
+    def memory_model(self) -> MemoryModel | None:
         measured = [t for t in self.trials if t.peak_bytes is not None]
         if len({t.micro_batch_size for t in measured}) < 2:
             return None
@@ -303,13 +309,13 @@ class MicroBatchSearch:
         top = sorted(measured, key=lambda t: t.micro_batch_size)[-2:]
         return MemoryModel.fit([t.micro_batch_size for t in top], [t.peak_bytes for t in top])
 
-    def run(self, size):
+    def run(self, size: int) -> ProbeTrial:
         trial = self.runner(size)
         self.trials.append(trial)
         return trial
 
 
-def run_trial(model, sample, size, budget):
+def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget) -> ProbeTrial:
     """Runs one traced step of 2 x `size` rows, then MEASURED_STEPS measured
     ones; returns a `ProbeTrial` with the highest peak and the fastest step."""
     model.micro_batch_size = size
@@ -333,7 +339,7 @@ def run_trial(model, sample, size, budget):
     return ProbeTrial(size, max(peaks), seconds / (2 * size), max(peaks) <= budget.bytes, peaks)
 
 
-def resident_bytes(model):
+def resident_bytes(model: keras.Model) -> int:
     """Bytes of the model's and optimizer's variables plus a float32 gradient sum."""
     variables = list(model.variables) + list(model.optimizer.variables)
     held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
@@ -341,7 +347,7 @@ def resident_bytes(model):
 
 
 @contextlib.contextmanager
-def leaves_no_trace(model, sample):
+def leaves_no_trace(model: keras.Model, sample: tuple) -> Iterator[None]:
     """Builds the model, then restores every variable a trial step can touch."""
     x = repeat_rows(sample, 1)[0]
     if not model.built:
@@ -362,7 +368,7 @@ def leaves_no_trace(model, sample):
         model._micro_batch_size, model.max_oom_retries = micro, retries
 
 
-def sample_rows(data):
+def sample_rows(data: Any) -> tuple:
     """`(x, y, sample_weight)` rows from arrays or the first batch of a dataset."""
     if isinstance(data, tf.data.Dataset):
         data = next(iter(data))
@@ -375,7 +381,7 @@ def sample_rows(data):
     )
 
 
-def repeat_rows(sample, rows):
+def repeat_rows(sample: tuple, rows: int) -> tuple:
     """The first `rows` rows of every array in `sample`, cycling if short."""
     count = row_count(sample)
     index = np.arange(rows) % count
@@ -390,7 +396,7 @@ def repeat_rows(sample, rows):
     return tf.nest.map_structure(take, sample)
 
 
-def row_count(sample):
+def row_count(sample: tuple) -> int:
     first = next(a for a in tf.nest.flatten(sample[0]) if a is not None)
     return int(first.shape[0])
 

@@ -1,9 +1,15 @@
 """Snapshots of a model's training state, to undo trial or failed steps."""
 
+from __future__ import annotations
+
+from typing import Any
+
+import keras
 import tensorflow as tf
 
 
-def state_variables(model, include_weights=True, include_slots=True):
+def state_variables(model: keras.Model, include_weights: bool = True,
+                    include_slots: bool = True) -> list[keras.Variable]:
     """The variables a training step may change.
 
     Model variables (weights, BatchNorm statistics, RNG seed states), metric
@@ -20,11 +26,11 @@ def state_variables(model, include_weights=True, include_slots=True):
     return list(unique.values())
 
 
-def snapshot(variables):
+def snapshot(variables: list[keras.Variable]) -> list[tuple[keras.Variable, Any]]:
     """Copies of the variables' current values (device tensors, no host sync)."""
     return [(v, tf.identity(v.value)) for v in variables]
 
 
-def restore(saved):
+def restore(saved: list[tuple[keras.Variable, Any]]) -> None:
     for variable, value in saved:
         variable.assign(value)

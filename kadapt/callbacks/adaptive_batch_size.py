@@ -10,10 +10,14 @@ callbacks), beta the cost per row. Clean data (small phi) wants small batches,
 noisy data larger ones; the optimum is near sqrt(alpha * phi / beta).
 """
 
+from __future__ import annotations
+
 import collections
 import math
 import time
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -25,7 +29,7 @@ from kadapt.validation import check_range
 LR_SCALING = ("sqrt", "linear", "none")
 
 
-def goodput(batch_size, alpha, beta, noise_scale, reference):
+def goodput(batch_size: float, alpha: float, beta: float, noise_scale: float, reference: float) -> float:
     """Samples of progress per second at `batch_size` (see the module
     docstring); an infinite noise scale makes every size equally efficient."""
     throughput = batch_size / (alpha + beta * batch_size)
@@ -34,7 +38,8 @@ def goodput(batch_size, alpha, beta, noise_scale, reference):
     return throughput * (noise_scale + reference) / (noise_scale + batch_size)
 
 
-def choose_batch_size(candidates, alpha, beta, noise_scale, reference):
+def choose_batch_size(candidates: Sequence[int], alpha: float, beta: float, noise_scale: float,
+                      reference: float) -> int:
     """The candidate with the largest goodput."""
     return max(candidates, key=lambda b: goodput(b, alpha, beta, max(noise_scale, 0.0), reference))
 
@@ -92,8 +97,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             `50`.
     """
 
-    def __init__(self, min_batch_size, max_batch_size, initial_batch_size=None, lr_scaling="sqrt",
-                 interval=50):
+    def __init__(self, min_batch_size: int, max_batch_size: int, initial_batch_size: int | None = None,
+                 lr_scaling: str = "sqrt", interval: int = 50) -> None:
         super().__init__()
         low = check_micro_batch_size(min_batch_size, name="min_batch_size")
         high = check_micro_batch_size(max_batch_size, name="max_batch_size")
@@ -125,7 +130,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._next_size = None  # live mode: rows of the batch the coming step draws
         self._drawn_to = None  # live mode: the position in the pass after that draw
 
-    def dataset(self, x, y, shuffle=True, seed=None):
+    def dataset(self, x: Any, y: Any, shuffle: bool = True, seed: int | None = None) -> tf.data.Dataset:
         """A `tf.data.Dataset` of `(x, y)` batches of `self.batch_size` rows,
         read as each batch is drawn; a new order every pass when `shuffle`.
 
@@ -182,11 +187,11 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         options.deterministic = True
         return batches.with_options(options)
 
-    def candidates(self):
+    def candidates(self) -> list[int]:
         powers = [2**k for k in range(64) if self.min_batch_size <= 2**k <= self.max_batch_size]
         return sorted({self.min_batch_size, self.max_batch_size, *powers})
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if not getattr(self.model, "measure_noise", False):
             raise ValueError(
                 "`AdaptiveBatchSize` reads the gradient noise scale: build the model with "
@@ -224,12 +229,12 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._warning_filters.__enter__()
         warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if getattr(self, "_warning_filters", None) is not None:
             self._warning_filters.__exit__(None, None, None)
             self._warning_filters = None
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._live_size is not None:
             # The coming step draws its batch now, from the variables this
             # reads: its rows, and its learning rate set before it trains.
@@ -249,7 +254,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
                 self._sync_learning_rate(self._next_size)
         self._started = time.perf_counter()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         seconds = time.perf_counter() - self._started
         size = self.batch_size if self._live_size is None else self._next_size
         if self._first_batch:  # includes tracing
@@ -261,17 +266,17 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             if (batch + 1) % self.interval == 0:
                 self._decide(self._epoch)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
 
     def _record_step(self, size, seconds):
         self.step_times.append((size, seconds))
         self._seconds_by_size[size].append(seconds)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._decide(epoch)
 
-    def noise_scale(self):
+    def noise_scale(self) -> float | None:
         """The model's noise scale as the policy reads it: `None` before any
         measurement, `inf` while the EMA of |G|^2 is not positive (the true
         gradient is still below the noise the steps so far could resolve, so
@@ -308,7 +313,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             self._rescale_learning_rate(batch_size / self._lr_batch_size)
             self._lr_batch_size = batch_size
 
-    def step_cost(self):
+    def step_cost(self) -> tuple[float, float]:
         """(alpha, beta) of seconds per step = alpha + beta * B, fitted to the
         median of the last 100 timed steps of each size (a garbage collection
         moves a mean far, a median not), each weighted by sqrt(steps): a

@@ -1,7 +1,10 @@
 """`BestWeights`: the weights of the best epoch at the end of training, kept across a resume."""
 
+from __future__ import annotations
+
 import os
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -27,11 +30,11 @@ class BestWeights(keras.callbacks.EarlyStopping):
             Defaults to `None` (kept in memory only).
     """
 
-    def __init__(self, monitor="val_loss", backup_dir=None):
+    def __init__(self, monitor: str = "val_loss", backup_dir: str | os.PathLike | None = None) -> None:
         super().__init__(monitor=monitor, patience=2**62, restore_best_weights=True)
         self.backup_dir = None if backup_dir is None else Path(backup_dir)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_begin(logs)
         path = self._path()
         if path is not None and path.is_file():
@@ -40,7 +43,7 @@ class BestWeights(keras.callbacks.EarlyStopping):
                 count = int(saved["count"])
                 self.best_weights = [saved[f"weight_{i}"] for i in range(count)]
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         before = self.best_weights
         super().on_epoch_end(epoch, logs)  # a new best is a new list of weights
         path = self._path()

@@ -1,6 +1,10 @@
 """`MomentumScheduler`: sets the optimizer's momentum from a schedule each step."""
 
+from __future__ import annotations
+
 import math
+from collections.abc import Callable
+from typing import Any
 
 import keras
 
@@ -33,7 +37,7 @@ class MomentumScheduler(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, schedule):
+    def __init__(self, schedule: Callable[[Any], Any]) -> None:
         super().__init__()
         if not callable(schedule):
             raise TypeError(
@@ -42,7 +46,7 @@ class MomentumScheduler(keras.callbacks.Callback):
             )
         self.schedule = schedule
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         if not isinstance(optimizer, _live_momentum_optimizers()):
             raise TypeError(
@@ -55,7 +59,7 @@ class MomentumScheduler(keras.callbacks.Callback):
         self._last_set = None
         self.yielded_at_step = None
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.yielded_at_step is not None:
             return
         step = int(self._optimizer.iterations.numpy())

@@ -1,4 +1,11 @@
-"""Meta-learning of mid-run hyperparameter adjustments: records, features, collection, model, adjuster."""
+"""Meta-learning of mid-run hyperparameter adjustments: records, features, collection, model, adjuster.
+
+`MetaAdjuster` and its default meta-model need only the core install. The record
+store (extra `store`) and the meta-model search (extra `tuner`) load on first use,
+so a missing extra is an `ImportError` there and nowhere else.
+"""
+
+import importlib
 
 from kadapt.meta import actions
 from kadapt.meta import features
@@ -7,10 +14,29 @@ from kadapt.meta.adjuster import MetaAdjuster
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.collect import CollectionConfig
 from kadapt.meta.collect import collect
-from kadapt.meta.hyper_model import MetaHyperModel
 from kadapt.meta.meta_model import MetaSpec
 from kadapt.meta.meta_model import load_meta_model
-from kadapt.meta.record_store import RecordStore
-from kadapt.meta.record_store import RecordStoreError
-from kadapt.meta.train import train_meta_model
 from kadapt.meta.triggers import Trigger
+
+_OPTIONAL_NAMES = {
+    "MetaHyperModel": "kadapt.meta.hyper_model",
+    "RecordStore": "kadapt.meta.record_store",
+    "RecordStoreError": "kadapt.meta.record_store",
+    "train_meta_model": "kadapt.meta.train",
+}
+__all__ = sorted([
+    "AdjustmentRecord", "CollectionConfig", "MetaAdjuster", "MetaSpec", "Trigger", "actions", "collect",
+    "features", "load_meta_model", "tasks", *_OPTIONAL_NAMES,
+])
+
+
+def __getattr__(name):
+    if name in _OPTIONAL_NAMES:
+        value = getattr(importlib.import_module(_OPTIONAL_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kadapt.meta' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -8,6 +8,8 @@ optimizer's live `learning_rate_multiplier` when it has one (kadapt's `SGD` and
 `learning_rate`. Momentum changes need a live-momentum kadapt optimizer.
 """
 
+from __future__ import annotations
+
 import keras
 import numpy as np
 
@@ -25,7 +27,7 @@ MAX_CHANGE = 1e4
 MOMENTUM_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "momentum" in action)
 
 
-def describe(action):
+def describe(action: dict[str, float]) -> str:
     """A short text for logs, e.g. `"lr x0.3"` or `"momentum 0.95"` or `"keep"`."""
     parts = []
     if "learning_rate_multiplier" in action:
@@ -35,12 +37,12 @@ def describe(action):
     return ", ".join(parts) or "keep"
 
 
-def has_live_momentum(optimizer):
+def has_live_momentum(optimizer: keras.optimizers.Optimizer) -> bool:
     """Whether `optimizer.momentum` is a variable the compiled step reads."""
     return isinstance(getattr(optimizer, "momentum", None), keras.Variable)
 
 
-def can_adjust_learning_rate(optimizer):
+def can_adjust_learning_rate(optimizer: keras.optimizers.Optimizer) -> bool:
     """A live multiplier, or a float learning rate that Keras lets us set."""
     if hasattr(optimizer, "learning_rate_multiplier"):
         return True
@@ -49,7 +51,7 @@ def can_adjust_learning_rate(optimizer):
     )
 
 
-def allowed_mask(optimizer):
+def allowed_mask(optimizer: keras.optimizers.Optimizer) -> np.ndarray:
     """Boolean mask over `ACTIONS`: what this optimizer can take live."""
     mask = np.ones(len(ACTIONS), bool)
     if not has_live_momentum(optimizer):
@@ -59,7 +61,8 @@ def allowed_mask(optimizer):
     return mask
 
 
-def apply(optimizer, action, initial_learning_rate=None):
+def apply(optimizer: keras.optimizers.Optimizer, action: dict[str, float],
+          initial_learning_rate: float | None = None) -> None:
     """Applies one action to a live optimizer.
 
     The learning rate stays within `MAX_CHANGE` times (either way) of

@@ -1,9 +1,13 @@
 """`MetaAdjuster`: the meta-model adjusts the live optimizer inside `model.fit`."""
 
+from __future__ import annotations
+
 import copy
 import json
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -107,8 +111,10 @@ class MetaAdjuster(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, meta_model="default", monitor="val_loss", target=None, mode="auto",
-                 check_every="epoch", trigger=None, log_dir=None, verbose=1, min_gain=MIN_GAIN):
+    def __init__(self, meta_model: str | os.PathLike | keras.Model = "default", monitor: str = "val_loss",
+                 target: float | None = None, mode: str = "auto", check_every: str | int = "epoch",
+                 trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
+                 min_gain: float = MIN_GAIN) -> None:
         super().__init__()
         check_range("min_gain", min_gain, low=0.0)
         self.min_gain = float(min_gain)
@@ -132,7 +138,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         clone.decisions = []
         return clone
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
         self._allowed = action_lib.allowed_mask(optimizer)
         if not self._allowed[[i for i in range(len(self._allowed)) if i != action_lib.KEEP]].any():
@@ -169,12 +175,12 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._trainable = [any(v is t for t in self.model.trainable_variables) for v in self.model.variables]
         self._last_good = self._pending = self._snapshot(math.inf)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._last_epoch_ending = False
         self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
         self._epoch_start_step = self._step
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
         if self._last_good is None:
@@ -195,7 +201,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         loss = (total - start_total) / max(seen - start_seen, 1)
         self._observe(loss, None, loss, measured_now=False)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs if logs is not None else {}
         if self.monitor not in logs:
             raise ValueError(
@@ -215,7 +221,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
         logs["meta_adjustments"] = self._epoch_decisions
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._last_good is not None and not _all_finite(self.model.variables):
             self._restore(self._last_good)
 

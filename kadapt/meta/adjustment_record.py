@@ -1,7 +1,10 @@
 """`AdjustmentRecord`: one mid-run adjustment, the history that preceded it and what followed."""
 
+from __future__ import annotations
+
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +93,7 @@ class AdjustmentRecord:
     def _fields_but_features(self):
         return [getattr(self, name) for name in _FIELDS if name != "features"]
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         """Returns the record as plain JSON values; NaN features become `None`."""
         data = {name: _plain(name, getattr(self, name)) for name in _FIELDS if name != "features"}
         rows = self.features.tolist()
@@ -98,7 +101,7 @@ class AdjustmentRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: dict[str, Any]) -> AdjustmentRecord:
         """Builds a record from the output of `to_dict()`; `None` features become NaN."""
         if not isinstance(data, dict) or set(data) != set(_FIELDS):
             keys = sorted(data) if isinstance(data, dict) else data

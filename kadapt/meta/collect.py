@@ -24,6 +24,8 @@ The score of a candidate is log(val_loss at the end / val_loss before),
 clipped to [-5, 5]; a diverged branch scores 5. Lower is better.
 """
 
+from __future__ import annotations
+
 import copy
 import dataclasses
 import math
@@ -33,6 +35,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterable
+
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
@@ -45,9 +50,13 @@ from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import Observation
 from kadapt.meta.features import schedule_ratio
-from kadapt.meta.record_store import checked_lease
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
+from kadapt.validation import checked_lease
+
+if TYPE_CHECKING:
+    from kadapt.meta.record_store import RecordStore
+    from kadapt.meta.tasks import Task
 
 DIVERGED_SCORE = 5.0
 _TINY_LOSS = 1e-8  # a validation loss can reach 0.0 in float32 on an easy task
@@ -76,8 +85,8 @@ LEASE_SECONDS = 120.0  # a dead collector's task is taken over this long after i
 POLL_SECONDS = 1.0  # how often a collector with nothing to claim, or a progress bar, looks again
 
 
-def collect(store, tasks, config=CollectionConfig(), seed=0, progress=True, *, workers=1,
-            lease_seconds=LEASE_SECONDS):
+def collect(store: RecordStore, tasks: Iterable[Task], config: CollectionConfig = CollectionConfig(), seed: int = 0,
+            progress: bool = True, *, workers: int = 1, lease_seconds: float = LEASE_SECONDS) -> int:
     """Runs `tasks`, branching at decision points, and appends records to `store`.
 
     Tasks are claimed through the store, so collectors in other processes and

@@ -25,9 +25,14 @@ For each task-seed:
 `summarize` turns the runs into the table, against `TARGETS`.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
+import os
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -57,18 +62,18 @@ QUICK = {"families": ("iris", "adding"), "seeds": (0,), "epochs": 6}
 class StopWhenNonFinite(keras.callbacks.Callback):
     """Ends a run once its weights are NaN/Inf: from there every step keeps them so."""
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not all(np.all(np.isfinite(v.numpy())) for v in self.model.trainable_variables):
             self.model.stop_training = True
 
 
-def evaluation_task(family, seed, learning_rate, schedule="constant"):
+def evaluation_task(family: str, seed: int, learning_rate: float, schedule: str = "constant") -> task_lib.Task:
     """The held-out task: `family`'s data and model for `seed`, SGD with momentum 0.9."""
     task = task_lib.make_task(family, seed, learning_rate, "sgd", schedule)
     return dataclasses.replace(task, momentum=MOMENTUM)
 
 
-def train_run(task, epochs, callbacks=()):
+def train_run(task: task_lib.Task, epochs: int, callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict[str, Any]:
     """Trains `task` for `epochs` with `callbacks`; its final validation loss and wall time."""
     model = task.build(epochs * steps_per_epoch(len(task.data[0]), task.batch_size))
     x, y, x_val, y_val = task.data
@@ -84,7 +89,8 @@ def train_run(task, epochs, callbacks=()):
     return {"val_loss": loss, "seconds": seconds}
 
 
-def meta_run(task, epochs, meta_model, **adjuster_options):
+def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | keras.Model,
+             **adjuster_options: Any) -> dict[str, Any]:
     adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0, **adjuster_options)
     result = train_run(task, epochs, [adjuster])
     result["decisions"] = [{key: d.get(key) for key in ("epoch", "trigger", "action", "predicted_gain")}
@@ -92,12 +98,13 @@ def meta_run(task, epochs, meta_model, **adjuster_options):
     return result
 
 
-def plateau_run(task, epochs):
+def plateau_run(task: task_lib.Task, epochs: int) -> dict[str, Any]:
     plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.3, patience=2, verbose=0)
     return train_run(task, epochs, [plateau])
 
 
-def evaluate_task(family, seed, meta_model, epochs=EPOCHS, progress=None):
+def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.Model, epochs: int = EPOCHS,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every arm on one task-seed: `{"grid", "best_rate", "initial_val_loss", "settings", "cosine"}`."""
     say = progress or (lambda text: None)
     grid = {rate: train_run(evaluation_task(family, seed, rate), epochs) for rate in GRID}
@@ -136,7 +143,9 @@ def evaluate_task(family, seed, meta_model, epochs=EPOCHS, progress=None):
             "settings": settings, "cosine": cosine}
 
 
-def evaluate_meta_model(meta_model, families=EVALUATION_FAMILIES, seeds=SEEDS, epochs=EPOCHS, progress=None):
+def evaluate_meta_model(meta_model: str | os.PathLike | keras.Model, families: Sequence[str] = EVALUATION_FAMILIES,
+                        seeds: Sequence[int] = SEEDS, epochs: int = EPOCHS,
+                        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """All arms on every held-out task-seed; the runs for `summarize`."""
     return [evaluate_task(family, seed, meta_model, epochs, progress) for family in families for seed in seeds]
 
@@ -145,7 +154,7 @@ def _key(loss):
     return loss if math.isfinite(loss) else math.inf
 
 
-def summarize(runs):
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The target figures over all runs, and per setting: `{"all": {...}, "too_low": {...}, ...}`."""
     def figures(cases):
         near = [_key(c["meta"]["val_loss"]) <= 1.5 * r["best_val_loss"] for r, c in cases]
@@ -172,12 +181,12 @@ def _mean(flags):
     return float(np.mean(flags)) if flags else None
 
 
-def met(name, value):
+def met(name: str, value: float | None) -> bool:
     sense, target, _ = TARGETS[name]
     return value is not None and (value >= target if sense == ">=" else value <= target)
 
 
-def table(runs):
+def table(runs: Sequence[dict[str, Any]]) -> str:
     """The Markdown tables of `kadapt meta eval`: the targets, then each task-seed."""
     report = summarize(runs)
     lines = ["| figure | measured | target | met | what |", "|---|---|---|---|---|"]

@@ -36,8 +36,11 @@ values become 0 with the `nonfinite` flag set. A window holds the last
 row.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +120,7 @@ class FeatureHistory:
     def __len__(self):
         return len(self._rows)
 
-    def observe(self, observation):
+    def observe(self, observation: Observation) -> None:
         """Adds one observation's feature row."""
         val_loss = observation.loss if observation.val_loss is None else observation.val_loss
         self.last_loss, self.last_val_loss = float(observation.loss), float(val_loss)
@@ -145,7 +148,7 @@ class FeatureHistory:
         ]
         self._rows.append(np.nan_to_num(np.asarray(row, "float32"), nan=0.0, posinf=0.0, neginf=0.0))
 
-    def window(self):
+    def window(self) -> np.ndarray:
         """The last `WINDOW` rows, front-padded with the first row."""
         if not self._rows:
             raise ValueError("FeatureHistory.window() needs at least one observation.")
@@ -168,7 +171,7 @@ class FeatureHistory:
         return size, cosine, finite
 
 
-def schedule_ratio(optimizer, step, total_steps):
+def schedule_ratio(optimizer: Any, step: int, total_steps: int | None) -> float:
     """The scheduled rate a quarter of `total_steps` after `step` over the rate at `step`.
 
     `1.0` for a float learning rate or an unknown budget. The live multiplier

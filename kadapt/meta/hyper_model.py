@@ -1,13 +1,18 @@
 """`MetaHyperModel`: the recurrent meta-model's search space for KerasTuner."""
 
-import keras
-import keras_tuner
+from __future__ import annotations
 
+import keras
+
+from kadapt.extras import require
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import WINDOW
 from kadapt.meta.meta_model import MaskedScoreError
 from kadapt.meta.meta_model import MetaSpec
+
+keras_tuner = require("keras_tuner", extra="tuner")
+require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
 
 
 class MetaHyperModel(keras_tuner.HyperModel):
@@ -30,7 +35,7 @@ class MetaHyperModel(keras_tuner.HyperModel):
     ```
     """
 
-    def build(self, hp):
+    def build(self, hp: keras_tuner.HyperParameters) -> keras.Model:
         cell = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM}[hp.Choice("cell", ["gru", "lstm"])]
         units = hp.Choice("units", [16, 32, 64])
         layers = hp.Int("layers", 1, 2)

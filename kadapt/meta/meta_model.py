@@ -15,13 +15,19 @@ The feature spec, the action list and the format version ride inside the
 something else is refused at load time.
 """
 
+from __future__ import annotations
+
 import dataclasses
+import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
 
 from kadapt.meta import actions as action_lib
+from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FEATURE_SPEC
 from kadapt.meta.features import WINDOW
@@ -31,7 +37,7 @@ MIN_GAIN = 0.1  # abstain unless an action is predicted to end >= ~10% below kee
 DEFAULT_PATH = Path(__file__).parent / "pretrained" / "default.keras"
 
 
-def model_spec():
+def model_spec() -> dict[str, Any]:
     """What a meta-model file must declare to be used with this kadapt."""
     return {"format": FORMAT_VERSION, "features": FEATURE_SPEC, "actions": [dict(a) for a in action_lib.ACTIONS]}
 
@@ -40,14 +46,14 @@ def model_spec():
 class MetaSpec(keras.layers.Layer):
     """Identity layer that stores the meta-model's input/output spec in its config."""
 
-    def __init__(self, spec=None, **kwargs):
+    def __init__(self, spec: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.spec = model_spec() if spec is None else spec
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         return inputs
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "spec": self.spec}
 
 
@@ -59,11 +65,12 @@ class MaskedScoreError(keras.losses.Loss):
     add nothing to the loss (nor, through a NaN, to its gradient).
     """
 
-    def __init__(self, delta=1.0, name="masked_score_error", reduction="sum_over_batch_size", dtype=None):
+    def __init__(self, delta: float = 1.0, name: str = "masked_score_error", reduction: str = "sum_over_batch_size",
+                 dtype: str | None = None) -> None:
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.delta = float(delta)
 
-    def call(self, y_true, y_pred):
+    def call(self, y_true: Any, y_pred: Any) -> Any:
         ops = keras.ops
         tried = ops.logical_not(ops.isnan(y_true))
         error = ops.where(tried, y_pred - ops.where(tried, y_true, 0.0), 0.0)
@@ -72,7 +79,7 @@ class MaskedScoreError(keras.losses.Loss):
         count = ops.maximum(ops.sum(ops.cast(tried, y_pred.dtype), axis=-1), 1.0)
         return ops.sum(huber, axis=-1) / count
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "delta": self.delta}
 
 
@@ -86,7 +93,7 @@ class Choice:
     considered: int
 
     @property
-    def abstained(self):
+    def abstained(self) -> bool:
         return self.action != self.considered
 
 
@@ -98,20 +105,20 @@ class DecisionData:
     scores: np.ndarray
     families: np.ndarray
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.x)
 
-    def subset(self, mask):
+    def subset(self, mask: np.ndarray) -> DecisionData:
         return DecisionData(self.x[mask], self.scores[mask], self.families[mask])
 
-    def targets(self):
+    def targets(self) -> np.ndarray:
         """Score differences to keep, d = s - s_keep; NaN where a candidate was not tried."""
         keep = self.scores[:, action_lib.KEEP:action_lib.KEEP + 1]
         difference = np.where(np.isfinite(self.scores), self.scores - keep, np.nan)
         return difference.astype("float32")
 
 
-def decision_data(records, score="score"):
+def decision_data(records: Iterable[AdjustmentRecord], score: str = "score") -> DecisionData:
     """Groups records by decision point (run, step, rollback) into `DecisionData`.
 
     `score` names the outcome that scores a candidate: `"score"` (at the end
@@ -142,7 +149,7 @@ def _check_windows(windows):
                          f"features are {expected}. Re-collect the records with this version.")
 
 
-def load_meta_model(path="default"):
+def load_meta_model(path: str | os.PathLike = "default") -> keras.Model:
     """Loads a meta-model in Keras safe mode and checks its spec.
 
     Args:
@@ -159,7 +166,7 @@ def load_meta_model(path="default"):
     return model
 
 
-def check_spec(model, path="<model>"):
+def check_spec(model: keras.Model, path: str | os.PathLike = "<model>") -> None:
     """Raises `ValueError` unless `model` carries this kadapt's `MetaSpec`."""
     specs = [layer.spec for layer in model.layers if isinstance(layer, MetaSpec)]
     if not specs:
@@ -171,20 +178,21 @@ def check_spec(model, path="<model>"):
                          f"`kadapt meta train` on records collected by this version.")
 
 
-def predicted_differences(model, windows):
+def predicted_differences(model: keras.Model, windows: np.ndarray) -> np.ndarray:
     """The model's score differences to keep, `(len(windows), len(ACTIONS))`; keep's is 0."""
     predicted = np.asarray(model(np.asarray(windows, "float32"), training=False), "float64")
     return predicted - predicted[:, action_lib.KEEP:action_lib.KEEP + 1]
 
 
-def choose(model, window, allowed=None, min_gain=MIN_GAIN):
+def choose(model: keras.Model, window: np.ndarray, allowed: np.ndarray | None = None,
+           min_gain: float = MIN_GAIN) -> Choice:
     """The `Choice` for one window: the allowed action with the lowest predicted score,
     applied only when its predicted gain over keeping reaches `min_gain` (when keep
     is allowed; when it is not — after a divergence — the best allowed is applied)."""
     return choose_from(predicted_differences(model, window[None])[0], allowed, min_gain)
 
 
-def choose_from(differences, allowed=None, min_gain=MIN_GAIN):
+def choose_from(differences: np.ndarray, allowed: np.ndarray | None = None, min_gain: float = MIN_GAIN) -> Choice:
     """`choose` on predicted score differences to keep (lower is better)."""
     allowed = np.ones(len(action_lib.ACTIONS), bool) if allowed is None else np.asarray(allowed, bool)
     if not allowed.any():  # nothing can change: keeping is all there is
@@ -197,7 +205,7 @@ def choose_from(differences, allowed=None, min_gain=MIN_GAIN):
     return Choice(best, gain, best)
 
 
-def rule_policy(window):
+def rule_policy(window: np.ndarray) -> int:
     """The hand-written baseline: cut the LR on divergence, rise, oscillation or plateau;
     raise it when updates are tiny and progress is slow; else keep."""
     last = dict(zip(FEATURE_NAMES, window[-1]))
@@ -212,7 +220,8 @@ def rule_policy(window):
     return action_lib.KEEP
 
 
-def evaluate_policies(data, model=None, min_gain=MIN_GAIN):
+def evaluate_policies(data: DecisionData, model: keras.Model | None = None,
+                      min_gain: float = MIN_GAIN) -> dict[str, Any]:
     """Accuracy (picks the best candidate) and mean regret (score lost against
     the best) of the meta-model (abstaining below `min_gain`), always-keep and
     the rule baseline."""

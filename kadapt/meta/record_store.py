@@ -1,5 +1,7 @@
 """`RecordStore`: adjustment records in an SQLite file (the embedded default) or on a PostgreSQL server."""
 
+from __future__ import annotations
+
 import contextlib
 import json
 import math
@@ -8,12 +10,16 @@ import os
 import pathlib
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 
 import numpy as np
-import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
 
+from kadapt.extras import require
 from kadapt.meta.adjustment_record import AdjustmentRecord
+from kadapt.validation import checked_lease
+
+sa = require("sqlalchemy", extra="store")
+NullPool = require("sqlalchemy.pool", extra="store").NullPool
 
 SCHEMA_VERSION = 1
 FORMAT = "kadapt-records"
@@ -113,7 +119,7 @@ class RecordStore:
     ```
     """
 
-    def __init__(self, location):
+    def __init__(self, location: str | os.PathLike) -> None:
         self.url, self.path = _parse_location(location)
         self._shown = self.url.set(drivername=self.url.get_backend_name())
         self._closed = False
@@ -123,7 +129,7 @@ class RecordStore:
         self._create_or_check()
 
     @property
-    def location(self):
+    def location(self) -> str:
         """The path (SQLite) or the URL with its password masked (PostgreSQL)."""
         return str(self.path) if self.path is not None else self._shown.render_as_string(hide_password=True)
 
@@ -133,21 +139,21 @@ class RecordStore:
     def __getstate__(self):
         return {**self.__dict__, "_engine": None, "_engine_pid": None}
 
-    def __enter__(self):
+    def __enter__(self) -> RecordStore:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Marks the store closed; the records stay as they are."""
         self._closed = True
 
-    def append(self, record):
+    def append(self, record: AdjustmentRecord) -> None:
         """Appends one `AdjustmentRecord` in one transaction."""
         self._insert([("record", _to_row(_checked_record("record", record)))])
 
-    def append_many(self, records):
+    def append_many(self, records: Iterable[AdjustmentRecord]) -> None:
         """Appends an iterable of `AdjustmentRecord`s in one transaction: all or none."""
         self._insert(
             [
@@ -156,7 +162,7 @@ class RecordStore:
             ]
         )
 
-    def contains(self, run_id, step=None):
+    def contains(self, run_id: str, step: int | None = None) -> bool:
         """Returns whether a record of run `run_id` (at `step`, if given) is stored."""
         if not isinstance(run_id, str):
             raise TypeError(f"Argument `run_id` must be a str. Received: run_id={run_id!r}")
@@ -167,26 +173,26 @@ class RecordStore:
             query = query.where(_RECORDS.c.step == int(step))
         return bool(self._fetch_all(query.limit(1)))
 
-    def count(self):
+    def count(self) -> int:
         """Returns the number of records."""
         return self._fetch_all(sa.select(sa.func.count()).select_from(_RECORDS))[0][0]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.count()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[AdjustmentRecord]:
         """Yields the records in the order they were appended."""
         query = sa.select(*(_RECORDS.c[name] for name in _COLUMNS[:-1])).order_by(_RECORDS.c.id)
         with self._connect() as connection:
             for row in connection.execute(query):
                 yield _from_row(row)
 
-    def families(self):
+    def families(self) -> list[str]:
         """Returns the sorted list of distinct task families."""
         rows = self._fetch_all(sa.select(_RECORDS.c.family).distinct().order_by(_RECORDS.c.family))
         return [family for (family,) in rows]
 
-    def export_jsonl(self, path):
+    def export_jsonl(self, path: str | os.PathLike) -> int:
         """Writes one JSON line per record (see `AdjustmentRecord.to_dict`); returns the count."""
         count = 0
         with open(path, "w", encoding="utf-8") as file:
@@ -195,7 +201,7 @@ class RecordStore:
                 count += 1
         return count
 
-    def import_jsonl(self, path):
+    def import_jsonl(self, path: str | os.PathLike) -> int:
         """Appends the records of a JSON-lines file, all or none; returns the count.
 
         Blank lines are skipped. A line that is not a record, or a record
@@ -206,7 +212,7 @@ class RecordStore:
         self._insert(rows)
         return len(rows)
 
-    def claim_task(self, tasks, owner, lease_seconds):
+    def claim_task(self, tasks: Iterable[str], owner: str, lease_seconds: float) -> str | None:
         """Claims the first of `tasks` (names) that is neither finished nor held; returns it or `None`.
 
         One transaction, serialized with every other claim, so two collectors
@@ -238,7 +244,7 @@ class RecordStore:
                 return name
         return None
 
-    def renew_claims(self, owner, lease_seconds):
+    def renew_claims(self, owner: str, lease_seconds: float) -> None:
         """Extends the leases of `owner`'s unfinished claims to `lease_seconds` from now."""
         lease = checked_lease(lease_seconds)
         with self._connect(write=True) as connection:
@@ -246,7 +252,7 @@ class RecordStore:
             connection.execute(_CLAIMS.update().where((_CLAIMS.c.owner == owner) & ~_CLAIMS.c.finished)
                                .values(expires=_now(connection) + lease))
 
-    def finish_task(self, task, owner, records):
+    def finish_task(self, task: str, owner: str, records: Iterable[AdjustmentRecord]) -> int:
         """Stores a claimed task's records and marks it finished, in one transaction.
 
         Returns the number of records stored: 0 when another collector
@@ -269,14 +275,14 @@ class RecordStore:
                 connection.execute(_CLAIMS.update().where(_CLAIMS.c.task == name).values(**values))
         return len(rows)
 
-    def claims(self, tasks=None):
+    def claims(self, tasks: Iterable[str] | None = None) -> dict[str, tuple[str, bool]]:
         """`{task: (owner, finished)}` of the claims (of `tasks`, if given)."""
         query = sa.select(_CLAIMS.c.task, _CLAIMS.c.owner, _CLAIMS.c.finished)
         if tasks is not None:
             query = query.where(_CLAIMS.c.task.in_(_checked_names(tasks)))
         return {task: (owner, bool(finished)) for task, owner, finished in self._fetch_all(query)}
 
-    def finished_tasks(self, tasks):
+    def finished_tasks(self, tasks: Iterable[str]) -> set[str]:
         """The set of `tasks` (names) whose records are stored."""
         names = _checked_names(tasks)
         with self._connect() as connection:
@@ -362,14 +368,6 @@ def _checked_names(tasks):
     return names
 
 
-def checked_lease(lease_seconds):
-    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, numbers.Real) or not (
-            math.isfinite(lease_seconds) and lease_seconds > 0):
-        raise ValueError(
-            f"Argument `lease_seconds` must be a positive number of seconds. Received: lease_seconds={lease_seconds!r}")
-    return float(lease_seconds)
-
-
 def _parse_location(location):
     """`(SQLAlchemy URL, path or None)` of a path, an sqlite:/// URL or a postgresql:// URL."""
     if not isinstance(location, (str, os.PathLike)):
@@ -389,6 +387,7 @@ def _parse_location(location):
         path = pathlib.Path(url.database).absolute()
         return url.set(database=str(path)), path
     if backend == "postgresql":
+        require("psycopg", extra="postgres")
         return url.set(drivername="postgresql+psycopg"), None
     raise ValueError(
         "Argument `location` must be a path, an sqlite:///path URL or a postgresql:// URL. "

@@ -13,6 +13,8 @@ generated here). `TRAINING_FAMILIES` feed the default meta-model's records;
 tasks it has never seen.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
 import zlib
@@ -21,6 +23,7 @@ import keras
 import numpy as np
 
 from kadapt import optimizers
+from kadapt.extras import require
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import PiecewiseLinear
 
@@ -71,10 +74,10 @@ class Task:
     seed: int = 0
 
     @property
-    def regression(self):
+    def regression(self) -> bool:
         return self.loss != "classification"
 
-    def build(self, total_steps=None):
+    def build(self, total_steps: int | None = None) -> keras.Model:
         """A freshly initialized, compiled model; a schedule spans `total_steps`."""
         keras.utils.set_random_seed(self.seed)
         model = keras.Sequential(_layers(self), name=f"task_{self.architecture}")
@@ -83,7 +86,8 @@ class Task:
         model.optimizer.build(model.trainable_variables)
         return model
 
-    def learning_rate_schedule(self, total_steps=None):
+    def learning_rate_schedule(
+            self, total_steps: int | None = None) -> float | keras.optimizers.schedules.LearningRateSchedule:
         """The float rate, or the schedule over `total_steps` peaking at `learning_rate`."""
         if self.schedule == "constant":
             return self.learning_rate
@@ -94,13 +98,13 @@ class Task:
         rise = max(total_steps // 5, 1)
         return PiecewiseLinear([0, rise, total_steps], [0.1 * self.learning_rate, self.learning_rate, 0.0])
 
-    def make_optimizer(self, total_steps=None):
+    def make_optimizer(self, total_steps: int | None = None) -> keras.optimizers.Optimizer:
         rate = self.learning_rate_schedule(total_steps)
         if self.optimizer == "sgd":
             return optimizers.SGD(rate, momentum=self.momentum)
         return optimizers.Adam(rate, beta_1=self.momentum)
 
-    def make_loss(self):
+    def make_loss(self) -> keras.losses.Loss:
         if self.regression:
             return keras.losses.MeanSquaredError()
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -130,7 +134,8 @@ _ARCHITECTURE_CHOICES = {  # hidden widths, filters or units a task draws from
 }
 
 
-def make_task(family, seed, learning_rate=None, optimizer=None, schedule=None):
+def make_task(family: str, seed: int, learning_rate: float | None = None, optimizer: str | None = None,
+              schedule: str | None = None) -> Task:
     """Draws one task of `family`; `seed` fixes everything that is not given."""
     rng = np.random.default_rng([seed, zlib.crc32(family.encode())])
     optimizer = optimizer or str(rng.choice(["sgd", "adam"]))
@@ -151,7 +156,7 @@ def make_task(family, seed, learning_rate=None, optimizer=None, schedule=None):
                 schedule, seed=seed)
 
 
-def load_family(family, seed):
+def load_family(family: str, seed: int) -> tuple[tuple[np.ndarray, ...], str, str]:
     """`((x_train, y_train, x_val, y_val), loss, architecture)`, standardized, float32."""
     if family not in _LOADERS:
         known = ", ".join(sorted(_LOADERS))
@@ -178,8 +183,7 @@ def _split(x, y, loss, seed, validation_fraction=0.25):
 
 def _sklearn_bundled(name, images=False):
     def load(seed):
-        from sklearn import datasets
-
+        datasets = require("sklearn.datasets", extra="data")
         x, y = getattr(datasets, f"load_{name}")(return_X_y=True)
         return (x.reshape(-1, 8, 8, 1) if images else x), y
 
@@ -188,8 +192,7 @@ def _sklearn_bundled(name, images=False):
 
 def _generated(name, **kwargs):
     def load(seed):
-        from sklearn import datasets
-
+        datasets = require("sklearn.datasets", extra="data")
         return getattr(datasets, f"make_{name}")(random_state=seed, **kwargs)
 
     return load

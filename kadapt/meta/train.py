@@ -1,24 +1,35 @@
 """`train_meta_model`: KerasTuner search with a split by task family, then a report and a file."""
 
+from __future__ import annotations
+
 import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
 from pathlib import Path
 
 import keras
-import keras_tuner
 import numpy as np
 
+from kadapt.extras import require
+from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.hyper_model import MetaHyperModel
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
 from kadapt.tuning.distributed_search import distributed_search
+
+keras_tuner = require("keras_tuner", extra="tuner")
+require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
 
 BATCH_SIZE = 64
 PATIENCE = 5
 MIN_GAIN_SWEEP = (0.0, 0.02, 0.05, 0.1, 0.2)  # abstention thresholds the report compares per held-out family
 
 
-def train_meta_model(store, directory, output=None, *, validation_families=None, max_trials=8,
-                     epochs=40, seed=0, verbose=0):
+def train_meta_model(store: Iterable[AdjustmentRecord], directory: str | os.PathLike,
+                     output: str | os.PathLike | None = None, *, validation_families: Sequence[str] | None = None,
+                     max_trials: int = 8, epochs: int = 40, seed: int = 0,
+                     verbose: int = 0) -> tuple[keras.Model | None, dict[str, Any] | None]:
     """Searches the meta-model's architecture on a store's records and saves the best.
 
     The search (`keras_tuner.RandomSearch` over `MetaHyperModel`, objective

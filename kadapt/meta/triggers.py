@@ -18,6 +18,8 @@ After an adjustment it waits `cooldown` observations before it fires again,
 except for divergence, which always fires.
 """
 
+from __future__ import annotations
+
 import math
 
 import numpy as np
@@ -48,7 +50,8 @@ class Trigger:
     ```
     """
 
-    def __init__(self, patience=3, cooldown=2, min_delta=1e-3, slow_fraction=0.15, explode_factor=3.0):
+    def __init__(self, patience: int = 3, cooldown: int = 2, min_delta: float = 1e-3, slow_fraction: float = 0.15,
+                 explode_factor: float = 3.0) -> None:
         check_range("patience", patience, low=2, integer=True)
         check_non_negative_int(cooldown, "cooldown")
         check_range("min_delta", min_delta, low=0.0)
@@ -63,7 +66,7 @@ class Trigger:
         self.since_best = 0
         self.wait = 0
 
-    def update(self, loss):
+    def update(self, loss: float) -> str | None:
         """Adds one observation; returns the trigger name or `None`."""
         loss = float(loss)
         if not math.isfinite(loss) or loss > self.explode_factor * self.best_median:
@@ -80,19 +83,19 @@ class Trigger:
             return None
         return self._trend()
 
-    def seed(self, loss):
+    def seed(self, loss: float) -> None:
         """Sets the reference for "exploded" before the first observation (e.g. the
         first mini-batch's loss, measured at the initial weights)."""
         if math.isfinite(loss):
             self.best_median = min(self.best_median, float(loss))
 
-    def rebaseline(self, loss):
+    def rebaseline(self, loss: float) -> None:
         """After a rollback to a state whose loss was `loss`: that state is not "exploded"."""
         if math.isfinite(loss):
             self.best_median = max(self.best_median, float(loss))
         self._recent = []
 
-    def adjusted(self):
+    def adjusted(self) -> None:
         """Call after an adjustment: restarts the patience and the cooldown."""
         self.wait, self.since_best = self.cooldown, 0
         self.losses = self.losses[-1:]

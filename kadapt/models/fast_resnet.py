@@ -16,6 +16,11 @@ Label smoothing, weight averaging and test-time augmentation are training
 and inference choices, made in `kadapt.recipes`.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
@@ -44,11 +49,11 @@ class PartialIdentity(keras.initializers.Initializer):
     ```
     """
 
-    def __init__(self, base="glorot_uniform"):
+    def __init__(self, base: str | keras.initializers.Initializer = "glorot_uniform") -> None:
         keras.initializers.get(base)
         self.base = base
 
-    def __call__(self, shape, dtype=None):
+    def __call__(self, shape: Sequence[int], dtype: Any = None) -> Any:
         if len(shape) != 4:
             raise ValueError(
                 "`PartialIdentity` initializes 2D conv kernels of shape (kh, kw, in, out). "
@@ -63,7 +68,7 @@ class PartialIdentity(keras.initializers.Initializer):
         random = keras.initializers.get(self.base)(shape, dtype=dtype)
         return ops.where(is_identity, ops.cast(identity, random.dtype), random)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"base": self.base}
 
 
@@ -80,15 +85,15 @@ class CentreTap(keras.initializers.Initializer):
             Defaults to `"glorot_uniform"`.
     """
 
-    def __init__(self, base="glorot_uniform"):
+    def __init__(self, base: str | keras.initializers.Initializer = "glorot_uniform") -> None:
         self.base = keras.initializers.get(base)
 
-    def __call__(self, shape, dtype=None):
+    def __call__(self, shape: Sequence[int], dtype: Any = None) -> Any:
         if len(shape) != 4 or tuple(shape[:2]) != (1, 1):
             raise ValueError(f"`CentreTap` initializes 1x1 conv kernels. Received: shape={tuple(shape)}")
         return self.base((3, 3, *shape[2:]), dtype=dtype)[1:2, 1:2]
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"base": keras.initializers.serialize(self.base)}
 
 
@@ -117,20 +122,20 @@ class ScaledGradientBias(keras.layers.Layer):
     ```
     """
 
-    def __init__(self, gradient_scale=1.0, **kwargs):
+    def __init__(self, gradient_scale: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_range("gradient_scale", gradient_scale, low=0.0, low_open=True)
         self.gradient_scale = float(gradient_scale)
 
-    def build(self, input_shape):
+    def build(self, input_shape: Sequence[int | None]) -> None:
         self.bias = self.add_weight(shape=(input_shape[-1],), initializer="zeros", name="bias")
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         # A tensor read of the variable: `custom_gradient` must not see the variable itself.
         bias = ops.cast(self.bias, self.compute_dtype)
         return inputs + _scale_gradient(bias, self.gradient_scale)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "gradient_scale": self.gradient_scale}
 
 
@@ -147,7 +152,8 @@ def _scale_gradient(value, scale):
     return identity(value)
 
 
-def patch_whitening(images, patch_size=2, epsilon=5e-4, include_negatives=True):
+def patch_whitening(images: np.ndarray, patch_size: int = 2, epsilon: float = 5e-4,
+                    include_negatives: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Kernel and bias of a conv layer that whitens `patch_size` patches.
 
     With Σ = V diag(λ) Vᵀ the covariance and μ the mean of all
@@ -193,7 +199,7 @@ def patch_whitening(images, patch_size=2, epsilon=5e-4, include_negatives=True):
     return kernel.astype("float32"), (-mean @ filters).astype("float32")
 
 
-def image_patches(images, patch_size):
+def image_patches(images: np.ndarray, patch_size: int) -> np.ndarray:
     """All `patch_size` x `patch_size` patches (stride 1) of `images` (N, H, W, C),
     flattened in conv-kernel order (row, column, channel): shape (P, patch_size² · C)."""
     windows = np.lib.stride_tricks.sliding_window_view(images, (patch_size, patch_size), axis=(1, 2))
@@ -201,9 +207,11 @@ def image_patches(images, patch_size):
     return windows.reshape(-1, patch_size * patch_size * images.shape[-1])
 
 
-def fast_resnet(input_shape=(28, 28, 1), num_classes=10, widths=(64, 128, 256),
-                residual_stages=(0, 2), *, whitening=None, identity_init=True,
-                freeze_bn_scale=True, bias_lr_multiplier=1.0, name="fast_resnet"):
+def fast_resnet(input_shape: tuple[int, int, int] = (28, 28, 1), num_classes: int = 10,
+                widths: Sequence[int] = (64, 128, 256), residual_stages: Sequence[int] = (0, 2), *,
+                whitening: tuple[np.ndarray, np.ndarray] | None = None, identity_init: bool = True,
+                freeze_bn_scale: bool = True, bias_lr_multiplier: float = 1.0,
+                name: str = "fast_resnet") -> keras.Model:
     """A ResNet-9-style network of conv-BN-activation combination layers.
 
     Stem: a 2x2 stride-2 convolution (`whitening`'s frozen filters, or a

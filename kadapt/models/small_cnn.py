@@ -1,9 +1,12 @@
 """`small_cnn`: the 2 conv + dense baseline network of the benchmarks and examples."""
 
+from __future__ import annotations
+
 import keras
 
 
-def small_cnn(input_shape=(28, 28, 1), num_classes=10, name="small_cnn"):
+def small_cnn(input_shape: tuple[int, int, int] = (28, 28, 1), num_classes: int = 10,
+              name: str = "small_cnn") -> keras.Model:
     """Conv(32)-pool-Conv(64)-pool-Dense(128)-Dense(num_classes), logits out.
 
     Args:

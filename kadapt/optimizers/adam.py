@@ -1,5 +1,9 @@
 """Adam whose beta_1 (its momentum) and learning-rate multiplier live in variables."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -35,8 +39,9 @@ class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
     ```
     """
 
-    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-                 learning_rate_multiplier=1.0, name="adam", **kwargs):
+    def __init__(self, learning_rate: float | keras.optimizers.schedules.LearningRateSchedule = 0.001,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 learning_rate_multiplier: float = 1.0, name: str = "adam", **kwargs: Any) -> None:
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         check_range("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
         check_range("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
@@ -46,25 +51,25 @@ class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
         self._init_multiplier(learning_rate_multiplier)
 
     @property
-    def beta_1(self):
+    def beta_1(self) -> keras.Variable:
         """The beta_1 variable; assign a float to change it live."""
         return self._beta_1
 
     @beta_1.setter
-    def beta_1(self, value):
+    def beta_1(self, value: float) -> None:
         check_range("beta_1", float(value), low=0.0, high=1.0, high_open=True)
         self._beta_1.assign(value)
 
     momentum = beta_1
 
-    def build(self, variables):
+    def build(self, variables: list[keras.Variable]) -> None:
         if self.built:
             return
         super().build(variables)
         self._moments = {slot_key(v): self.add_variable_from_reference(v, "momentum") for v in variables}
         self._second = {slot_key(v): self.add_variable_from_reference(v, "velocity") for v in variables}
 
-    def update_step(self, gradient, variable, learning_rate):
+    def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         dtype = variable.dtype
         rate = self._multiplied(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
@@ -76,7 +81,7 @@ class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
         self.assign_add(v, (ops.square(gradient) - v) * (1 - self.beta_2))
         self.assign_sub(variable, m * alpha / (ops.sqrt(v) + self.epsilon))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             beta_1=float(ops.convert_to_numpy(self._beta_1)),

@@ -1,12 +1,16 @@
 """What kadapt's optimizers share: hyperparameters kept in variables."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import tensorflow as tf
 
 from kadapt.validation import check_range
 
 
-def slot_key(variable):
+def slot_key(variable: Any) -> Any:
     """The same key for a Keras variable and the backend variable it holds
     (`update_step` receives the latter) — under tf.distribute, for a mirrored
     variable and the replica's component of it (as Keras' own `_var_key`)."""
@@ -20,7 +24,7 @@ def slot_key(variable):
     return variable.ref()
 
 
-def scalar_variable(optimizer, name, value):
+def scalar_variable(optimizer: keras.optimizers.Optimizer, name: str, value: float) -> keras.Variable:
     """A float32 optimizer variable holding `value`, read by the compiled step."""
     return optimizer.add_variable(
         shape=(), initializer=keras.initializers.Constant(value), name=name
@@ -36,12 +40,12 @@ class LearningRateMultiplier:
         self._multiplier = scalar_variable(self, "learning_rate_multiplier", value)
 
     @property
-    def learning_rate_multiplier(self):
+    def learning_rate_multiplier(self) -> keras.Variable:
         """Multiplies the learning rate (or the schedule's value) at every step."""
         return self._multiplier
 
     @learning_rate_multiplier.setter
-    def learning_rate_multiplier(self, value):
+    def learning_rate_multiplier(self, value: float) -> None:
         check_range("learning_rate_multiplier", float(value), low=0.0, low_open=True)
         self._multiplier.assign(value)
 
@@ -49,7 +53,7 @@ class LearningRateMultiplier:
         return keras.ops.cast(learning_rate, dtype) * keras.ops.cast(self._multiplier, dtype)
 
 
-def current_momentum(optimizer):
+def current_momentum(optimizer: keras.optimizers.Optimizer) -> float:
     """Momentum (or `beta_1`) as a float; `0.0` for optimizers without one."""
     for name in ("momentum", "beta_1"):
         value = getattr(optimizer, name, None)
@@ -58,7 +62,7 @@ def current_momentum(optimizer):
     return 0.0
 
 
-def applied_learning_rate(optimizer):
+def applied_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
     """The rate the next step applies: schedule(step) (or the float) times the multiplier."""
     rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
     multiplier = getattr(optimizer, "learning_rate_multiplier", None)

@@ -1,5 +1,9 @@
 """SGD whose momentum and learning-rate multiplier live in variables."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -42,8 +46,9 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
     ```
     """
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False,
-                 learning_rate_multiplier=1.0, name="SGD", **kwargs):
+    def __init__(self, learning_rate: float | keras.optimizers.schedules.LearningRateSchedule = 0.01,
+                 momentum: float = 0.0, nesterov: bool = False, learning_rate_multiplier: float = 1.0,
+                 name: str = "SGD", **kwargs: Any) -> None:
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         check_range("momentum", momentum, low=0.0, high=1.0, high_open=True)
         self.nesterov = bool(nesterov)
@@ -51,16 +56,16 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
         self._init_multiplier(learning_rate_multiplier)
 
     @property
-    def momentum(self):
+    def momentum(self) -> keras.Variable:
         """The momentum variable; assign a float to change it live."""
         return self._momentum
 
     @momentum.setter
-    def momentum(self, value):
+    def momentum(self, value: float) -> None:
         check_range("momentum", float(value), low=0.0, high=1.0, high_open=True)
         self._momentum.assign(value)
 
-    def build(self, variables):
+    def build(self, variables: list[keras.Variable]) -> None:
         if self.built:
             return
         super().build(variables)
@@ -69,7 +74,7 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
             slot_key(v): self.add_variable_from_reference(v, "velocity") for v in variables
         }
 
-    def update_step(self, gradient, variable, learning_rate):
+    def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         dtype = variable.dtype
         rate = self._multiplied(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
@@ -81,7 +86,7 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
         else:
             self.assign_add(variable, velocity)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             momentum=float(ops.convert_to_numpy(self._momentum)),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kadapt.extras import require
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
 
@@ -166,7 +167,7 @@ def _fashion_mnist():
 
 def _digits(seed):
     """scikit-learn's 8x8 digits (pixels 0..16, scaled to [0, 1]), a seeded 80/20 split."""
-    from sklearn.datasets import load_digits
+    load_digits = require("sklearn.datasets", extra="data").load_digits
 
     digits = load_digits()
     return _seeded_split((digits.images / 16.0).astype("float32"), digits.target, seed)

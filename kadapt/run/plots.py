@@ -1,5 +1,6 @@
 """PNG plots of a run directory, drawn with matplotlib's Agg canvas (no display)."""
 
+from kadapt.extras import require
 from kadapt.run import run_directory as files
 
 MIB = 2**20
@@ -126,7 +127,7 @@ def _mark_decisions(axis, decisions):
 def _figure(rows, height):
     # A bare `Figure` draws with Agg and touches no pyplot state: no display
     # needed, nothing left open in the caller's process.
-    from matplotlib.figure import Figure
+    Figure = require("matplotlib.figure", extra="plots").Figure
 
     figure = Figure(figsize=(8, height))
     axes = figure.subplots(rows, 1, sharex=True, squeeze=False)

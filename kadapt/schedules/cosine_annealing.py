@@ -1,5 +1,9 @@
 """`CosineAnnealing`: lr_t = lr_min + (lr_max - lr_min) * (1 + cos(pi * T_cur / T_tot)) / 2."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -49,8 +53,9 @@ class CosineAnnealing(keras.optimizers.schedules.CosineDecay):
     ```
     """
 
-    def __init__(self, lr_max, lr_min, total_steps, warmup_steps=0, restarts=0,
-                 cycle_length_multiplier=2.0, peak_multiplier=1.0, name="CosineAnnealing"):
+    def __init__(self, lr_max: float, lr_min: float, total_steps: int, warmup_steps: int = 0, restarts: int = 0,
+                 cycle_length_multiplier: float = 2.0, peak_multiplier: float = 1.0,
+                 name: str = "CosineAnnealing") -> None:
         check_range("lr_max", lr_max, low=0.0, low_open=True)
         check_range("lr_min", lr_min, low=0.0, high=lr_max)
         check_range("total_steps", total_steps, low=1, integer=True)
@@ -83,14 +88,14 @@ class CosineAnnealing(keras.optimizers.schedules.CosineDecay):
             alpha=self.lr_min / self.lr_max,
         )
 
-    def __call__(self, step):
+    def __call__(self, step: Any) -> Any:
         if self._cycles is None:
             return super().__call__(step)
         step = ops.cast(step, "float32")
         annealed = ops.where(step >= self.total_steps, self.lr_min, self._cycles(step - self.warmup_steps))
         return ops.where(step < self.warmup_steps, super().__call__(step), annealed)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "lr_max": self.lr_max,
             "lr_min": self.lr_min,

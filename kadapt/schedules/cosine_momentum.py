@@ -1,5 +1,9 @@
 """`CosineMomentum`: momentum mirrored to the cosine learning rate."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 from kadapt.schedules.cosine_annealing import CosineAnnealing
@@ -34,18 +38,18 @@ class CosineMomentum:
     ```
     """
 
-    def __init__(self, momentum_max, momentum_min, total_steps, warmup_steps=0):
+    def __init__(self, momentum_max: float, momentum_min: float, total_steps: int, warmup_steps: int = 0) -> None:
         check_range("momentum_max", momentum_max, low=0.0, high=1.0, high_open=True)
         check_range("momentum_min", momentum_min, low=0.0, high=momentum_max)
         self.momentum_max, self.momentum_min = float(momentum_max), float(momentum_min)
         self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
         self._shape = CosineAnnealing(1.0, 0.0, total_steps, warmup_steps)
 
-    def __call__(self, step):
+    def __call__(self, step: Any) -> Any:
         spread = self.momentum_max - self.momentum_min
         return self.momentum_max - spread * self._shape(step)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "momentum_max": self.momentum_max,
             "momentum_min": self.momentum_min,
@@ -54,5 +58,5 @@ class CosineMomentum:
         }
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: dict[str, Any]) -> CosineMomentum:
         return cls(**config)

@@ -1,5 +1,10 @@
 """`PiecewiseLinear`: a learning rate interpolated linearly between knots."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -28,7 +33,7 @@ class PiecewiseLinear(keras.optimizers.schedules.LearningRateSchedule):
     ```
     """
 
-    def __init__(self, boundaries, values, name="PiecewiseLinear"):
+    def __init__(self, boundaries: Sequence[int], values: Sequence[float], name: str = "PiecewiseLinear") -> None:
         boundaries, values = [int(b) for b in boundaries], [float(v) for v in values]
         if len(boundaries) < 2 or len(boundaries) != len(values):
             raise ValueError(
@@ -39,7 +44,7 @@ class PiecewiseLinear(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(f"Argument `boundaries` must be increasing. Received: boundaries={boundaries}")
         self.boundaries, self.values, self.name = boundaries, values, name
 
-    def __call__(self, step):
+    def __call__(self, step: Any) -> Any:
         step = ops.cast(step, "float32")
         rate = ops.convert_to_tensor(self.values[0], "float32")
         b, v = self.boundaries, self.values
@@ -48,5 +53,5 @@ class PiecewiseLinear(keras.optimizers.schedules.LearningRateSchedule):
             rate = ops.where(step >= b0, v0 + (v1 - v0) * fraction, rate)
         return rate
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"boundaries": self.boundaries, "values": self.values, "name": self.name}

@@ -1,9 +1,18 @@
 """A KerasTuner `HyperModel` that searches logical batch sizes beyond memory."""
 
-import keras_tuner
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
 
 from kadapt.batching.accumulate import accumulate
+from kadapt.extras import require
 from kadapt.validation import check_micro_batch_size
+
+keras_tuner = require("keras_tuner", extra="tuner")
+require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
 
 
 class AccumulatingHyperModel(keras_tuner.HyperModel):
@@ -52,7 +61,8 @@ class AccumulatingHyperModel(keras_tuner.HyperModel):
     ```
     """
 
-    def __init__(self, build_model, micro_batch_size, batch_sizes, **kwargs):
+    def __init__(self, build_model: Callable[[keras_tuner.HyperParameters], keras.Model], micro_batch_size: int,
+                 batch_sizes: Sequence[int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not callable(build_model):
             raise TypeError(
@@ -63,7 +73,7 @@ class AccumulatingHyperModel(keras_tuner.HyperModel):
         self.micro_batch_size = check_micro_batch_size(micro_batch_size)
         self.batch_sizes = _check_batch_sizes(batch_sizes)
 
-    def build(self, hp):
+    def build(self, hp: keras_tuner.HyperParameters) -> keras.Model:
         model = self.build_model(hp)
         if not model.compiled:
             raise ValueError(
@@ -72,13 +82,14 @@ class AccumulatingHyperModel(keras_tuner.HyperModel):
             )
         return accumulate(model, self.micro_batch_size)
 
-    def declare_hyperparameters(self, hp):
+    def declare_hyperparameters(self, hp: keras_tuner.HyperParameters) -> None:
         # Declared before the first trial so that the oracle draws it for every
         # trial: otherwise the trials started before one ended (one per worker
         # in a distributed search) would all run the first batch size.
         hp.Choice("batch_size", self.batch_sizes)
 
-    def fit(self, hp, model, *args, **kwargs):
+    def fit(self, hp: keras_tuner.HyperParameters, model: keras.Model, *args: Any,
+            **kwargs: Any) -> keras.callbacks.History:
         if "batch_size" in kwargs:
             raise ValueError(
                 "`batch_size` is searched by `AccumulatingHyperModel`; pass the "

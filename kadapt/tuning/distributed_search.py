@@ -1,7 +1,10 @@
 """`DistributedSearch`: this process's part in KerasTuner's distributed mode, read and checked."""
 
+from __future__ import annotations
+
 import dataclasses
 import os
+from collections.abc import Mapping
 
 TUNER_ID = "KERASTUNER_TUNER_ID"
 ORACLE_IP = "KERASTUNER_ORACLE_IP"
@@ -51,12 +54,12 @@ class DistributedSearch:
     oracle_port: int
 
     @property
-    def is_chief(self):
+    def is_chief(self) -> bool:
         """Whether this process serves the oracle (its id contains `"chief"`)."""
         return "chief" in self.tuner_id
 
 
-def distributed_search(environ=None):
+def distributed_search(environ: Mapping[str, str] | None = None) -> DistributedSearch | None:
     """This process's `DistributedSearch`, or `None` outside distributed mode.
 
     Reads `KERASTUNER_TUNER_ID`, `KERASTUNER_ORACLE_IP` and
