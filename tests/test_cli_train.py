@@ -60,7 +60,7 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(workdir):
     """A 2-epoch run: 58 training rows (6 held out), batches of 16 -> 8 steps."""
-    result = kadapt("train", "--data", "tiny.npz", *TINY, "--epochs", "2", "--out", "runs/tiny",
+    result = kadapt("train", "--data", "tiny.npz", *TINY, "--augment", "on", "--epochs", "2", "--out", "runs/tiny",
                     cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, workdir / "runs" / "tiny"
@@ -83,7 +83,7 @@ def test_config_run_history_and_probe_records(trained):
     assert config["resolved"]["data"]["train_rows"] == 58
     assert config["resolved"]["total_steps"] == 8
     assert config["resolved"]["plan"]["micro_batch_size"] == json.loads((run / "probe.json").read_text())["micro_batch_size"]
-    # Shifted while training (tiny images are images), not mirrored (not Fashion-MNIST): so tested.
+    # Shifted while training (--augment on), not mirrored (not Fashion-MNIST): so tested.
     assert config["resolved"]["test_time_augmentation"] == {"flip": False, "shift": 1}
     record = json.loads((run / "run.json").read_text())
     assert record["status"] == "completed" and record["steps_completed"] == 8

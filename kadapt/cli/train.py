@@ -42,12 +42,13 @@ def _add_run_arguments(parser):
     add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
                         "(input_shape, num_classes) -> uncompiled keras.Model of logits, imported from the current "
                         "directory (default: auto = fast_resnet for images of at least 16x16 pixels, else mlp)")
-    add("--batch-size", type=int, help=f"logical batch: rows per optimizer step (default: {DEFAULTS.batch_size})")
+    add("--batch-size", type=int, help="logical batch: rows per optimizer step (default: 256, halved down to 16 while an epoch would have fewer than 64 steps)")
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
     add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
     add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
     add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
-    add("--augment", choices=AUGMENT_SETTINGS, help="augment images with kadapt.augment (default: auto)")
+    add("--augment", choices=AUGMENT_SETTINGS, help="shift images (and mirror Fashion-MNIST) during training and at test time: on, off, or auto = on "
+             "for images of at least 16x16 pixels (default: auto)")
     add("--validation-split", type=float,
         help=f"fraction of training rows held out, the last ones (default: {DEFAULTS.validation_split})")
     add("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")

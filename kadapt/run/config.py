@@ -10,6 +10,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+from kadapt.recipes.batch_size import recipe_batch_size
 from kadapt.recipes.config import FastFitConfig
 from kadapt.recipes.config import command_line_switches
 from kadapt.recipes.config import switch_flag
@@ -29,7 +30,7 @@ class RunConfig:
     data: str
     # auto: fast_resnet for images of at least 16x16 pixels, mlp for the rest; or package.module:function
     model: str = "auto"
-    batch_size: int = 256  # the recipe's measured batch (kadapt.recipes.fast_fit)
+    batch_size: int | None = None  # None: the recipe's for the training rows (kadapt.recipes.batch_size)
     memory_budget: str | None = None
     epochs: int = 10
     # The `FastFitConfig` switches given, by field name; the others take the recipe's defaults.
@@ -43,7 +44,7 @@ class RunConfig:
     train_rows: int | None = None
 
     def __post_init__(self):
-        _positive_int("batch_size", self.batch_size)
+        _optional_positive_int("batch_size", self.batch_size)
         _positive_int("epochs", self.epochs)
         _optional_positive_int("max_steps", self.max_steps)
         _optional_positive_int("train_rows", self.train_rows)
@@ -121,6 +122,13 @@ def in_flags(message):
     for name, flag in RECIPE_FLAGS.items():
         message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag}=")
     return message
+
+
+def with_batch_size(config, train_rows):
+    """`config` with its logical batch: the one given, else the recipe's for `train_rows` rows."""
+    if config.batch_size is not None:
+        return config
+    return dataclasses.replace(config, batch_size=recipe_batch_size(train_rows))
 
 
 def schedule_steps(config, train_rows):

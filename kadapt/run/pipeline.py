@@ -29,6 +29,7 @@ from kadapt.run.callbacks import meta_adjuster
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
+from kadapt.run.config import with_batch_size
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
 from kadapt.run.networks import build_network
@@ -74,11 +75,12 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
     replace = directory.check_new_run(overwrite, resume)
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
+    if member is not None and not member.is_chief:
+        directory, replace = RunDirectory(member.scratch_directory(out, resume)), True
+    data = load_data(config)
+    config = with_batch_size(config, len(data.x_train))
     if member is not None:
         _check_split(config.batch_size, member.workers)
-        if not member.is_chief:
-            directory, replace = RunDirectory(member.scratch_directory(out, resume)), True
-    data = load_data(config)
     settings = recipe_config(config, data)
     name = network_name(config, data)
     precision = _precision(config, settings, name, data, directory if resume else None, member)

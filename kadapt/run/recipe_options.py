@@ -5,6 +5,9 @@ from kadapt.run.errors import UsageError
 
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
 FAST_RESNET_MIN_PIXELS = 16  # three 2x poolings and a global one need 16x16 images
+# --augment auto shifts images (and shifts them again at test time) from this size up: on 8x8 digits a
+# 1-pixel shift is an eighth of the image, and shifting cost 6 points (benchmarks/README.md#digits_defaults)
+AUGMENT_MIN_PIXELS = 16
 _MIXING = ("cutout", "cutmix", "mixup")
 _IMAGE_ONLY = _MIXING + ("expand",)
 
@@ -22,17 +25,22 @@ def recipe_config(config, data):
     """The `FastFitConfig` of a `RunConfig` on `data` (`TrainingData`).
 
     Options the user did not give keep the recipe's defaults. Images are
-    shifted (and mirrored where the classes survive it: Fashion-MNIST) unless
-    `--augment off`; rows that are not images are never augmented, and asking
-    for it there is a `UsageError`.
+    shifted (and mirrored where the classes survive it: Fashion-MNIST) with
+    `--augment on`, and with `auto` when they are at least 16x16 pixels;
+    rows that are not images are never augmented, and asking for it there is
+    a `UsageError`.
     """
     given = dict(config.recipe)
     _check_augmentation(config, data, given)
-    augment = data.is_image and config.augment != "off"
+    augment = data.is_image and (config.augment == "on" or config.augment == "auto" and _big_enough(data))
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
     return defaults.replace(**given)  # the given switches were judged by RunConfig
+
+
+def _big_enough(data):
+    return min(data.input_shape[:2]) >= AUGMENT_MIN_PIXELS
 
 
 def augmentation_text(recipe):
