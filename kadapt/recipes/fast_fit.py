@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from kadapt.precision import global_policy
 from kadapt.recipes import training
+from kadapt.recipes.batch_size import RECIPE_BATCH_SIZE
+from kadapt.recipes.batch_size import recipe_batch_size
 from kadapt.recipes.config import FastFitConfig
 from kadapt.validation import check_range
 
@@ -15,7 +17,7 @@ def fast_fit(
     y: np.ndarray | None = None,
     validation_data: tuple | None = None,
     epochs: int = 10,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     config: FastFitConfig | None = None,
     num_classes: int | None = None,
     callbacks: list | None = None,
@@ -41,7 +43,9 @@ def fast_fit(
         y: Int labels (N,) or one-hot labels (N, num_classes).
         validation_data: `(x_val, y_val)` arrays, or `None`. Defaults to `None`.
         epochs: Positive int. Defaults to `10`.
-        batch_size: Positive int. Defaults to `256`.
+        batch_size: Positive int, or `None` for the recipe's: 256, halved
+            down to 16 while an epoch would have fewer than 64 steps
+            (`kadapt.recipes.batch_size`). Defaults to `None`.
         config: `FastFitConfig` or `None` for the defaults. Defaults to `None`.
         num_classes: Int, or `None` to infer it from array labels. Required
             with a dataset of int labels. Defaults to `None`.
@@ -84,7 +88,7 @@ def fast_fit(
     """
     config = config or FastFitConfig()
     check_range("epochs", epochs, low=1, integer=True)
-    check_range("batch_size", batch_size, low=1, integer=True)
+    batch_size = _batch_size(x, batch_size)
     if seed is not None:
         keras.utils.set_random_seed(seed)
     train, images, num_classes, steps_per_epoch = _training_data(x, y, batch_size, num_classes, seed, config, epochs)
@@ -106,6 +110,14 @@ def fast_fit(
     )
     model.history, model.precision = history, precision
     return model
+
+
+def _batch_size(x, batch_size):
+    """The given batch, else the recipe's for the rows of `x` (a dataset brings its own batches)."""
+    if batch_size is not None:
+        check_range("batch_size", batch_size, low=1, integer=True)
+        return batch_size
+    return RECIPE_BATCH_SIZE if isinstance(x, tf.data.Dataset) else recipe_batch_size(len(x))
 
 
 def _training_data(x, y, batch_size, num_classes, seed, config, epochs):
