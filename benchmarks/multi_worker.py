@@ -6,7 +6,7 @@ worker per step) with SGD for --steps timed steps after --warmup steps; each wor
 pinned to one intra-op and one inter-op thread. Each worker reads only its own rows
 (`strategy.distribute_datasets_from_function`, batched by its share): a dataset handed to `fit`
 whole is read and batched in full on every worker and then sharded, which on this 2-core machine
-cost the 2-worker arm a quarter of its speed (scaling 1.51 instead of 1.71). The 1-worker arm is a one-worker cluster (the same
+cost the 2-worker arm much of its scaling (benchmarks/README.md#multi_worker). The 1-worker arm is a one-worker cluster (the same
 code path); the 2-worker arm is two processes on 127.0.0.1 with a global batch of 2 x the
 per-worker batch. Scaling = samples/s(2 workers) / samples/s(1 worker) (ideal 2.0, target >= 1.7).
 

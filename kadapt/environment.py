@@ -4,13 +4,13 @@ TensorFlow reads some settings from environment variables once, when it is
 imported. Two matter to kadapt on the CPU:
 
 - `TF_ENABLE_ONEDNN_OPTS`: TensorFlow 2.21 turns its oneDNN kernels on by
-  default on some CPUs only. Where they are off, conv nets train about 2.7x
-  slower and the CPU allocator keeps no statistics, so
+  default on some CPUs only. Where they are off, conv nets train several times
+  slower (benchmarks/README.md#cpu_allocator) and the CPU allocator keeps no statistics, so
   `tf.config.experimental.get_memory_info("CPU:0")` raises and the memory probe
   cannot measure a step.
 - `TF_CPU_ALLOCATOR_USE_BFC`: the BFC allocator (the GPU's) on the CPU. It also
   gives statistics; `benchmarks/cpu_allocator.py` measured both, and kadapt
-  uses `SETTINGS` (see the README for the figures).
+  uses `SETTINGS` (figures: benchmarks/README.md#cpu_allocator; design: docs/probe.md).
 
 The `kadapt` command, `tools/probe_gpu.py`, the tests and the benchmarks call
 `configure_tensorflow()` before importing TensorFlow. A variable the user set

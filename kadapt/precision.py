@@ -3,9 +3,8 @@
 `choose_precision` times a few training steps of the actual model under each
 Keras dtype policy the device has units for (`supported_policies`) and keeps
 the fastest one that beats float32 by at least `min_speedup` (1.15x), else
-float32: a 2-core Intel Xeon with AMX ran the recipe's network 1.97x faster
-under `mixed_bfloat16`, while a CPU without BF16 units emulates bfloat16 and
-loses time. The variables stay float32 under every policy (Keras' mixed
+float32: the gain depends on the CPU (benchmarks/README.md#precision_step),
+and a CPU without BF16 units emulates bfloat16 and loses time. The variables stay float32 under every policy (Keras' mixed
 precision); `"mixed_float16"` scales the loss (Keras wraps the optimizer).
 """
 

@@ -9,7 +9,7 @@ digits, a GRU on noisy waves, an autoencoder on digits; constant, cosine and
 triangular rates; SGD and Adam), each branch scored at the end of its budget.
 
 Run: `.venv/bin/python tools/train_meta_model.py [--store runs/meta/records.sqlite] [--workers 2]`
-(collection about 30 minutes with 2 workers on a 2-core CPU, the search a few minutes).
+(timings: benchmarks/README.md#train_meta_model).
 """
 
 import argparse

@@ -4,15 +4,15 @@ TensorFlow's CPU allocator with oneDNN is a BFC allocator, the GPU's kind. It
 grows on demand, region by region, each twice the last; a buffer never spans
 two regions, and a free chunk less than twice a request is handed out whole
 and counted whole in the peak. So where a step's buffers land, and its peak,
-depend on how the regions happened to grow: one step of a conv net with
-BatchNorm at 149 rows peaked 116.7-152.6 MiB over fresh processes, and lower
-in a process that had run larger steps before (the probe's own). A GPU's
+depend on how the regions happened to grow, from one fresh process to the
+next, and lower in a process that had run larger steps before (the probe's
+own). A GPU's
 allocator takes its memory as one region when it starts. Taking
 `REGION_FACTOR` x the budget as one region before the first measured step
 (allocated uninitialized and freed at once: the pages are never touched, the
 region stays with the allocator) put that step's buffers in one region in
-every process: its highest of three steps' peaks was 101.8-109.1 MiB over 13
-fresh processes (`benchmarks/README.md`).
+every process (figures: benchmarks/README.md#peak_levels; why:
+docs/probe.md).
 """
 
 from __future__ import annotations

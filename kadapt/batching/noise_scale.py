@@ -20,8 +20,8 @@ v. Its critical batch follows the noise of P g, so with an Adam-family
 optimizer the norms are taken of P g: B = tr(P Sigma P) / |P G|^2, the
 preconditioned noise scale of Pollux (Qiao et al. 2021). P is that of the
 optimizer's state before the step; the first step (v = 0) is not measured.
-On the Fashion-MNIST MLP of `benchmarks/noise_scale.py` (Adam, batch 64) it
-came out 4.3x, 1.9x and 1.9x the plain B_simple after epochs 1, 2 and 3.
+How it compares with the plain B_simple on the Fashion-MNIST MLP of
+`benchmarks/noise_scale.py`: benchmarks/README.md#noise_scale.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ MAX_TRIALS = 8  # reached only while no trial has fit with room for the noise
 # step's peak fits: about 1 step in 40 above it, were the peaks normal.
 NOISE_SIGMAS = 2.0
 # The peak of one traced step varies from run to run (independent ops run in
-# parallel, and whether their buffers overlap depends on timing: a conv net
-# with BatchNorm here peaked 88-98 MiB over five runs of one step): a size
+# parallel, and whether their buffers overlap depends on timing; figures:
+# benchmarks/README.md#peak_levels): a size
 # fits when each of this many measured steps does, the rule
 # benchmarks/probe.py judges the probe by.
 MEASURED_STEPS = 3

@@ -35,9 +35,8 @@ class FastFitConfig:
             constant momentum 0.9 (the speed records' choice); `"cosine"`:
             `CosineAnnealing` learning rate with `CosineMomentum`
             (0.95 -> 0.85 -> 0.95) through `MomentumScheduler`. Both Nesterov.
-            On Fashion-MNIST (14 epochs, 3 seeds) triangular gave 93.77% and
-            cosine 93.72% mean test accuracy: equal within seed noise; the
-            default is the (marginally) better one.
+            The two measured equal within seed noise on Fashion-MNIST
+            (benchmarks/README.md#fashion_mnist_fast); triangular is the default.
         learning_rate: Peak learning rate (for the mean loss of a batch).
         warmup_fraction: Fraction of the steps spent warming up.
         weight_decay: Keras' decoupled decay: w -= lr * weight_decay * w each
