@@ -1,10 +1,9 @@
 """How many bytes a training step may use on a device.
 
 Order of precedence: the `memory_budget` argument, the `KADAPT_MEMORY_BUDGET`
-environment variable, then the device itself — on a GPU its capacity (NVML
-through `nvidia-ml-py` when installed, else the logical device's
-`memory_limit`) minus `GPU_SAFETY_MARGIN`; on the CPU `CPU_RAM_FRACTION` of the
-RAM available now.
+environment variable, then the device itself — on a GPU the pool TensorFlow's
+allocator has there (`kadapt.batching.gpu_memory`) less `gpu_margin`; on the
+CPU `CPU_RAM_FRACTION` of the RAM available now.
 """
 
 from __future__ import annotations
@@ -16,7 +15,19 @@ import re
 
 import tensorflow as tf
 
-GPU_SAFETY_MARGIN = 0.10  # CUDA context, cuDNN workspaces, fragmentation
+from kadapt.batching.gpu_memory import gpu_capacity
+
+# Taken off a GPU's pool. The pool already excludes the CUDA context and
+# TensorFlow's own reserve (it is what remained free at start, less that
+# reserve). What a measured peak does not show, inside the pool: the
+# workspaces a step or the XLA compile of a new size takes after the measured
+# step (cuDNN/cuBLAS(Lt) autotuning and workspaces, a few hundred MiB on
+# large convolutions and GEMMs) -- a fixed part; and the free space the
+# allocator's chunks leave between buffers, which grows with the pool
+# (on the CPU, peaks of the same step moved by up to 15-20% across processes
+# before the region was held; one region makes it far less) -- a fraction.
+GPU_MARGIN_BYTES = 512 * 2**20
+GPU_MARGIN_FRACTION = 0.05
 CPU_RAM_FRACTION = 0.50  # of MemAvailable: leave the rest to the OS and data
 ENVIRONMENT_VARIABLE = "KADAPT_MEMORY_BUDGET"
 
@@ -76,38 +87,30 @@ def device_budget(memory_budget: int | str | None = None, device: str | None = N
         size = parse_memory_size(os.environ[ENVIRONMENT_VARIABLE], name=ENVIRONMENT_VARIABLE)
         return MemoryBudget(size, device, ENVIRONMENT_VARIABLE)
     if device.upper().startswith("GPU"):
-        capacity, source = gpu_capacity(device)
-        return MemoryBudget(int(capacity * (1 - GPU_SAFETY_MARGIN)), device, source)
+        return gpu_budget(device)
     available = available_ram()
     return MemoryBudget(
         int(available * CPU_RAM_FRACTION), device, f"{CPU_RAM_FRACTION:.0%} of available RAM"
     )
 
 
-def gpu_capacity(device: str = "GPU:0") -> tuple[int, str]:
-    """Total bytes of a GPU and how they were found."""
-    index = int(device.split(":")[-1])
-    try:
-        import pynvml  # from nvidia-ml-py
-    except ImportError:
-        pynvml = None
-    if pynvml is not None:
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), "NVML total"
-        finally:
-            pynvml.nvmlShutdown()
-    physical = tf.config.list_physical_devices("GPU")[index]
-    limits = tf.config.get_logical_device_configuration(physical) or []
-    if limits and limits[0].memory_limit:
-        return int(limits[0].memory_limit) * 2**20, "logical device memory_limit"
-    details = tf.config.experimental.get_device_details(physical)
-    raise ValueError(
-        f"The capacity of {device} ({details.get('device_name', 'GPU')}) is unknown: "
-        "install `nvidia-ml-py`, set a logical device `memory_limit`, or pass "
-        "`memory_budget=` (e.g. '20GiB'). Received: memory_budget=None"
-    )
+def gpu_margin(pool_bytes: int) -> int:
+    """Bytes kept free of a GPU pool of `pool_bytes` (see `GPU_MARGIN_BYTES`)."""
+    return GPU_MARGIN_BYTES + int(GPU_MARGIN_FRACTION * pool_bytes)
+
+
+def gpu_budget(device: str, list_limits=None) -> MemoryBudget:
+    """The budget of a GPU: its allocator's pool less `gpu_margin`; `list_limits` as in `gpu_capacity`."""
+    capacity = gpu_capacity(device, list_limits)
+    size = capacity.pool_bytes - gpu_margin(capacity.pool_bytes)
+    if size <= 0:
+        raise ValueError(
+            f"The pool of {device} ({capacity.pool_bytes / 2**20:.0f} MiB, {capacity.source}) is smaller "
+            f"than kadapt's margin ({gpu_margin(capacity.pool_bytes) / 2**20:.0f} MiB): pass "
+            f"`memory_budget=` (e.g. '1GiB') or give the device more memory. Received: memory_budget=None"
+        )
+    source = f"{capacity.source} {capacity.pool_bytes / 2**30:.1f} GiB less {GPU_MARGIN_BYTES // 2**20} MiB + {GPU_MARGIN_FRACTION:.0%}"
+    return MemoryBudget(size, device, source)
 
 
 def available_ram() -> int:

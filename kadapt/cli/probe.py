@@ -96,21 +96,12 @@ def _check_arguments(args):
 
 
 def list_devices() -> list[dict]:
-    """Devices with their total and used bytes, where TensorFlow can tell."""
+    """Devices with their total and used bytes, where TensorFlow can tell, and where each figure came from."""
     import tensorflow as tf
 
     from kadapt.batching import memory_budget
 
-    devices = []
-    for index, _ in enumerate(tf.config.list_physical_devices("GPU")):
-        name = f"GPU:{index}"
-        try:
-            total, source = memory_budget.gpu_capacity(name)
-        except ValueError:
-            total, source = None, "unknown"
-        used = tf.config.experimental.get_memory_info(name)["current"]
-        devices.append({"device": name, "total_bytes": total, "used_bytes": used, "source": source,
-                        "allocator_statistics": True, "allocator": "BFC"})
+    devices = [gpu_facts(f"GPU:{index}") for index, _ in enumerate(tf.config.list_physical_devices("GPU"))]
     ram_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     available = memory_budget.available_ram()
     devices.append({"device": "CPU:0", "total_bytes": ram_total,
@@ -120,6 +111,37 @@ def list_devices() -> list[dict]:
     return devices
 
 
+def gpu_facts(name: str, list_limits=None) -> dict:
+    """One GPU's line of the fact sheet: its pool (TensorFlow's `memory_limit`), NVML's total,
+    the budget kadapt takes from them, and what its allocator's peaks count."""
+    import tensorflow as tf
+
+    from kadapt.batching import allocator_mode
+    from kadapt.batching import gpu_memory
+    from kadapt.batching import memory_budget
+
+    try:
+        capacity = gpu_memory.gpu_capacity(name, list_limits)
+        total, source, nvml = capacity.pool_bytes, capacity.source, capacity.nvml_total_bytes
+        budget = memory_budget.gpu_budget(name, list_limits).bytes
+    except ValueError:
+        total, source, nvml, budget = None, "unknown", gpu_memory.nvml_total(gpu_memory.device_index(name)), None
+    mode = allocator_mode.allocator_mode(name)
+    return {"device": name, "total_bytes": total, "used_bytes": tf.config.experimental.get_memory_info(name)["current"],
+            "source": source, "nvml_total_bytes": nvml, "budget_bytes": budget, "allocator_statistics": True,
+            "allocator": mode, "peaks_count": allocator_mode.COUNTS[mode]}
+
+
+def gpu_line(device: dict) -> str:
+    """`GPU:0 capacity 80.0 GiB (TensorFlow memory_limit), NVML total 80.0 GiB, ...`"""
+    def gib(value):
+        return "?" if value is None else f"{value / 2**30:.1f} GiB"
+
+    nvml = "not installed or not found" if device["nvml_total_bytes"] is None else gib(device["nvml_total_bytes"])
+    return (f"{device['device']} capacity {gib(device['total_bytes'])} ({device['source']}), NVML total {nvml}, "
+            f"budget {gib(device['budget_bytes'])}; allocator {device['allocator']}: peaks count {device['peaks_count']}")
+
+
 def print_devices(devices: list[dict], runtime: dict) -> None:
     print(f"{'device':8s} {'total MiB':>12s} {'used MiB':>12s}  {'statistics':10s}  {'allocator':33s}  source")
     for d in devices:
@@ -127,6 +149,9 @@ def print_devices(devices: list[dict], runtime: dict) -> None:
         statistics = "yes" if d["allocator_statistics"] else "no"
         print(f"{d['device']:8s} {total:>12s} {d['used_bytes'] / 2**20:12.0f}  {statistics:10s}  "
               f"{d['allocator']:33s}  {d['source']}")
+    for d in devices:
+        if d["device"].startswith("GPU"):
+            print(gpu_line(d))
     setting = f" ({runtime['onednn_variable']})" if runtime["onednn_variable"] else ""
     print(f"oneDNN CPU kernels: {runtime['onednn']}{setting}")
 
