@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from kadapt.batching.allocator_mode import check_measurable
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import available_ram
 from kadapt.environment import allocator_statistics_available
@@ -34,10 +35,13 @@ _reserved_bytes = {}  # device -> the largest region reserved in this process
 def reserve_region(budget: MemoryBudget) -> None:
     """Makes the allocator of `budget.device` hold one free region of
     `REGION_FACTOR` x `budget.bytes` (at most half the RAM available), once per
-    process and size. Resets the device's peak. A no-op on a GPU, whose
-    allocator holds its memory from the start (or grows by the user's
-    choice), and where the CPU keeps no allocator statistics (TensorFlow's
-    plain CPU allocator: `malloc`, no regions).
+    process and size. Resets the device's peak. On a GPU, whose allocator
+    holds its memory as one region from the start, it only refuses memory
+    growth (`kadapt.batching.allocator_mode.check_measurable`: growing
+    regions are what this function undoes on the CPU, and a GPU shared by
+    growth has no room to hold the budget). A no-op where the CPU keeps no
+    allocator statistics (TensorFlow's plain CPU allocator: `malloc`, no
+    regions).
 
     Args:
         budget: `kadapt.batching.MemoryBudget`.
@@ -50,6 +54,9 @@ def reserve_region(budget: MemoryBudget) -> None:
     ```
     """
     device = budget.device
+    if device.upper().startswith("GPU"):
+        check_measurable(device)
+        return
     if not device.upper().startswith("CPU") or not allocator_statistics_available(device):
         return
     # At most half the RAM available: one reservation of all of it was refused

@@ -5,8 +5,15 @@ MIB = 2**20
 
 
 def budget_line(model_name: str, budget) -> str:
-    """What is probed where: `budget` is a `kadapt.batching.MemoryBudget`."""
-    return f"probing {model_name} on {budget.device}, budget {budget.bytes / MIB:.1f} MiB ({budget.source})"
+    """What is probed where: `budget` is a `kadapt.batching.MemoryBudget`; on a GPU, what its peaks count."""
+    line = f"probing {model_name} on {budget.device}, budget {budget.bytes / MIB:.1f} MiB ({budget.source})"
+    if not budget.device.upper().startswith("GPU"):
+        return line
+    from kadapt.batching.allocator_mode import COUNTS
+    from kadapt.batching.allocator_mode import allocator_mode
+
+    mode = allocator_mode(budget.device)
+    return f"{line}; allocator {mode}: peaks count {COUNTS[mode]}"
 
 
 def trial_line(trial) -> str:
