@@ -2,7 +2,10 @@
 
 `--workers N` starts N local worker processes of the same command, each
 with TF_CONFIG for its task on a free 127.0.0.1 port and an equal share of
-the CPU threads (`KADAPT_WORKER_THREADS`), and waits for them. A `kadapt
+the CPU threads (`KADAPT_WORKER_THREADS`), and waits for them. On a GPU host
+each worker gets one GPU of its own (`CUDA_VISIBLE_DEVICES`): TensorFlow
+takes a GPU's whole pool when it starts, so a second worker on the same GPU
+would get almost nothing. A `kadapt
 train` that finds TF_CONFIG set (a worker started so, or one of a real
 multi-host job) is a `ClusterMember`:
 
@@ -30,6 +33,8 @@ import time
 from pathlib import Path
 
 from kadapt import environment
+from kadapt.batching.gpu_memory import VISIBLE_DEVICES
+from kadapt.batching.gpu_memory import visible_device_entry
 from kadapt.run.errors import UsageError
 
 THREADS_VARIABLE = "KADAPT_WORKER_THREADS"
@@ -88,16 +93,17 @@ def launch_local_workers(count, argv, echo=print):
     logs (named on failure). When a worker fails, the others end within
     `STOP_GRACE_SECONDS` (they notice the lost peer) or are stopped.
     """
+    gpus = worker_gpus(count, visible_gpu_count(), os.environ.get(VISIBLE_DEVICES))
     ports = [free_port() for _ in range(count)]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     threads = environment.thread_share(count)
     logs = Path(tempfile.mkdtemp(prefix="kadapt-workers-"))
+    each_gpu = f", GPU {', '.join(gpus)} ({VISIBLE_DEVICES})" if gpus else ""
     echo(f"starting {count} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
-         f"({threads} CPU thread(s) each); worker logs in {logs}")
+         f"({threads} CPU thread(s) each{each_gpu}); worker logs in {logs}")
     processes = []
     for index in range(count):
-        variables = {**os.environ, THREADS_VARIABLE: str(threads),
-                     "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        variables = {**os.environ, **worker_environment(index, cluster, threads, gpus)}
         output = None if index == 0 else open(logs / f"worker-{index}.log", "w")
         processes.append(subprocess.Popen([sys.executable, "-m", "kadapt.cli", *argv], env=variables,
                                           stdout=output, stderr=subprocess.STDOUT if output else None))
@@ -110,6 +116,41 @@ def launch_local_workers(count, argv, echo=print):
             if process.poll() is None:
                 process.kill()
             process.wait()
+
+
+def worker_environment(index: int, cluster: dict, threads: int, gpus: list[str] | None) -> dict[str, str]:
+    """The variables worker `index` gets on top of this process's: its TF_CONFIG,
+    its CPU threads and, on a GPU host, its one GPU (`gpus` from `worker_gpus`)."""
+    variables = {THREADS_VARIABLE: str(threads),
+                 "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+    if gpus:
+        variables[VISIBLE_DEVICES] = gpus[index]
+    return variables
+
+
+def worker_gpus(count: int, gpu_count: int, visible: str | None) -> list[str] | None:
+    """The `CUDA_VISIBLE_DEVICES` entry of each of `count` local workers: the
+    i-th GPU this process sees (an entry of `visible`, this process's
+    `CUDA_VISIBLE_DEVICES`, kept as written: an index or a UUID); `None` on a
+    host without GPUs. Raises `UsageError` when there are fewer GPUs than workers."""
+    if gpu_count == 0:
+        return None
+    if count > gpu_count:
+        shown = f" ({VISIBLE_DEVICES}={visible})" if visible else ""
+        raise UsageError(
+            f"--workers starts one worker per GPU, and TensorFlow sees {gpu_count} GPU(s) here{shown}: "
+            f"pass --workers {gpu_count} or fewer (a larger logical batch is split into micro-batches "
+            f"on each), or start the other workers on another host with TF_CONFIG. Received: --workers={count}"
+        )
+    return [visible_device_entry(index, visible) for index in range(count)]
+
+
+def visible_gpu_count() -> int:
+    """The GPUs TensorFlow sees in this process (after `CUDA_VISIBLE_DEVICES`).
+    Lists physical devices only: this process takes no GPU memory."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _wait(processes, logs, echo):
