@@ -12,6 +12,7 @@ from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.cli.probe import gpu_line
 from kadapt.run.errors import UsageError
+from kadapt.run.probe_text import check_probe_allocator
 from kadapt.run.workers import worker_environment
 from kadapt.run.workers import worker_gpus
 
@@ -129,3 +130,11 @@ def test_a_workers_environment_on_gpu_and_cpu_hosts():
     assert on_gpu["CUDA_VISIBLE_DEVICES"] == "7" and on_gpu["KADAPT_WORKER_THREADS"] == "4"
     assert '"task": {"type": "worker", "index": 1}' in on_gpu["TF_CONFIG"]
     assert set(worker_environment(1, cluster, 4, None)) == {"KADAPT_WORKER_THREADS", "TF_CONFIG"}
+
+
+def test_the_command_line_refuses_memory_growth_in_its_own_words(monkeypatch):
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    with pytest.raises(UsageError, match=r"^kadapt measures the micro-batch with trial steps, which it cannot do "
+                                         r"with GPU memory growth on for GPU:0.*Received: allocator mode 'bfc-growth'$"):
+        check_probe_allocator("GPU:0")
+    check_probe_allocator("CPU:0")

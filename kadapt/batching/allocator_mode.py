@@ -76,10 +76,16 @@ def check_measurable(device: str, mode: str | None = None) -> None:
     if mode != "bfc-growth":
         return
     raise ValueError(
-        f"Argument `micro_batch_size` cannot be 'auto' (nor a size probed) with GPU memory growth on "
-        f"for {device}: its allocator grows region by region, so a step's peak depends on how the "
-        f"regions happened to grow, and a size measured here may not fit the next run. Turn memory "
-        f"growth off (unset {GROWTH_VARIABLE}, drop tf.config.experimental.set_memory_growth) and "
-        f"set a logical device memory_limit to share the GPU, or pass an int micro_batch_size. "
-        f"Received: micro_batch_size='auto', allocator mode {mode!r}"
+        f"Argument `micro_batch_size` cannot be 'auto' (nor a size probed) with {growth_reason(device)}, "
+        f"or pass an int micro_batch_size. Received: micro_batch_size='auto', allocator mode {mode!r}"
+    )
+
+
+def growth_reason(device: str) -> str:
+    """Why memory growth defeats the probe, and what to do (the command line says it too)."""
+    return (
+        f"GPU memory growth on for {device}: its allocator grows region by region, so a step's peak "
+        f"depends on how the regions happened to grow, and a size measured here may not fit the next "
+        f"run. Turn memory growth off (unset {GROWTH_VARIABLE}, drop "
+        f"tf.config.experimental.set_memory_growth) and set a logical device memory_limit to share the GPU"
     )

@@ -11,6 +11,7 @@ from kadapt import environment
 from kadapt.run.config import MODEL_NAMES as BUILTIN_MODELS
 from kadapt.run.errors import UsageError
 from kadapt.run.probe_text import budget_line
+from kadapt.run.probe_text import check_probe_allocator
 from kadapt.run.probe_text import trial_line
 from kadapt.run.probe_text import trial_table
 
@@ -57,6 +58,7 @@ def _probe(model, budget, args):
 
     import kadapt
 
+    check_probe_allocator(budget.device)
     progress = sys.stderr if args.json else sys.stdout
     data = random_batch(model, 2 * args.batch_size, np.random.default_rng(0))
     print(budget_line(model.name, budget), file=progress, flush=True)

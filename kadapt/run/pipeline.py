@@ -35,6 +35,7 @@ from kadapt.run.errors import UsageError
 from kadapt.run.networks import build_network
 from kadapt.run.plots import draw_plots
 from kadapt.run.probe_text import budget_line
+from kadapt.run.probe_text import check_probe_allocator
 from kadapt.run.probe_text import trial_line
 from kadapt.run.recipe_options import augmentation_text
 from kadapt.run.recipe_options import network_name
@@ -191,6 +192,7 @@ def _share(run):
 def _probe(run, echo):
     config, data = run.config, run.data
     budget = device_budget(config.memory_budget)
+    check_probe_allocator(budget.device)
     echo(budget_line(run.model_name, budget))
     model = run.model
     if run.member is not None:

@@ -16,6 +16,17 @@ def budget_line(model_name: str, budget) -> str:
     return f"{line}; allocator {mode}: peaks count {COUNTS[mode]}"
 
 
+def check_probe_allocator(device: str) -> None:
+    """Raises `UsageError` where the probe's trial steps cannot be trusted (GPU memory growth)."""
+    from kadapt.batching.allocator_mode import allocator_mode
+    from kadapt.batching.allocator_mode import growth_reason
+    from kadapt.run.errors import UsageError
+
+    if device.upper().startswith("GPU") and allocator_mode(device) == "bfc-growth":
+        raise UsageError(f"kadapt measures the micro-batch with trial steps, which it cannot do with "
+                         f"{growth_reason(device)}. Received: allocator mode 'bfc-growth'")
+
+
 def trial_line(trial) -> str:
     """One `kadapt.batching.ProbeTrial` as it finishes (the probe's `on_trial`)."""
     peak = "out of memory" if trial.peak_bytes is None else f"{trial.peak_bytes / MIB:9.1f} MiB"
