@@ -37,8 +37,9 @@ def tensorflow_memory_limits() -> dict[str, int]:
 
     TensorFlow has no public call for it. `device_lib.list_local_devices()`
     and `tf.compat.v1.Session().list_devices()` create a second set of
-    devices, whose limit is the free memory measured again, after this
-    process's allocator took its pool. So this reads the eager context's own
+    devices, whose limit TensorFlow computes again from the free memory of
+    that moment, after this process's allocator took its pool (read in the
+    TF sources, not measured). So this reads the eager context's own
     device list; it is the one place kadapt touches TensorFlow's internals,
     and returns `{}` where they are gone (the logical device configuration
     is then the only source).
@@ -51,13 +52,17 @@ def tensorflow_memory_limits() -> dict[str, int]:
         handle = context.context()
         handle.ensure_initialized()
         listing = pywrap_tfe.TFE_ContextListDevices(handle._context_handle)
-        count = pywrap_tfe.TF_DeviceListCount(listing)
+    except (ImportError, AttributeError, TypeError):
+        return {}
+    try:
         return {
             short_name(pywrap_tfe.TF_DeviceListName(listing, i)): int(pywrap_tf_session.TF_DeviceListMemoryBytes(listing, i))
-            for i in range(count)
+            for i in range(pywrap_tfe.TF_DeviceListCount(listing))
         }
-    except (ImportError, AttributeError):
+    except (AttributeError, TypeError):
         return {}
+    finally:
+        pywrap_tfe.TF_DeleteDeviceList(listing)
 
 
 def short_name(name: str) -> str:
@@ -137,6 +142,8 @@ def nvml_total(index: int, visible: str | None = None, nvml=None) -> int | None:
     try:
         handle = _nvml_handle(nvml, entry)
         return None if handle is None else int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except nvml.NVMLError:  # a board NVML cannot read (lost, no permission): no cross-check
+        return None
     finally:
         nvml.nvmlShutdown()
 
