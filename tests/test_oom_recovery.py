@@ -89,12 +89,11 @@ def test_bad_retry_count():
         kadapt.accumulate(_model(None), 4, max_oom_retries=-1)
 
 
-def test_mirrored_replicas_all_retry_smaller_when_one_runs_out_of_memory():
+def test_mirrored_replicas_all_retry_smaller_when_one_runs_out_of_memory(mirrored_strategy):
     # 16 rows per step, 8 per replica; only the first replica runs out of memory at 8.
     # BatchNorm sees micro-batches, so the weights show which size each replica used:
     # the oracle is a run at 6 from the start.
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
+    with mirrored_strategy.scope():
         recovered = kadapt.accumulate(_model(6, batch_norm=True, replica=0), 8)
         reference = kadapt.accumulate(_model(6, batch_norm=True, replica=0), 6)
     history = _fit(recovered, epochs=1)
