@@ -20,6 +20,13 @@ tf.config.set_logical_device_configuration(
 )
 
 
+@pytest.fixture(scope="session")
+def mirrored_strategy():
+    """MirroredStrategy on the two logical CPUs, one for the whole session: the collective
+    instance keys of two strategies in one process collide (a shape mismatch in the second)."""
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_probe_cache(tmp_path_factory):
     """The probe cache of the tests and the commands they start, not the user's."""

@@ -60,6 +60,35 @@ class OutOfMemoryAbove(keras.layers.Layer):
         return tf.cond(tf.shape(inputs)[0] > self.rows, explode, lambda: inputs)
 
 
+class OutOfMemoryOnReplicaAbove(keras.layers.Layer):
+    """Identity layer that raises a ResourceExhaustedError at once, inside a
+    traced step, when replica `replica` of a tf.distribute strategy sees more
+    than `rows` rows. (TensorFlow raises a Python MemoryError in a py_function
+    as ResourceExhaustedError; a real allocation costs 10 s of allocator
+    retries.)"""
+
+    def __init__(self, rows, replica, **kwargs):
+        super().__init__(**kwargs)
+        self.rows, self.replica = rows, replica
+
+    def call(self, inputs):
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None:  # the symbolic build, in the strategy's cross-replica context
+            return inputs
+
+        def explode():
+            def fail():
+                raise MemoryError(f"replica {self.replica} out of memory above {self.rows} rows")
+
+            return inputs + tf.ensure_shape(tf.py_function(fail, [], inputs.dtype), [])
+
+        too_many = tf.logical_and(tf.shape(inputs)[0] > self.rows,
+                                  tf.equal(context.replica_id_in_sync_group, self.replica))
+        return tf.cond(too_many, explode, lambda: inputs)
+
+
 def constant_meta_model(action_index, gain=1.0):
     """A meta-model (with the MetaSpec) that predicts `action_index` ends `gain` below keeping
     (in log validation loss) and every other action 1.0 above it, whatever the window."""

@@ -1,7 +1,6 @@
 """tf.distribute.MirroredStrategy on two logical CPU devices."""
 
 import numpy as np
-import tensorflow as tf
 
 import kadapt
 from helpers import classification_data
@@ -10,8 +9,8 @@ from helpers import max_relative_difference
 from helpers import mlp
 
 
-def test_mirrored_strategy_matches_single_device_full_batch():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_mirrored_strategy_matches_single_device_full_batch(mirrored_strategy):
+    strategy = mirrored_strategy
     assert strategy.num_replicas_in_sync == 2
     x, y = classification_data(rows=32)
     plain = compile_classifier(mlp())

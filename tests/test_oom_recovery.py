@@ -7,15 +7,18 @@ import tensorflow as tf
 
 import kadapt
 from helpers import OutOfMemoryAbove
+from helpers import OutOfMemoryOnReplicaAbove
 from helpers import max_relative_difference
 
 
-def _model(rows_that_fit, batch_norm=False, seed=0):
+def _model(rows_that_fit, batch_norm=False, seed=0, replica=None):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((5,))]
     if batch_norm:
         layers.append(keras.layers.BatchNormalization())
-    if rows_that_fit is not None:
+    if replica is not None:
+        layers.append(OutOfMemoryOnReplicaAbove(rows_that_fit, replica))
+    elif rows_that_fit is not None:
         layers.append(OutOfMemoryAbove(rows_that_fit))
     layers += [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
     model = keras.Sequential(layers)
@@ -84,3 +87,18 @@ def test_recovery_off_raises_the_original_error():
 def test_bad_retry_count():
     with pytest.raises(ValueError, match=r"`max_oom_retries` must be an int >= 0. Received: max_oom_retries=-1"):
         kadapt.accumulate(_model(None), 4, max_oom_retries=-1)
+
+
+def test_mirrored_replicas_all_retry_smaller_when_one_runs_out_of_memory(mirrored_strategy):
+    # 16 rows per step, 8 per replica; only the first replica runs out of memory at 8.
+    # BatchNorm sees micro-batches, so the weights show which size each replica used:
+    # the oracle is a run at 6 from the start.
+    with mirrored_strategy.scope():
+        recovered = kadapt.accumulate(_model(6, batch_norm=True, replica=0), 8)
+        reference = kadapt.accumulate(_model(6, batch_norm=True, replica=0), 6)
+    history = _fit(recovered, epochs=1)
+    reference_history = _fit(reference, epochs=1)
+    assert recovered.oom_events == ((0, 8, 6),)
+    assert int(recovered.optimizer.iterations.numpy()) == 2
+    assert max_relative_difference(reference.get_weights(), recovered.get_weights()) <= 1e-6
+    np.testing.assert_allclose(history.history["loss"], reference_history.history["loss"], rtol=1e-6)

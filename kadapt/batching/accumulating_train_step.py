@@ -40,8 +40,9 @@ class AccumulatingTrainStep:
             after running out of memory. Defaults to `None` (the device's,
             see `kadapt.batching.memory_budget`).
         max_oom_retries: Non-negative int. How many times one logical batch is
-            retried with a smaller micro-batch after a `ResourceExhaustedError`
-            before the error is raised; 0 turns recovery off. Defaults to `8`.
+            retried with a smaller micro-batch after running out of memory (any
+            form of `kadapt.batching.out_of_memory`) before it raises; 0
+            turns recovery off. Defaults to `8`.
         measure_noise: Bool. Estimate the gradient noise scale B_simple from
             the micro-batch gradients of every step (one squared norm per
             micro-batch) and report it as `noise_scale` in the logs and History

@@ -2,12 +2,17 @@
 
 `RecoveringTrainFunction` is what an accumulating model's `train_function`
 is. It pulls each logical batch from the iterator in Python, so when the step
-raises `ResourceExhaustedError` it still holds the batch: it restores what the
-failed step touched (BatchNorm statistics, RNG seed states, metrics, the loss
-scale and iteration counter), shrinks the micro-batch and runs the SAME batch
-again. The weights need no restoring: the optimizer applies only after every
-micro-batch succeeded. The logical batch, and so the training trajectory, is
-unchanged.
+runs out of memory (any form `kadapt.batching.out_of_memory` recognizes) it
+still holds the batch: it restores what the failed step touched (BatchNorm
+statistics, RNG seed states, metrics, the loss scale and iteration counter),
+shrinks the micro-batch and runs the SAME batch again. The weights need no
+restoring: the optimizer applies only after every micro-batch succeeded. The
+logical batch, and so the training trajectory, is unchanged.
+
+With more than one replica (`MirroredStrategy`, or a multi-worker job) the
+step runs in two halves, so that running out of memory never interrupts a
+collective: a failed all-reduce aborts TensorFlow's collectives for the rest
+of the process. All replicas then retry with the same smaller micro-batch.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import tensorflow as tf
 
 from kadapt.batching import training_state
 from kadapt.batching.memory_model import MemoryModel
+from kadapt.batching.out_of_memory import explain
+from kadapt.batching.out_of_memory import is_out_of_memory
 
 logger = logging.getLogger("kadapt")
 
@@ -56,10 +63,10 @@ class RecoveringTrainFunction:
 
     def _run_with_recovery(self, data):
         model = self.model
-        if model.max_oom_retries > 0 and _in_multi_worker_mode(model):
-            return self._run_with_recovery_on_every_worker(data)
-        if model.max_oom_retries == 0 or _replicas(model) > 1:
+        if model.max_oom_retries == 0:
             return self._step_function()(data)
+        if _replicas(model) > 1 or _in_multi_worker_mode(model):
+            return self._run_with_recovery_on_every_replica(data)
         if self._needs_trace and not model.run_eagerly:
             # Trace first: the first trace creates the model's, the metrics'
             # and the optimizer's variables, which the snapshot must include.
@@ -72,38 +79,42 @@ class RecoveringTrainFunction:
         while True:  # ends by returning, or by _shrink raising
             try:
                 return self._step_function()(data)
-            except tf.errors.ResourceExhaustedError as error:
+            except tf.errors.OpError as error:
+                if not is_out_of_memory(error):
+                    raise
                 training_state.restore(saved)
                 _shrink(model, error, attempt)
                 attempt += 1
 
-    def _run_with_recovery_on_every_worker(self, data):
-        """One step on every worker of a multi-worker job, in two halves.
+    def _run_with_recovery_on_every_replica(self, data):
+        """One step on every replica, in two halves.
 
-        Every worker computes its micro-batches' gradients (`compute_step`, no
-        collective after them), then all exchange one flag: whether they ran
-        out of memory, with the micro-batch each would retry with. If any did,
-        every worker restores its state and retries the same logical batch
-        with the smallest of those micro-batches, so all trace the same step
-        and none waits alone in a collective; else all finish the step (the
-        gradients' all-reduce and the one update)."""
+        Every replica computes its micro-batches' gradients (`compute_step`, no
+        collective after them). In one process a replica that runs out of
+        memory fails that half on all of them; the workers of a multi-worker
+        job then exchange one flag: whether they ran out of memory, with the
+        micro-batch each would retry with. If any did, every replica restores
+        its state and retries the same logical batch with the smallest of
+        those micro-batches, so all trace the same step and none waits alone
+        in a collective; else all finish the step (the gradients' all-reduce
+        and the one update)."""
         model = self.model
-        if self._needs_trace:
+        if self._needs_trace and not model.run_eagerly:
             self._halves()[0].get_concrete_function(data)  # builds what the snapshot must hold
             self._needs_trace = False
         saved = training_state.snapshot(
             training_state.state_variables(model, include_weights=False, include_slots=False)
         )
         attempt = 0
-        while True:  # ends by returning, or by raising OutOfMemoryError on every worker
+        while True:  # ends by returning, or by raising OutOfMemoryError on every replica
             compute, finish = self._halves()
             try:
                 outputs, error = compute(data), None
-            except tf.errors.ResourceExhaustedError as caught:
+            except tf.errors.OpError as caught:
+                if not is_out_of_memory(caught):
+                    raise
                 outputs, error = None, caught
-            micro = model.micro_batch_size
-            proposal = micro if error is None else _proposal(model, micro)
-            failed, smallest = _exchange(model.distribute_strategy, error is not None, proposal)
+            failed, smallest = _agree(model, error)
             if not failed:
                 return finish(outputs)
             training_state.restore(saved)
@@ -173,6 +184,16 @@ def two_step_functions(model: keras.Model) -> tuple[Callable, Callable]:
     return _traced(model, compute), _traced(model, finish)
 
 
+def _agree(model, error):
+    """`(how many workers ran out of memory, the micro-batch all retry with)`
+    after this process's `compute` half raised `error` (or `None`)."""
+    micro = model.micro_batch_size
+    proposal = micro if error is None else _proposal(model, micro)
+    if not _in_multi_worker_mode(model):
+        return int(error is not None), proposal  # one process: the half failed on every replica
+    return _exchange(model.distribute_strategy, error is not None, proposal)
+
+
 def _exchange(strategy, failed, proposal):
     """One collective over all workers: how many ran out of memory, and the
     smallest micro-batch any of them proposes."""
@@ -206,8 +227,8 @@ def _shrink(model, error, attempt, smaller=None):
     if micro == 1 or attempt >= model.max_oom_retries:
         raise OutOfMemoryError(
             f"A training step ran out of memory with micro_batch_size={micro} "
-            f"after {attempt} retries (max_oom_retries={model.max_oom_retries}). "
-            "Use a smaller model or input, a device with more memory, or "
+            f"after {attempt} retries (max_oom_retries={model.max_oom_retries}); the last error: "
+            f"{explain(error)}. Use a smaller model or input, a device with more memory, or "
             "mixed precision (`keras.mixed_precision.set_global_policy('mixed_float16')`)."
         ) from error
     if smaller is None:

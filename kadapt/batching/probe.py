@@ -23,6 +23,7 @@ from kadapt.batching.batch_plan import plan_batch
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
+from kadapt.batching.out_of_memory import is_out_of_memory
 from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
 
@@ -330,7 +331,9 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
             model.train_on_batch(x, y, sample_weight=sample_weight)
             seconds = min(seconds, time.perf_counter() - start)
             peaks.append(tf.config.experimental.get_memory_info(device)["peak"])
-    except tf.errors.ResourceExhaustedError:
+    except tf.errors.OpError as error:
+        if not is_out_of_memory(error):
+            raise
         return ProbeTrial(size, None, None, False)
     # The CPU allocator's statistics skip small allocations; a step never
     # needs less than its variables, optimizer slots and gradient sum.
