@@ -40,9 +40,8 @@ def _data(rows=128):
 def test_auto_probes_at_first_fit_then_reuses_the_cache(tmp_path, monkeypatch):
     x, y = _data()
     # A budget counts all the device's memory in use, here also what earlier tests in this
-    # process left alive (40 MiB in one CI run): give 20 MiB and 8 MiB above that.
-    in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    budget, smaller = in_use + 20 * 2**20, in_use + 8 * 2**20
+    # process left alive (40 MiB in one CI run): give 20 MiB above that.
+    budget = tf.config.experimental.get_memory_info("CPU:0")["current"] + 20 * 2**20
     model = kadapt.accumulate(_cnn(), "auto", memory_budget=budget)
     assert model.micro_batch_size == "auto"
     model.fit(x, y, batch_size=128, epochs=1, verbose=0)
@@ -63,13 +62,6 @@ def test_auto_probes_at_first_fit_then_reuses_the_cache(tmp_path, monkeypatch):
     assert again.micro_batch_size == (again.first_step_check.shrunk_to or chosen)
     # The region the cached size was measured in, held before the first step.
     assert [b.bytes for b in held] == [budget]
-
-    monkeypatch.undo()
-    other_budget = kadapt.accumulate(_cnn(), "auto", memory_budget=smaller)
-    other_budget.fit(x, y, batch_size=128, epochs=1, verbose=0)
-    assert other_budget.probe_result is not None
-    assert other_budget.probe_result.micro_batch_size < probed
-    assert other_budget.micro_batch_size <= chosen
 
 
 def test_a_cached_size_over_the_budget_where_it_trains_shrinks_after_the_first_step():
@@ -105,21 +97,25 @@ def test_the_cache_key_holds_what_a_peak_depends_on(monkeypatch):
     x, y = _data(rows=8)
     sample, budget = probe.sample_rows((x, y, None)), probe.device_budget("1GiB")
 
-    def key(jit_compile="auto"):
+    def key(jit_compile="auto", budget=budget):
         return auto_micro_batch.cache_key(kadapt.accumulate(_cnn(jit_compile), "auto"), sample, budget, 8)
 
     plain = key()
     assert key() == plain != key(jit_compile=True)
+    assert key(budget=probe.device_budget("2GiB")) != plain
     monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     assert key() != plain
     assert auto_micro_batch.device_name("CPU:0")
 
 
-def test_auto_with_a_dataset_caps_at_its_batch():
+# XLA: as Keras runs the step on a GPU (`jit_compile="auto"` is True there).
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_auto_with_a_dataset_caps_at_its_batch(jit_compile):
     x, y = _data(rows=32)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    model = kadapt.accumulate(_cnn(), "auto", memory_budget="1GiB")
+    model = kadapt.accumulate(_cnn(jit_compile), "auto", memory_budget="1GiB")
     model.fit(dataset, epochs=1, verbose=0)
+    assert model.jit_compile == jit_compile
     assert model.micro_batch_size == 16
     assert int(model.optimizer.iterations) == 2
 
