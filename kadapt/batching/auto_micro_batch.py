@@ -57,7 +57,7 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         reserve_region(budget)  # the region the cached size was measured in (a probe holds its own)
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
-        memory_model, noise = _cached_memory_model(cached, budget)
+        memory_model = _cached_memory_model(cached)
     else:
         result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap,
                                          logical_batch_size=cap)
@@ -70,14 +70,14 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
             "budget %d bytes, %s)", model.micro_batch_size, len(result.trials), result.compiles,
             result.micro_batch_size, budget.bytes, budget.source,
         )
-        memory_model, noise = result.memory_model, _noise(result.trials, budget)
+        memory_model = result.memory_model
     if model.distribute_strategy.num_replicas_in_sync > 1:
         return  # replicas and workers must agree on one size: only OOM recovery changes theirs
     if not allocator_statistics_available(budget.device):
         logger.warning("micro_batch_size=%d is not checked on the first step: %s keeps no allocator "
                        "statistics", model.micro_batch_size, budget.device)
         return
-    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model, noise)
+    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model)
     model.train_function = model.first_step_check
 
 
@@ -94,9 +94,9 @@ class FirstStepCheck:
     """
 
     def __init__(self, model: keras.Model, budget: MemoryBudget, cap: int,
-                 memory_model: MemoryModel | None, noise: float) -> None:
+                 memory_model: MemoryModel | None) -> None:
         self.model, self.budget, self.cap = model, budget, cap
-        self.memory_model, self.noise = memory_model, noise
+        self.memory_model = memory_model
         self.train_function = model.make_train_function()
         self.peak_bytes = self.shrunk_to = None
 
@@ -107,7 +107,7 @@ class FirstStepCheck:
         self.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
         self.model.train_function = self.train_function
         size = self.model.micro_batch_size
-        smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model, self.noise)
+        smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model)
         if smaller == size:
             logger.info("first step at micro_batch_size=%d peaked at %.1f MiB, within the budget (%.1f MiB)",
                         size, self.peak_bytes / MIB, self.budget.bytes / MIB)
@@ -121,36 +121,28 @@ class FirstStepCheck:
 
 
 def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
-                          memory_model: MemoryModel | None, noise: float = 0.0) -> int:
+                          memory_model: MemoryModel | None) -> int:
     """The micro-batch for the steps after a first step of `size` rows that
     peaked at `peak_bytes`: `size` within the budget; over it, the probe's
-    line moved up through the measured point (this process's allocator sits
-    higher, the cost of a row is the same) and solved as the probe solves it,
-    keeping room for `noise` (the probe's relative step-to-step spread);
-    without a line, x0.75. Always smaller than `size`, at least half of it."""
+    line moved up through the measured point (this process's allocator and
+    input pipeline sit higher, the cost of a row is the same) and solved
+    with the probe's margin. The point is this process's own level, so the
+    spread the probe saw between its processes' traces is not added again.
+    Without a line, x0.75. Always smaller than `size`, at least half of it."""
     if peak_bytes <= budget_bytes:
         return size
     if memory_model is None:
         return smaller_micro_batch(size)
     slope = memory_model.bytes_per_row
     moved = MemoryModel(peak_bytes - slope * size, slope)
-    target = moved.largest_fitting(budget_bytes / (1 + probe.NOISE_SIGMAS * noise), probe.MARGIN)
+    target = moved.largest_fitting(budget_bytes, probe.MARGIN)
     return max(1, math.ceil(size / 2), min(target, size - 1))
 
 
-def _cached_memory_model(entry, budget):
-    """The memory model and noise of a cache entry's probe (`None`, 0 where it had none)."""
-    found = entry.get("probe", {})
-    model = found.get("memory_model")
-    trials = [probe.ProbeTrial(**{**t, "step_peaks": tuple(t.get("step_peaks", ()))})
-              for t in found.get("trials", ())]
-    return (None if model is None else MemoryModel(**model)), _noise(trials, budget)
-
-
-def _noise(trials, budget):
-    search = probe.MicroBatchSearch(None, budget.bytes)
-    search.trials = list(trials)
-    return search.noise()
+def _cached_memory_model(entry):
+    """The memory model of a cache entry's probe (`None` where it had none)."""
+    found = entry.get("probe", {}).get("memory_model")
+    return None if found is None else MemoryModel(**found)
 
 
 def _logical_batch_size(x, sample, batch_size):
