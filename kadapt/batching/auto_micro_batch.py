@@ -3,10 +3,10 @@
 The cache key is the model's signature (its config and weight shapes), the
 input shapes and dtypes, the dtype policy, the optimizer, `jit_compile` (as
 the model resolved it), the allocator's mode, the replica count, the device,
-its model name and budget, and the largest size worth having; a run with the same key reuses the
-micro-batch without probing, and checks it on its first step
-(`FirstStepCheck`). The cache lives in `$KADAPT_CACHE_DIR`
-(default `~/.cache/kadapt`), one JSON file.
+its model name and budget, and the largest size worth having; a run with the
+same key reuses the micro-batch without probing. Either way the first step's
+peak is checked where the model trains (`FirstStepCheck`). The cache lives in
+`$KADAPT_CACHE_DIR` (default `~/.cache/kadapt`), one JSON file.
 """
 
 from __future__ import annotations

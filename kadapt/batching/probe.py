@@ -179,7 +179,9 @@ def probe_micro_batch(
     require_allocator_statistics(budget.device)
     sample = sample_rows(data)
     cap = _cap(sample, max_micro_batch_size)
-    rows = None if logical_batch_size is None else check_micro_batch_size(logical_batch_size, name="logical_batch_size")
+    rows = None
+    if logical_batch_size is not None:
+        rows = check_micro_batch_size(logical_batch_size, name="logical_batch_size")
     reserve_region(budget)
     report = on_trial or (lambda trial: None)
 
