@@ -1,14 +1,19 @@
 """micro_batch_size="auto": probe at the first fit, reuse through the cache."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import kadapt
+from kadapt.batching import auto_micro_batch
+from kadapt.batching import probe
+from kadapt.batching.memory_model import MemoryModel
 
 
-def _cnn():
+def _cnn(jit_compile="auto"):
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -19,7 +24,8 @@ def _cnn():
             keras.layers.Dense(10),
         ]
     )
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=jit_compile)
     return model
 
 
@@ -33,12 +39,11 @@ def _data(rows=128):
     return rng.random((rows, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, rows)
 
 
-def test_auto_probes_at_first_fit_then_reuses_the_cache(tmp_path):
+def test_auto_probes_at_first_fit_then_reuses_the_cache(tmp_path, monkeypatch):
     x, y = _data()
     # A budget counts all the device's memory in use, here also what earlier tests in this
-    # process left alive (40 MiB in one CI run): give 20 MiB and 8 MiB above that.
-    in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    budget, smaller = in_use + 20 * 2**20, in_use + 8 * 2**20
+    # process left alive (40 MiB in one CI run): give 20 MiB above that.
+    budget = tf.config.experimental.get_memory_info("CPU:0")["current"] + 20 * 2**20
     model = kadapt.accumulate(_cnn(), "auto", memory_budget=budget)
     assert model.micro_batch_size == "auto"
     model.fit(x, y, batch_size=128, epochs=1, verbose=0)
@@ -50,23 +55,70 @@ def test_auto_probes_at_first_fit_then_reuses_the_cache(tmp_path):
     assert all(t.peak_bytes <= budget for t in model.probe_result.trials if t.fits)
     assert (tmp_path / "cache" / "probe-cache.json").is_file()
 
+    held = []
+    monkeypatch.setattr(auto_micro_batch, "reserve_region", held.append)
     again = kadapt.accumulate(_cnn(), "auto", memory_budget=budget)
     again.fit(x, y, batch_size=128, epochs=1, verbose=0)
-    assert again.micro_batch_size == chosen
     assert again.probe_result is None  # from the cache, no trial run
-
-    other_budget = kadapt.accumulate(_cnn(), "auto", memory_budget=smaller)
-    other_budget.fit(x, y, batch_size=128, epochs=1, verbose=0)
-    assert other_budget.probe_result is not None
-    assert other_budget.probe_result.micro_batch_size < probed
-    assert other_budget.micro_batch_size <= chosen
+    assert again.first_step_check.peak_bytes > 0  # its first step measured where it trains
+    assert again.micro_batch_size == (again.first_step_check.shrunk_to or chosen)
+    # The region the cached size was measured in, held before the first step.
+    assert [b.bytes for b in held] == [budget]
 
 
-def test_auto_with_a_dataset_caps_at_its_batch():
+def test_a_cached_size_over_the_budget_where_it_trains_shrinks_after_the_first_step():
+    x, y = _data(rows=256)
+    budget = tf.config.experimental.get_memory_info("CPU:0")["current"] + 16 * 2**20
+    model = kadapt.accumulate(_cnn(), "auto", memory_budget=budget)
+    # Another host's probe said 128 rows fit (a line of 1 KiB a row): here a
+    # step of 128 rows peaks above the budget.
+    line = MemoryModel(budget - 2**20 - 128 * 2**10, 2**10)
+    key = auto_micro_batch.cache_key(model, probe.sample_rows((x, y, None)), probe.device_budget(budget), 128)
+    auto_micro_batch._write_cache(key, {"micro_batch_size": 128, "probe": {"memory_model": line.to_dict()}})
+    model.fit(x, y, batch_size=128, epochs=1, verbose=0)
+    check = model.first_step_check
+    assert model.probe_result is None and check.peak_bytes > budget
+    # Re-solved from the line through the measured peak: no row fits above it, and a shrink
+    # never goes below half.
+    assert check.shrunk_to == model.micro_batch_size == 64
+    assert int(model.optimizer.iterations) == 2
+
+
+@pytest.mark.parametrize(
+    "peak, expected",
+    [(900, 100), (1100, 83), (2000, 50)],  # within the budget; 100 MB over; far over: half
+)
+def test_size_after_the_first_step_moves_the_line_through_the_measured_peak(peak, expected):
+    # The probe's line: 100 MB + 8 MB a row, so 100 rows peak at 900 MB.
+    line = MemoryModel(100e6, 8e6)
+    # 1100 MB: moved up by 200 MB, (1000 - 300) MB x 0.95 / 8 MB = 83 rows.
+    assert auto_micro_batch.size_after_first_step(100, int(peak * 1e6), int(1000e6), line) == expected
+
+
+def test_the_cache_key_holds_what_a_peak_depends_on(monkeypatch):
+    x, y = _data(rows=8)
+    sample, budget = probe.sample_rows((x, y, None)), probe.device_budget("1GiB")
+
+    def key(jit_compile="auto", budget=budget):
+        return auto_micro_batch.cache_key(kadapt.accumulate(_cnn(jit_compile), "auto"), sample, budget, 8)
+
+    plain = key()
+    assert key() == plain != key(jit_compile=True)
+    assert key(budget=probe.device_budget("2GiB")) != plain
+    bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in {"1", "true"}
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "false" if bfc else "true")  # the CPU's other allocator
+    assert key() != plain
+    assert auto_micro_batch.device_name("CPU:0")
+
+
+# XLA: as Keras runs the step on a GPU (`jit_compile="auto"` is True there).
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_auto_with_a_dataset_caps_at_its_batch(jit_compile):
     x, y = _data(rows=32)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    model = kadapt.accumulate(_cnn(), "auto", memory_budget="1GiB")
+    model = kadapt.accumulate(_cnn(jit_compile), "auto", memory_budget="1GiB")
     model.fit(dataset, epochs=1, verbose=0)
+    assert model.jit_compile == jit_compile
     assert model.micro_batch_size == 16
     assert int(model.optimizer.iterations) == 2
 
@@ -76,17 +128,3 @@ def test_auto_needs_a_fit_before_train_on_batch():
     model = kadapt.accumulate(_cnn(), "auto")
     with pytest.raises(ValueError, match=r"`micro_batch_size='auto'` is resolved by the first `fit`"):
         model.train_on_batch(x, y)
-
-
-def test_auto_holds_the_region_also_when_the_size_comes_from_the_cache(monkeypatch):
-    from kadapt.batching import auto_micro_batch
-
-    x, y = _data(rows=32)
-    budget = tf.config.experimental.get_memory_info("CPU:0")["current"] + 64 * 2**20
-    kadapt.accumulate(_cnn(), "auto", memory_budget=budget).fit(x, y, batch_size=32, epochs=1, verbose=0)
-    held = []
-    monkeypatch.setattr(auto_micro_batch, "reserve_region", held.append)
-    again = kadapt.accumulate(_cnn(), "auto", memory_budget=budget)
-    again.fit(x, y, batch_size=32, epochs=1, verbose=0)
-    assert again.probe_result is None  # from the cache, no trial run
-    assert [b.bytes for b in held] == [budget]

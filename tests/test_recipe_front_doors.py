@@ -69,14 +69,18 @@ class EpochWeights(keras.callbacks.Callback):
         self.val_loss.append(logs["val_loss"])
 
 
-@pytest.mark.parametrize("restore", [True, False])
-def test_fast_fit_ends_with_the_best_epochs_weights(restore):
+# XLA as Keras runs it on a GPU: there `jit_compile="auto"` (the recipe's) resolves to True.
+@pytest.mark.parametrize("restore, xla", [(True, False), (False, True)], ids=["restore", "last-epoch-xla"])
+def test_fast_fit_ends_with_the_best_epochs_weights(restore, xla, monkeypatch):
+    if xla:
+        monkeypatch.setattr(keras.Model, "_resolve_auto_jit_compile", lambda model: True)
     x, y = _images(32, 2)
     seen = EpochWeights()
     # A rate this high makes the validation loss jump about, so the best epoch is rarely the last.
     config = FastFitConfig(widths=(4, 8), residual_stages=(0,), learning_rate=2.0, restore_best_weights=restore)
     model = fast_fit(x, y, validation_data=_images(16, 3), epochs=4, batch_size=8, config=config, seed=0,
                      callbacks=[seen])
+    assert model.jit_compile == xla
     epoch = int(np.argmin(seen.val_loss)) if restore else len(seen.val_loss) - 1
     for ours, oracle in zip(model.get_weights(), seen.weights[epoch], strict=True):
         np.testing.assert_array_equal(ours, oracle)

@@ -1,10 +1,12 @@
 """`micro_batch_size="auto"`: probe at the first `fit`, cache the answer on disk.
 
 The cache key is the model's signature (its config and weight shapes), the
-input shapes and dtypes, the dtype policy, the optimizer, the device and its
-budget, and the largest size worth having; a run with the same key reuses the
-micro-batch without probing. The cache lives in `$KADAPT_CACHE_DIR`
-(default `~/.cache/kadapt`), one JSON file.
+input shapes and dtypes, the dtype policy, the optimizer, `jit_compile` (as
+the model resolved it), the allocator's mode, the replica count, the device,
+its model name and budget, and the largest size worth having; a run with the
+same key reuses the micro-batch without probing. Either way the first step's
+peak is checked where the model trains (`FirstStepCheck`). The cache lives in
+`$KADAPT_CACHE_DIR` (default `~/.cache/kadapt`), one JSON file.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
+import platform
 import re
 from pathlib import Path
 from typing import Any
@@ -21,14 +25,19 @@ import keras
 import tensorflow as tf
 
 from kadapt.batching import probe
+from kadapt.batching.allocator_mode import allocator_mode
 from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.layer_walk import reachable_layers
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
+from kadapt.batching.memory_model import MemoryModel
+from kadapt.batching.oom_recovery import smaller_micro_batch
+from kadapt.environment import allocator_statistics_available
 
 logger = logging.getLogger("kadapt")
 KERAS_DEFAULT_BATCH_SIZE = 32
+MIB = 2**20
 
 
 def cache_path() -> Path:
@@ -37,7 +46,8 @@ def cache_path() -> Path:
 
 
 def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int | None, sample_weight: Any) -> None:
-    """Sets `model.micro_batch_size` from the cache or a fresh probe."""
+    """Sets `model.micro_batch_size` from the cache or a fresh probe, and has
+    the first step's peak checked where the model trains (`FirstStepCheck`)."""
     data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
     sample = probe.sample_rows(data)
     cap = _logical_batch_size(x, sample, batch_size)
@@ -48,16 +58,92 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         reserve_region(budget)  # the region the cached size was measured in (a probe holds its own)
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
+        memory_model = _cached_memory_model(cached)
+    else:
+        result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap,
+                                         logical_batch_size=cap)
+        model.probe_result = result
+        # As many passes as the largest size that fits needs, split evenly (never a sliver).
+        model.micro_batch_size = balanced_micro_batch(cap, result.micro_batch_size)
+        _write_cache(key, {"micro_batch_size": model.micro_batch_size, "probe": result.to_dict()})
+        logger.info(
+            "micro_batch_size=%d after %d trial steps and %d compiles (the largest that fits: %d; "
+            "budget %d bytes, %s)", model.micro_batch_size, len(result.trials), result.compiles,
+            result.micro_batch_size, budget.bytes, budget.source,
+        )
+        memory_model = result.memory_model
+    if model.distribute_strategy.num_replicas_in_sync > 1:
+        return  # replicas and workers must agree on one size: only OOM recovery changes theirs
+    if not allocator_statistics_available(budget.device):
+        logger.warning("micro_batch_size=%d is not checked on the first step: %s keeps no allocator "
+                       "statistics", model.micro_batch_size, budget.device)
         return
-    result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap)
-    model.probe_result = result
-    # As many passes as the largest size that fits needs, split evenly (never a sliver).
-    model.micro_batch_size = balanced_micro_batch(cap, result.micro_batch_size)
-    _write_cache(key, {"micro_batch_size": model.micro_batch_size, "probe": result.to_dict()})
-    logger.info(
-        "micro_batch_size=%d after %d trial steps (the largest that fits: %d; budget %d bytes, %s)",
-        model.micro_batch_size, len(result.trials), result.micro_batch_size, budget.bytes, budget.source,
-    )
+    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model)
+    model.train_function = model.first_step_check
+
+
+class FirstStepCheck:
+    """The train function of the first step after `"auto"` chose a size.
+
+    A size is judged where the model trains with it: a cached size was
+    measured in another process, whose allocator layout can sit 15-20%
+    lower (docs/probe.md), and training holds what no trial does (the
+    logical batch, prefetched input). This runs the first step, reads its
+    peak and, over the budget, sets the size `size_after_first_step`
+    re-solves before the next step; then it hands the model back its own
+    train function. `peak_bytes` and `shrunk_to` record what it saw.
+    """
+
+    def __init__(self, model: keras.Model, budget: MemoryBudget, cap: int,
+                 memory_model: MemoryModel | None) -> None:
+        self.model, self.budget, self.cap = model, budget, cap
+        self.memory_model = memory_model
+        self.train_function = model.make_train_function()
+        self.peak_bytes = self.shrunk_to = None
+
+    def __call__(self, iterator: Any) -> Any:
+        device = self.budget.device
+        tf.config.experimental.reset_memory_stats(device)
+        logs = self.train_function(iterator)
+        self.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
+        self.model.train_function = self.train_function
+        size = self.model.micro_batch_size
+        smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model)
+        if smaller == size:
+            logger.info("first step at micro_batch_size=%d peaked at %.1f MiB, within the budget (%.1f MiB)",
+                        size, self.peak_bytes / MIB, self.budget.bytes / MIB)
+            return logs
+        self.shrunk_to = balanced_micro_batch(self.cap, smaller)
+        logger.warning("first step at micro_batch_size=%d peaked at %.1f MiB, over the budget (%.1f MiB): "
+                       "micro_batch_size=%d from the next step", size, self.peak_bytes / MIB,
+                       self.budget.bytes / MIB, self.shrunk_to)
+        self.model.micro_batch_size = self.shrunk_to
+        return logs
+
+
+def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
+                          memory_model: MemoryModel | None) -> int:
+    """The micro-batch for the steps after a first step of `size` rows that
+    peaked at `peak_bytes`: `size` within the budget; over it, the probe's
+    line moved up through the measured point (this process's allocator and
+    input pipeline sit higher, the cost of a row is the same) and solved
+    with the probe's margin. The point is this process's own level, so the
+    spread the probe saw between its processes' traces is not added again.
+    Without a line, x0.75. Always smaller than `size`, at least half of it."""
+    if peak_bytes <= budget_bytes:
+        return size
+    if memory_model is None:
+        return smaller_micro_batch(size)
+    slope = memory_model.bytes_per_row
+    moved = MemoryModel(peak_bytes - slope * size, slope)
+    target = moved.largest_fitting(budget_bytes, probe.MARGIN)
+    return max(1, math.ceil(size / 2), min(target, size - 1))
+
+
+def _cached_memory_model(entry):
+    """The memory model of a cache entry's probe (`None` where it had none)."""
+    found = entry.get("probe", {}).get("memory_model")
+    return None if found is None else MemoryModel(**found)
 
 
 def _logical_batch_size(x, sample, batch_size):
@@ -82,7 +168,12 @@ def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int)
         # trained after the global policy went back to float32 is a bfloat16 network).
         "dtype_policy": sorted({layer.dtype_policy.name for layer in reachable_layers(model)}),
         "optimizer": type(model.optimizer).__name__,
+        # Each traces another step: XLA's buffers are not the graph's.
+        "jit_compile": bool(model.jit_compile),
+        "allocator": allocator_mode(budget.device),
+        "replicas": model.distribute_strategy.num_replicas_in_sync,
         "device": budget.device,
+        "device_name": device_name(budget.device),
         "budget": budget.bytes,
         "cap": cap,
         "versions": [tf.__version__, keras.__version__],
@@ -92,6 +183,22 @@ def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int)
     # architecture must hit the same entry in the next run.
     text = re.sub(r"_\d+\b", "", text)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def device_name(device: str) -> str:
+    """The model of `device` ("CPU:0", "GPU:1"): a GPU's name as TensorFlow
+    reports it, a CPU's from /proc/cpuinfo where there is one."""
+    kind, _, index = device.upper().partition(":")
+    physical = tf.config.list_physical_devices(kind)
+    if kind == "GPU" and physical:
+        details = tf.config.experimental.get_device_details(physical[min(int(index or 0), len(physical) - 1)])
+        return details.get("device_name", "GPU")
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.machine()
 
 
 def _without_names(value):

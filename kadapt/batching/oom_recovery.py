@@ -52,6 +52,14 @@ class RecoveringTrainFunction:
         self._traced_micro_batch_size = None
         self._halves_traced = None
         self._needs_trace = True
+        self._retired_traces = 0
+
+    @property
+    def compiles(self) -> int:
+        """Traces of the step so far, each an XLA compile under `jit_compile`:
+        one per micro-batch size (a trace-time constant) and input shape."""
+        halves = () if self._halves_traced is None else self._halves_traced[1:]
+        return self._retired_traces + sum(_traces(f) for f in (self._step, *halves))
 
     def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         outputs = None
@@ -127,6 +135,8 @@ class RecoveringTrainFunction:
         """The traced `compute_step` and `finish_step` for the current micro-batch size."""
         micro = self.model.micro_batch_size
         if self._halves_traced is None or self._halves_traced[0] != micro:
+            if self._halves_traced is not None:
+                self._retired_traces += sum(_traces(f) for f in self._halves_traced[1:])
             self._halves_traced = (micro, *two_step_functions(self.model))
         return self._halves_traced[1:]
 
@@ -134,6 +144,7 @@ class RecoveringTrainFunction:
         """The traced one-step function for the current micro-batch size."""
         micro = self.model.micro_batch_size
         if self._step is None or micro != self._traced_micro_batch_size:
+            self._retired_traces += _traces(self._step)
             self._step = replica_step_function(self.model, self.model.train_step)
             self._traced_micro_batch_size = micro
         return self._step
@@ -161,6 +172,12 @@ def _traced(model, function):
         return function
     return tf.function(tf.autograph.experimental.do_not_convert(function), reduce_retracing=True,
                        jit_compile=model.jit_compile)
+
+
+def _traces(function):
+    """How often `function` was traced: 0 for none or one that runs eagerly."""
+    count = getattr(function, "experimental_get_tracing_count", None)
+    return 0 if count is None else count()
 
 
 def two_step_functions(model: keras.Model) -> tuple[Callable, Callable]:
@@ -235,9 +252,11 @@ def _shrink(model, error, attempt, smaller=None):
         smaller = _proposal(model, micro)
     step = int(model.optimizer.iterations.numpy()) if model.optimizer.built else 0
     model._oom_events.append((step, micro, smaller))
+    # Each retry traces the step anew (an XLA compile under `jit_compile`).
     logger.warning(
         "out of memory at micro_batch_size=%d (step %d); retrying the same "
-        "batch with micro_batch_size=%d", micro, step, smaller,
+        "batch with micro_batch_size=%d (a new compile; %d so far)", micro, step, smaller,
+        getattr(model.train_function, "compiles", 0) + 1,
     )
     model.micro_batch_size = smaller
 

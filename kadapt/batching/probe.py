@@ -55,6 +55,8 @@ class ProbeTrial:
     each one's (empty where not measured step by step); `peak_bytes` and
     `seconds_per_sample` are `None` when the step raised
     `ResourceExhaustedError`. `fits`: every measured step within the budget.
+    `compiles`: the traces of the step the trial made (each an XLA compile
+    under `jit_compile`; one per new size).
     """
 
     micro_batch_size: int
@@ -62,6 +64,7 @@ class ProbeTrial:
     seconds_per_sample: float | None
     fits: bool
     step_peaks: tuple = ()
+    compiles: int = 0
 
     @property
     def mean_peak_bytes(self) -> float | None:
@@ -82,6 +85,11 @@ class ProbeResult:
     memory_model: MemoryModel | None
     budget: object
 
+    @property
+    def compiles(self) -> int:
+        """The trials' traces of the step, each an XLA compile under `jit_compile`."""
+        return sum(t.compiles for t in self.trials)
+
     def plan(self, logical_batch_size: int) -> BatchPlan:
         """The `BatchPlan` of `logical_batch_size`: as many micro-batches as the
         chosen size needs, split evenly (`balanced_micro_batch`), as
@@ -91,6 +99,7 @@ class ProbeResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "micro_batch_size": self.micro_batch_size,
+            "compiles": self.compiles,
             "trials": [dataclasses.asdict(t) for t in self.trials],
             "memory_model": None if self.memory_model is None else self.memory_model.to_dict(),
             "budget": dataclasses.asdict(self.budget),
@@ -104,11 +113,13 @@ def probe_micro_batch(
     prefer: str = "largest",
     max_micro_batch_size: int | None = None,
     on_trial: Callable[[ProbeTrial], None] | None = None,
+    logical_batch_size: int | None = None,
 ) -> ProbeResult:
     """Finds the largest micro-batch whose training step fits in memory.
 
-    Runs real trial steps of the accumulating train step (two micro-batches,
-    so optimizer slots and the gradient sum are included) and measures three
+    Runs real trial steps of the accumulating train step (of the logical
+    batch where given, else of two micro-batches; optimizer slots and the
+    gradient sum are included either way) and measures three
     steps of each with `tf.config.experimental.reset_memory_stats` /
     `get_memory_info`: a size fits when each step's peak is within the
     budget. Peaks vary from run to run, so a size is chosen only when its
@@ -145,6 +156,10 @@ def probe_micro_batch(
             `data` (arrays) or of its first batch (a dataset).
         on_trial: Callable `ProbeTrial -> None` or `None`, called after each
             trial (progress lines). Defaults to `None`.
+        logical_batch_size: Positive int or `None`. The rows of the steps
+            that will train: each trial step is one of them, split as
+            `ProbeResult.plan` splits it (a step of many micro-batches peaks
+            higher than one of two). Defaults to `None` (two micro-batches).
 
     Returns:
         A `ProbeResult`.
@@ -165,11 +180,14 @@ def probe_micro_batch(
     require_allocator_statistics(budget.device)
     sample = sample_rows(data)
     cap = _cap(sample, max_micro_batch_size)
+    rows = None
+    if logical_batch_size is not None:
+        rows = check_micro_batch_size(logical_batch_size, name="logical_batch_size")
     reserve_region(budget)
     report = on_trial or (lambda trial: None)
 
     def runner(size):
-        trial = run_trial(model, sample, size, budget)
+        trial = run_trial(model, sample, size, budget, rows)
         report(trial)
         return trial
 
@@ -316,13 +334,19 @@ class MicroBatchSearch:
         return trial
 
 
-def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget) -> ProbeTrial:
-    """Runs one traced step of 2 x `size` rows, then MEASURED_STEPS measured
-    ones; returns a `ProbeTrial` with the highest peak and the fastest step."""
-    model.micro_batch_size = size
-    x, y, sample_weight = repeat_rows(sample, 2 * size)
+def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget,
+              rows: int | None = None) -> ProbeTrial:
+    """Runs one traced step of `rows` rows, then MEASURED_STEPS measured ones;
+    returns a `ProbeTrial` with the highest peak and the fastest step. The
+    step is two micro-batches of `size`, or with `rows` (a logical batch) as
+    it trains: split evenly into as many micro-batches as `size` needs
+    (`balanced_micro_batch`; a ragged tail peaks higher than an even one)."""
+    model.micro_batch_size = size if rows is None else balanced_micro_batch(rows, size)
+    rows = rows or 2 * size
+    x, y, sample_weight = repeat_rows(sample, rows)
     device = budget.device
     peaks, seconds = [], math.inf
+    compiles = compile_count(model)
     try:
         model.train_on_batch(x, y, sample_weight=sample_weight)  # trace, warm up
         for _ in range(MEASURED_STEPS):
@@ -334,12 +358,18 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     except tf.errors.OpError as error:
         if not is_out_of_memory(error):
             raise
-        return ProbeTrial(size, None, None, False)
+        return ProbeTrial(size, None, None, False, compiles=compile_count(model) - compiles)
+    compiles = compile_count(model) - compiles
     # The CPU allocator's statistics skip small allocations; a step never
     # needs less than its variables, optimizer slots and gradient sum.
     floor = resident_bytes(model)
     peaks = tuple(int(max(p, floor)) for p in peaks)
-    return ProbeTrial(size, max(peaks), seconds / (2 * size), max(peaks) <= budget.bytes, peaks)
+    return ProbeTrial(size, max(peaks), seconds / rows, max(peaks) <= budget.bytes, peaks, compiles)
+
+
+def compile_count(model: keras.Model) -> int:
+    """The traces of the model's train function so far (0 before it exists)."""
+    return getattr(model.train_function, "compiles", 0)
 
 
 def resident_bytes(model: keras.Model) -> int:
@@ -357,7 +387,7 @@ def leaves_no_trace(model: keras.Model, sample: tuple) -> Iterator[None]:
         model(x, training=False)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    saved = training_state.snapshot(training_state.state_variables(model))
+    saved = training_state.host_snapshot(training_state.state_variables(model))
     known = {id(variable) for variable, _ in saved}
     micro, retries = model._micro_batch_size, model.max_oom_retries
     model.max_oom_retries = 0  # a trial's OOM is an answer, not a failure

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -29,6 +30,16 @@ def state_variables(model: keras.Model, include_weights: bool = True,
 def snapshot(variables: list[keras.Variable]) -> list[tuple[keras.Variable, Any]]:
     """Copies of the variables' current values (device tensors, no host sync)."""
     return [(v, tf.identity(v.value)) for v in variables]
+
+
+def host_snapshot(variables: list[keras.Variable]) -> list[tuple[keras.Variable, Any]]:
+    """Copies of the variables' current values in host memory (NumPy arrays).
+
+    The probe's snapshot of all weights and optimizer slots: a device copy
+    would sit in every trial's measured peak, and in no training step's. On
+    the CPU `numpy()` may share the tensor's buffer, which TensorFlow's
+    allocator still counts: hence a copy the allocator does not hold."""
+    return [(v, np.array(v.numpy(), copy=True)) for v in variables]
 
 
 def restore(saved: list[tuple[keras.Variable, Any]]) -> None:

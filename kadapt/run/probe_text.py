@@ -30,7 +30,8 @@ def check_probe_allocator(device: str) -> None:
 def trial_line(trial) -> str:
     """One `kadapt.batching.ProbeTrial` as it finishes (the probe's `on_trial`)."""
     peak = "out of memory" if trial.peak_bytes is None else f"{trial.peak_bytes / MIB:9.1f} MiB"
-    return f"  trial micro-batch {trial.micro_batch_size:6d}: {peak}, {'fits' if trial.fits else 'does not fit'}"
+    return (f"  trial micro-batch {trial.micro_batch_size:6d}: {peak}, {'fits' if trial.fits else 'does not fit'}"
+            f", {trial.compiles} compile{'' if trial.compiles == 1 else 's'}")
 
 
 def trial_table(result) -> str:
@@ -40,5 +41,5 @@ def trial_table(result) -> str:
         peak = "OOM" if t.peak_bytes is None else f"{t.peak_bytes / MIB:.1f}"
         speed = "-" if t.samples_per_second is None else f"{t.samples_per_second:.0f}"
         lines.append(f"{t.micro_batch_size:11d} {peak:>10s} {speed:>10s}  {'yes' if t.fits else 'no'}")
-    lines.append(f"chosen micro-batch: {result.micro_batch_size}")
+    lines.append(f"chosen micro-batch: {result.micro_batch_size} ({result.compiles} compiles)")
     return "\n".join(lines)
