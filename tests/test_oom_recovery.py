@@ -6,12 +6,13 @@ import pytest
 import tensorflow as tf
 
 import kadapt
+from kadapt.batching import oom_recovery
 from helpers import OutOfMemoryAbove
 from helpers import OutOfMemoryOnReplicaAbove
 from helpers import max_relative_difference
 
 
-def _model(rows_that_fit, batch_norm=False, seed=0, replica=None):
+def _model(rows_that_fit, batch_norm=False, seed=0, replica=None, jit_compile="auto"):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((5,))]
     if batch_norm:
@@ -22,7 +23,8 @@ def _model(rows_that_fit, batch_norm=False, seed=0, replica=None):
         layers.append(OutOfMemoryAbove(rows_that_fit))
     layers += [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
     model = keras.Sequential(layers)
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"],
+                  jit_compile=jit_compile)
     return model
 
 
@@ -49,6 +51,34 @@ def test_recovers_and_ends_with_the_full_batch_weights():
     assert max_relative_difference(plain.get_weights(), accumulated.get_weights()) <= 1e-5
     np.testing.assert_allclose(history.history["loss"], plain_history.history["loss"], rtol=1e-5)
     np.testing.assert_allclose(history.history["mae"], plain_history.history["mae"], rtol=1e-5)
+
+
+def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch):
+    # On a GPU Keras compiles the step with XLA. A real XLA allocation failure
+    # cannot be had on the CPU (the process aborts), so the step of 8 rows
+    # raises XLA's message before it runs; the retry traces and compiles a
+    # step of 6 rows with XLA.
+    traced = oom_recovery.RecoveringTrainFunction._step_function
+
+    class OutOfMemoryStep:
+        def __init__(self, step):
+            self.get_concrete_function = step.get_concrete_function  # traced, never run
+
+        def __call__(self, data):
+            raise tf.errors.ResourceExhaustedError(None, None, "Out of memory while trying to allocate 1.00GiB.")
+
+    def step_function(self):
+        step = traced(self)
+        return step if self.model.micro_batch_size <= 6 else OutOfMemoryStep(step)
+
+    monkeypatch.setattr(oom_recovery.RecoveringTrainFunction, "_step_function", step_function)
+    plain = _model(None, jit_compile=True)
+    _fit(plain)
+    accumulated = kadapt.accumulate(_model(None, jit_compile=True), 8)
+    _fit(accumulated)
+    assert accumulated.oom_events == ((0, 8, 6),)
+    assert accumulated.jit_compile and int(accumulated.optimizer.iterations) == 4
+    assert max_relative_difference(plain.get_weights(), accumulated.get_weights()) <= 1e-5
 
 
 def test_failed_attempts_leave_no_batch_norm_update_behind():
