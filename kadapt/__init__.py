@@ -7,7 +7,7 @@ TensorFlow's process settings first (`kadapt.environment.configure_tensorflow`).
 Keras.
 """
 
-import importlib
+from kadapt.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -41,15 +41,4 @@ _NAMES = {
 __all__ = sorted(_NAMES) + list(_SUBMODULES)
 
 
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"kadapt.{name}")
-    if name in _NAMES:
-        value = getattr(importlib.import_module(_NAMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'kadapt' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES, _SUBMODULES)

@@ -5,7 +5,7 @@ store (extra `store`) and the meta-model search (extra `tuner`) load on first us
 so a missing extra is an `ImportError` there and nowhere else.
 """
 
-import importlib
+from kadapt.lazy import lazy_attributes
 
 from kadapt.meta import actions
 from kadapt.meta import features
@@ -30,13 +30,4 @@ __all__ = sorted([
 ])
 
 
-def __getattr__(name):
-    if name in _OPTIONAL_NAMES:
-        value = getattr(importlib.import_module(_OPTIONAL_NAMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'kadapt.meta' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _OPTIONAL_NAMES)

@@ -5,7 +5,7 @@ flags from it); `fast_fit` and `predict_with_tta` load their modules when
 first used (PEP 562).
 """
 
-import importlib
+from kadapt.lazy import lazy_attributes
 
 from kadapt.recipes.config import FastFitConfig
 
@@ -16,9 +16,4 @@ _NAMES = {
 __all__ = ["FastFitConfig", *sorted(_NAMES)]
 
 
-def __getattr__(name):
-    if name in _NAMES:
-        value = getattr(importlib.import_module(_NAMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'kadapt.recipes' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

@@ -5,7 +5,7 @@ report` and the command line's parser use them); the training job's names
 load their modules when first used (PEP 562).
 """
 
-import importlib
+from kadapt.lazy import lazy_attributes
 
 from kadapt.run.config import RunConfig
 from kadapt.run.config import resolve_config
@@ -17,9 +17,4 @@ _NAMES = {"start_run": "kadapt.run.pipeline", "train": "kadapt.run.pipeline"}
 __all__ = ["RunConfig", "RunDirectory", "UsageError", "draw_plots", "resolve_config", *sorted(_NAMES)]
 
 
-def __getattr__(name):
-    if name in _NAMES:
-        value = getattr(importlib.import_module(_NAMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'kadapt.run' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
