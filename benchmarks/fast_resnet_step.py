@@ -42,6 +42,14 @@ def build(combination, images, seed=0):
     return recipe.compile_recipe(model, FastFitConfig(), 1000)
 
 
+def synthetic_batch(batch):
+    """5,000 Fashion-MNIST-shaped random images (the whitening's sample), and `batch` of them with
+    one-hot labels of 10 classes."""
+    rng = np.random.default_rng(0)
+    images = rng.random((5000, 28, 28, 1), dtype=np.float32)
+    return images, images[:batch], recipe.one_hot(rng.integers(0, 10, batch), 10)
+
+
 def step_seconds(model, x, y, steps):
     start = time.perf_counter()
     for _ in range(steps):
@@ -55,9 +63,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    images = rng.random((5000, 28, 28, 1), dtype=np.float32)
-    x, y = images[: args.batch], recipe.one_hot(rng.integers(0, 10, args.batch), 10)
+    images, x, y = synthetic_batch(args.batch)
     models = {"1x1 at 1x1 images (now)": build(CURRENT, images), "3x3 everywhere (before)": build(three_by_three, images)}
     now, before = models.values()
     weights = [w[1:2, 1:2] if w.shape[:2] == (3, 3) and v.shape[:2] == (1, 1) else w

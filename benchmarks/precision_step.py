@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
 from fast_resnet_step import step_seconds  # noqa: E402  (the same timing as the network's benchmark)
+from fast_resnet_step import synthetic_batch  # noqa: E402
 from kadapt.precision import global_policy  # noqa: E402
 from kadapt.precision import supported_policies  # noqa: E402
 from kadapt.recipes import training as recipe  # noqa: E402
@@ -41,9 +42,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    images = rng.random((5000, 28, 28, 1), dtype=np.float32)
-    x, y = images[: args.batch], recipe.one_hot(rng.integers(0, 10, args.batch), 10)
+    images, x, y = synthetic_batch(args.batch)
     print(f"supported policies here: {supported_policies()}")
     models = {name: build(images, *arm) for name, arm in ARMS.items()}
     for model in models.values():
