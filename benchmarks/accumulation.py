@@ -5,15 +5,21 @@ alternation (A B C D A B C D ...) in one process, so drift in the machine's
 speed hits all of them alike. Prints median samples/s, the ratios, and how
 exactly kadapt's weights match one full batch of 512.
 
+On Keras' JAX backend (`KERAS_BACKEND=jax`) the same four trainers run
+jitted by JAX; the backend is fixed per process, so each backend is one run.
+
 Run: `make install && .venv/bin/python benchmarks/accumulation.py`
+     `KERAS_BACKEND=jax .venv/bin/python benchmarks/accumulation.py`
 """
 
+import os
 import statistics
 import time
 
 from kadapt import environment  # noqa: E402
 
-environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
+if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+    environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -94,6 +100,7 @@ def main():
         for name, (model, batch_size) in runs.items():
             speeds[name].append(samples_per_second(model, batch_size, x, y))
     medians = {name: statistics.median(values) for name, values in speeds.items()}
+    print(f"backend: {keras.backend.backend()}")
     base = medians["plain fit, batch 128"]
     native = medians["Keras gradient_accumulation_steps=4, batch 128"]
     print(f"{'trainer':50s} {'samples/s':>10s} {'vs plain-128':>13s} {'vs Keras native':>16s}")
