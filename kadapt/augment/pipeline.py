@@ -8,6 +8,7 @@ TensorFlow ops, also under JAX.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import keras
@@ -126,14 +127,26 @@ def augment_dataset(dataset: tf.data.Dataset, pipeline: keras.layers.Pipeline, p
     def apply_indexed(index, batch):
         images, labels = batch
         for layer in layers:
-            seeds = _BatchSeeds(layer.seed, index)
-            data = {"images": images, "labels": labels}
-            transformation = layer.get_random_transformation(data, training=True, seed=seeds)
-            images = layer.transform_images(images, transformation, training=True)
-            labels = layer.transform_labels(labels, transformation, training=True)
+            with _tensorflow_ops(layer):
+                seeds = _BatchSeeds(layer.seed, index)
+                data = {"images": images, "labels": labels}
+                transformation = layer.get_random_transformation(data, training=True, seed=seeds)
+                images = layer.transform_images(images, transformation, training=True)
+                labels = layer.transform_labels(labels, transformation, training=True)
         return images, labels
 
     return dataset.enumerate(start=first_batch).map(apply_indexed, num_parallel_calls=calls)
+
+
+@contextlib.contextmanager
+def _tensorflow_ops(layer):
+    """The layer computes with TensorFlow ops inside tf.data whatever the Keras backend (JAX's
+    random ops cannot take a graph tensor), as Keras' own `__call__` does there."""
+    layer.backend.set_backend("tensorflow")
+    try:
+        yield
+    finally:
+        layer.backend.reset()
 
 
 def _seeded_layers(pipeline):
