@@ -6,7 +6,9 @@ cannot: keras-team/keras#20585; see `kadapt.batching.multi_worker`).
 `multi_worker_strategy` checks `TF_CONFIG` before TensorFlow reads it, so a
 malformed one, or one that names this process wrongly, is refused before any
 training, and bounds every collective in time, so a worker that hangs cannot
-hang the others for ever.
+hang the others for ever. It runs on Keras' TensorFlow backend only: under
+another backend, or without TensorFlow, `multi_worker_strategy` raises
+`kadapt.extras.UnsupportedBackendError` / `MissingExtraError`.
 
 Example, the same script on each of two hosts (`"index": 1` on the second):
 
@@ -34,7 +36,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from kadapt.batching.multi_worker import WorkerLostError  # noqa: F401  (raised by `fit`)
+from kadapt.extras import require_tensorflow
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -56,6 +58,8 @@ def multi_worker_strategy(
             `COLLECTIVE_TIMEOUT_SECONDS`.
 
     Raises:
+        kadapt.extras.UnsupportedBackendError: Keras runs on another backend.
+        kadapt.extras.MissingExtraError: TensorFlow is not installed.
         ValueError: `TF_CONFIG` is missing, not JSON, or names a cluster or
             task that cannot be this process (the message names the value and
             the fix).
@@ -64,11 +68,21 @@ def multi_worker_strategy(
             0 < collective_timeout_seconds < float("inf")):
         raise ValueError("Argument `collective_timeout_seconds` must be a positive number. "
                          f"Received: collective_timeout_seconds={collective_timeout_seconds!r}")
+    tf = require_tensorflow("Multi-worker training (kadapt.distribute)")
     check_tf_config()
-    import tensorflow as tf
 
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(collective_timeout_seconds))
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def __getattr__(name):
+    # `WorkerLostError` (what `fit` raises when a peer is lost) lives with the TensorFlow
+    # train function; loaded on use, so this module imports without TensorFlow.
+    if name == "WorkerLostError":
+        from kadapt.batching.multi_worker import WorkerLostError
+
+        return WorkerLostError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_tf_config(text: str | None = None, bind: bool = True) -> dict[str, Any]:

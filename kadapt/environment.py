@@ -17,6 +17,11 @@ The `kadapt` command, `tools/probe_gpu.py`, the tests and the benchmarks call
 is never changed. In a process that imported TensorFlow without them,
 `require_allocator_statistics` raises `AllocatorStatisticsError`, which says
 what to set. This module imports nothing of TensorFlow at import time.
+
+Under Keras' JAX backend none of this matters to the training step (XLA runs
+it); `configure_tensorflow` only sets variables and is harmless there, and
+`load_tensorflow` raises `kadapt.extras.MissingExtraError` where TensorFlow is
+not installed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import sys
 import tempfile
 from types import ModuleType
 from typing import Any
+
+from kadapt.extras import require
 
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
@@ -95,10 +102,14 @@ def load_tensorflow(verbose: bool = False) -> ModuleType:
 
     Returns:
         The `tensorflow` module.
+
+    Raises:
+        kadapt.extras.MissingExtraError: TensorFlow is not installed (it is
+            the `tensorflow` extra).
     """
     applied = configure_tensorflow(verbose)
     with _held_log_lines(LOG_LEVEL in applied):
-        import tensorflow as tf
+        tf = require("tensorflow", extra="tensorflow")
 
         tf.config.list_physical_devices()
     return tf

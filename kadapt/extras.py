@@ -1,10 +1,13 @@
 """`require`: an optional dependency, imported where it is first needed.
 
-`pip install kadapt` installs what `kadapt.accumulate` needs (Keras, TensorFlow,
-NumPy). Every other feature names its packages as an extra in `pyproject.toml`;
+`pip install kadapt` installs Keras and NumPy, and no Keras backend: install
+one with its extra (`kadapt[tensorflow]`, the default backend, or `kadapt[jax]`).
+Every other feature names its packages as an extra in `pyproject.toml`;
 a module that needs one imports it through `require`, so a missing package is one
 `MissingExtraError` (an `ImportError`) that says which `pip install "kadapt[...]"`
-brings it; the `kadapt` command reports it in one line.
+brings it; the `kadapt` command reports it in one line. A feature that runs on
+TensorFlow only calls `require_tensorflow`, which also refuses another Keras
+backend with `UnsupportedBackendError`.
 """
 
 from __future__ import annotations
@@ -19,12 +22,17 @@ EXTRAS = {
     "plots": "Drawing the run directory's plots (`kadapt train`, `kadapt report`)",
     "postgres": "A record store on a PostgreSQL server",
     "store": "The record store (kadapt.meta.RecordStore, `kadapt meta`)",
+    "tensorflow": "TensorFlow (Keras' default backend; tf.data pipelines, multi-worker training)",
     "tuner": "A KerasTuner search (kadapt.tuning, kadapt.meta.MetaHyperModel, kadapt.meta.train_meta_model)",
 }
 
 
 class MissingExtraError(ImportError):
     """An optional package is missing; the message names the extra that installs it."""
+
+
+class UnsupportedBackendError(RuntimeError):
+    """A feature that runs on TensorFlow only was used on another Keras backend."""
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -53,3 +61,34 @@ def require(module: str, extra: str) -> ModuleType:
             f'Install it with: pip install "kadapt[{extra}]"',
             name=module,
         ) from error
+
+
+def require_tensorflow(feature: str) -> ModuleType:
+    """Imports TensorFlow for a feature that runs on Keras' TensorFlow backend only.
+
+    Args:
+        feature: String. What needs it, as the error message says it, e.g.
+            `"Multi-worker training (kadapt.distribute)"`.
+
+    Returns:
+        The `tensorflow` module.
+
+    Raises:
+        UnsupportedBackendError: Keras runs on another backend (JAX).
+        MissingExtraError: TensorFlow is not installed.
+
+    Example:
+
+    ```python
+    tf = require_tensorflow("Multi-worker training (kadapt.distribute)")
+    ```
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise UnsupportedBackendError(
+            f"{feature} runs on Keras' TensorFlow backend only; this process runs Keras on "
+            f"{backend!r}. Set KERAS_BACKEND=tensorflow before Keras is imported "
+            '(and pip install "kadapt[tensorflow]").')
+    return require("tensorflow", extra="tensorflow")

@@ -85,10 +85,20 @@ def supported_policies(gpus: Sequence[tuple[int, int]] | None = None,
 
 
 def _gpu_capabilities():
+    if keras.backend.backend() == "jax":
+        return _jax_gpu_capabilities()
     import tensorflow as tf
 
     return [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
             for gpu in tf.config.list_physical_devices("GPU")]
+
+
+def _jax_gpu_capabilities():
+    import jax
+
+    # A CUDA device reports its compute capability as a string such as "9.0".
+    return [tuple(int(part) for part in str(getattr(device, "compute_capability", "0.0")).split(".")[:2])
+            for device in jax.devices() if device.platform == "gpu"]
 
 
 def policy_name(precision: str) -> str:

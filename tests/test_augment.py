@@ -134,6 +134,7 @@ def test_pipeline_is_keras_layers():
     ]
 
 
+@pytest.mark.backends("tensorflow", "jax")  # on JAX the layers must compute with TensorFlow ops in tf.data
 def test_indexed_augmentation_is_a_function_of_the_batch_index_alone():
     images, labels = np.random.default_rng(0).random((20, 8, 8, 1), "float32"), _one_hot(20)
     pipeline = augmentation(flip=True, translate=0.25, cutout=0.5, cutmix=1.0, mixup=0.2, seed=3)

@@ -112,3 +112,18 @@ def test_core_trains_without_any_extra():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["1", "1"]
+
+
+def test_require_tensorflow_returns_it_on_the_tensorflow_backend():
+    import tensorflow as tf
+
+    assert extras.require_tensorflow("Multi-worker training") is tf
+
+
+def test_require_tensorflow_refuses_another_backend(monkeypatch):
+    import keras
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    message = r"^Multi-worker training runs on Keras' TensorFlow backend only; this process runs Keras on 'jax'"
+    with pytest.raises(extras.UnsupportedBackendError, match=message):
+        extras.require_tensorflow("Multi-worker training")

@@ -7,6 +7,8 @@ import pytest
 import kadapt
 from test_live_sgd import ROWS, FEATURES, SetEachStep, _data, _fit, _linear
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 LR, BETA_2, EPSILON = 0.05, 0.999, 1e-7
 
 

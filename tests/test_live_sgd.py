@@ -7,6 +7,8 @@ import pytest
 
 import kadapt
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 ROWS, FEATURES, LR = 16, 3, 0.05
 
 
@@ -44,8 +46,11 @@ class SetEachStep(keras.callbacks.Callback):
 
 
 def _fit(model, steps, callbacks=()):
+    """`steps` full-batch steps in ONE epoch: on JAX, Keras syncs the trainer's state into the
+    variables at each epoch's end only, so a change between steps inside an epoch is the test."""
     x, y = _data()
-    model.fit(x, y, batch_size=ROWS, epochs=steps, verbose=0, shuffle=False, callbacks=list(callbacks))
+    x, y = np.concatenate([x] * steps), np.concatenate([y] * steps)
+    model.fit(x, y, batch_size=ROWS, epochs=1, verbose=0, shuffle=False, callbacks=list(callbacks))
     return model.get_weights()[0]
 
 
@@ -128,6 +133,9 @@ def test_bad_optimizer_arguments():
         kadapt.MomentumScheduler(0.9)
 
 
+# kadapt.accumulate runs on JAX with the JAX accumulating step (branch h-jaxstep): drop this
+# skip when that is merged.
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="kadapt.accumulate on JAX: branch h-jaxstep")
 def test_live_momentum_under_accumulation_counts_logical_steps():
     momenta = [0.0, 0.9, 0.3, 0.6]
     model = kadapt.accumulate(_linear(kadapt.optimizers.SGD(LR)), 4)  # 4 micro-batches a step

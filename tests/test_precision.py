@@ -36,6 +36,18 @@ def test_policies_follow_the_devices_units():
     assert precision.supported_policies(gpus=[], flags={"avx2"}) == ["float32"]
 
 
+def test_the_jax_backend_reads_the_gpus_compute_capability_from_jax(monkeypatch):
+    import types
+
+    import jax
+
+    devices = [types.SimpleNamespace(platform="gpu", compute_capability="7.5"),
+               types.SimpleNamespace(platform="gpu", compute_capability="9.0")]
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    monkeypatch.setattr(jax, "devices", lambda: devices)
+    assert precision.supported_policies(flags={"amx_bf16"}) == ["float32", "mixed_float16"]  # the weakest GPU's
+
+
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512_bf16\n")

@@ -7,6 +7,8 @@ import pytest
 import kadapt
 from kadapt.schedules import PiecewiseLinear
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 
 def _closed_form(step, lr_max, lr_min, total, warmup):
     if step < warmup:

@@ -1,11 +1,23 @@
-"""`augmentation`: Keras' image-augmentation layers composed for a `tf.data` pipeline."""
+"""`augmentation`: Keras' image-augmentation layers composed for a `tf.data` pipeline.
+
+`augmentation` is Keras layers only, for any backend. `augment_dataset` maps a
+`tf.data.Dataset`, so it needs TensorFlow installed (`kadapt[tensorflow]`) on
+any Keras backend: Keras runs its preprocessing layers inside tf.data with
+TensorFlow ops, also under JAX.
+"""
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
+import contextlib
+from typing import TYPE_CHECKING
 
+import keras
+
+from kadapt.extras import require
 from kadapt.validation import check_range
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 def augmentation(flip: bool = True, translate: float = 0.0, cutout: float = 0.0, cutmix: float = 0.0,
@@ -95,7 +107,11 @@ def augment_dataset(dataset: tf.data.Dataset, pipeline: keras.layers.Pipeline, p
 
     Returns:
         The mapped dataset of `(images, labels)` batches.
+
+    Raises:
+        kadapt.extras.MissingExtraError: TensorFlow is not installed.
     """
+    tf = require("tensorflow", extra="tensorflow")
     if isinstance(pipeline, keras.layers.Pipeline) and not pipeline.layers:
         return dataset  # Keras' Pipeline cannot be called without layers.
     calls = tf.data.AUTOTUNE if parallel else None
@@ -111,14 +127,26 @@ def augment_dataset(dataset: tf.data.Dataset, pipeline: keras.layers.Pipeline, p
     def apply_indexed(index, batch):
         images, labels = batch
         for layer in layers:
-            seeds = _BatchSeeds(layer.seed, index)
-            data = {"images": images, "labels": labels}
-            transformation = layer.get_random_transformation(data, training=True, seed=seeds)
-            images = layer.transform_images(images, transformation, training=True)
-            labels = layer.transform_labels(labels, transformation, training=True)
+            with _tensorflow_ops(layer):
+                seeds = _BatchSeeds(layer.seed, index)
+                data = {"images": images, "labels": labels}
+                transformation = layer.get_random_transformation(data, training=True, seed=seeds)
+                images = layer.transform_images(images, transformation, training=True)
+                labels = layer.transform_labels(labels, transformation, training=True)
         return images, labels
 
     return dataset.enumerate(start=first_batch).map(apply_indexed, num_parallel_calls=calls)
+
+
+@contextlib.contextmanager
+def _tensorflow_ops(layer):
+    """The layer computes with TensorFlow ops inside tf.data whatever the Keras backend (JAX's
+    random ops cannot take a graph tensor), as Keras' own `__call__` does there."""
+    layer.backend.set_backend("tensorflow")
+    try:
+        yield
+    finally:
+        layer.backend.reset()
 
 
 def _seeded_layers(pipeline):
@@ -143,6 +171,9 @@ class _BatchSeeds(keras.random.SeedGenerator):
     """
 
     def __init__(self, seed, batch_index):  # noqa: D107  (no state variable: not SeedGenerator's __init__)
+        import tensorflow as tf  # inside tf.data's graph (augment_dataset required it)
+
+        self._tf = tf
         self._first = 64 * seed
         self._batch = tf.cast(batch_index, "int64")
         self._draws = 0
@@ -150,6 +181,7 @@ class _BatchSeeds(keras.random.SeedGenerator):
     def next(self, ordered=True):
         if self._draws >= 64:
             raise RuntimeError("An augmentation layer drew more than 64 seeds for one batch.")
+        tf = self._tf
         seed = tf.stack([tf.constant(self._first + self._draws, "int64"), self._batch])
         self._draws += 1
         return seed

@@ -17,14 +17,17 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from kadapt.extras import require
 from kadapt.validation import check_micro_batch_size
 from kadapt.validation import check_range
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 LR_SCALING = ("sqrt", "linear", "none")
 
@@ -145,7 +148,12 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             y: Array of targets with as many rows.
             shuffle: Bool. Defaults to `True`.
             seed: Int or `None`. Seeds the order. Defaults to `None`.
+
+        Raises:
+            kadapt.extras.MissingExtraError: TensorFlow (tf.data, on any Keras
+                backend) is not installed.
         """
+        tf = require("tensorflow", extra="tensorflow")
         x, y = np.asarray(x), np.asarray(y)
         if not x.ndim or not y.ndim or len(x) != len(y) or not len(x):
             raise ValueError(

@@ -47,7 +47,7 @@ class MomentumScheduler(keras.callbacks.Callback):
         self.schedule = schedule
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        optimizer = _inner(self.model.optimizer)
         if not isinstance(optimizer, _live_momentum_optimizers()):
             raise TypeError(
                 "`MomentumScheduler` needs an optimizer whose momentum changes mid-fit; "
@@ -55,20 +55,28 @@ class MomentumScheduler(keras.callbacks.Callback):
                 "`kadapt.optimizers.SGD` or `kadapt.optimizers.Adam`. "
                 f"Received: optimizer={type(optimizer).__name__}"
             )
-        self._optimizer = optimizer
         self._last_set = None
         self.yielded_at_step = None
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.yielded_at_step is not None:
             return
-        step = int(self._optimizer.iterations.numpy())
-        current = float(self._optimizer.momentum.numpy())
+        # Read through `self.model` every step: on JAX that writes the trainer's state back
+        # into the variables, so the step and momentum read are current and the momentum set
+        # here is what the next step reads (Keras syncs otherwise only at epoch ends).
+        optimizer = _inner(self.model.optimizer)
+        step = int(optimizer.iterations.numpy())
+        current = float(optimizer.momentum.numpy())
         if self._last_set is not None and not math.isclose(current, self._last_set, rel_tol=1e-6):
             self.yielded_at_step = step
             return
         self._last_set = float(self.schedule(step))
-        self._optimizer.momentum = self._last_set
+        optimizer.momentum = self._last_set
+
+
+def _inner(optimizer):
+    """The optimizer that holds the momentum (the inner one of a `LossScaleOptimizer`)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def _live_momentum_optimizers():

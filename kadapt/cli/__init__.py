@@ -21,6 +21,7 @@ import sys
 from kadapt import __version__
 from kadapt import environment
 from kadapt.extras import MissingExtraError
+from kadapt.extras import UnsupportedBackendError
 from kadapt.run.errors import UsageError
 
 VERBOSE = "--verbose"
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return status
-    except (UsageError, environment.AllocatorStatisticsError, MissingExtraError) as error:
+    except (UsageError, environment.AllocatorStatisticsError, MissingExtraError, UnsupportedBackendError) as error:
         raise SystemExit(f"kadapt: error: {error}") from None
     except KeyboardInterrupt:
         print(f"kadapt: interrupted ({args.command})", file=sys.stderr)

@@ -12,8 +12,6 @@ from typing import Any
 import keras
 import numpy as np
 
-from kadapt.batching.multi_worker import chief_values
-from kadapt.batching.multi_worker import in_multi_worker_mode
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
@@ -148,8 +146,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
         self._initial_learning_rate = applied_learning_rate(optimizer)
-        strategy = self.model.distribute_strategy
-        self._strategy = strategy if in_multi_worker_mode(strategy) else None
+        self._strategy = _multi_worker_strategy(self.model)
         self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
@@ -261,6 +258,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         return _REASONS[int(code)]
 
     def _from_chief(self, *values):
+        from kadapt.batching.multi_worker import chief_values
+
         return chief_values(self._strategy, [float(v) for v in values])
 
     def _annealing(self):
@@ -371,6 +370,17 @@ class _Snapshot:
 
     def __init__(self, weights, optimizer, value):
         self.weights, self.optimizer, self.value = weights, optimizer, value
+
+
+def _multi_worker_strategy(model):
+    """The model's `MultiWorkerMirroredStrategy` spanning several processes, else `None`.
+    Only the TensorFlow backend has one (imported only there)."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    from kadapt.batching.multi_worker import in_multi_worker_mode
+
+    strategy = model.distribute_strategy
+    return strategy if in_multi_worker_mode(strategy) else None
 
 
 def _load(meta_model):

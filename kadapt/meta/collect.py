@@ -43,7 +43,6 @@ import keras
 import numpy as np
 
 from kadapt import environment
-from kadapt.batching import training_state
 from kadapt.meta import actions as action_lib
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FeatureHistory
@@ -409,9 +408,18 @@ class Snapshot:
 
     @classmethod
     def take(cls, model, batches, step, val_loss=float("nan")):
+        training_state = _training_state()
         return cls(training_state.snapshot(training_state.state_variables(model)),
                    batches.position, step, val_loss)
 
     def restore(self, batches):
-        training_state.restore(self.state)
+        _training_state().restore(self.state)
         batches.position = self.position
+
+
+def _training_state():
+    # Imported on use: kadapt.batching loads the backend's train step, and `import kadapt.meta`
+    # (the MetaAdjuster) must not need it.
+    from kadapt.batching import training_state
+
+    return training_state

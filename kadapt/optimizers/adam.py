@@ -21,7 +21,8 @@ class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
     Here `beta_1` (exposed also as `momentum`, so `kadapt.MomentumScheduler`
     drives it) and `learning_rate_multiplier` are variables. The update is
     Keras' Adam; its bias correction uses the current beta_1 (1 - beta_1^t),
-    which is exact while beta_1 is constant.
+    which is exact while beta_1 is constant. On JAX, assign them from a
+    callback through `self.model.optimizer` (see `kadapt.optimizers.SGD`).
 
     Args:
         learning_rate: Float or `LearningRateSchedule`. Defaults to `0.001`.

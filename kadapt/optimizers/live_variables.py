@@ -5,15 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from kadapt.validation import check_range
 
 
 def slot_key(variable: Any) -> Any:
-    """The same key for a Keras variable and the backend variable it holds
-    (`update_step` receives the latter) — under tf.distribute, for a mirrored
-    variable and the replica's component of it (as Keras' own `_var_key`)."""
+    """The same key for a Keras variable and what `update_step` receives for it.
+
+    On JAX that is the Keras variable itself (keyed as Keras' own `_var_key`
+    does). On TensorFlow it is the backend variable it holds, and under
+    tf.distribute the replica's component of a mirrored variable.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return id(variable)
+    return _tensorflow_slot_key(variable)
+
+
+def _tensorflow_slot_key(variable: Any) -> Any:
+    # Imported here: only the TensorFlow backend has tf.distribute values, and
+    # kadapt's optimizers must import without TensorFlow on JAX.
+    import tensorflow as tf
+
     if isinstance(variable, keras.Variable):
         variable = variable.value
     if hasattr(variable, "_distributed_container"):

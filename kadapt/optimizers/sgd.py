@@ -21,9 +21,12 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
     float: assigning `optimizer.momentum` in a callback is silently ignored.
     Here `momentum` and `learning_rate_multiplier` are variables read by the
     compiled step, so assigning either property takes effect at the next
-    step. The applied rate is `learning_rate(step) * learning_rate_multiplier`,
-    which also works when `learning_rate` is a schedule. The update is Keras'
-    (PyTorch's) heavy-ball form:
+    step. On JAX, assign them from a callback through `self.model.optimizer`:
+    reading `self.model` makes Keras' JAX trainer write its state back into
+    the variables and read them again before the next step. The applied rate
+    is `learning_rate(step) * learning_rate_multiplier`, which also works
+    when `learning_rate` is a schedule. The update is Keras' (PyTorch's)
+    heavy-ball form:
 
         velocity = momentum * velocity - lr * gradient
         w += velocity                              (nesterov=False)

@@ -2,14 +2,17 @@
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from kadapt.extras import require
 from kadapt.precision import global_policy
 from kadapt.recipes import training
 from kadapt.recipes.batch_size import RECIPE_BATCH_SIZE
 from kadapt.recipes.batch_size import recipe_batch_size
 from kadapt.recipes.config import FastFitConfig
 from kadapt.validation import check_range
+
+# The recipe feeds tf.data pipelines, on any Keras backend.
+tf = require("tensorflow", extra="tensorflow")
 
 
 def fast_fit(

@@ -9,7 +9,6 @@ else, so a change to the recipe reaches both.
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from kadapt.augment import augment_dataset
 from kadapt.augment import augmentation
@@ -17,6 +16,7 @@ from kadapt.augment import expand
 from kadapt.batching import accumulate
 from kadapt.callbacks import BestWeights
 from kadapt.callbacks import MomentumScheduler
+from kadapt.extras import require
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import SGD
@@ -28,6 +28,9 @@ from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
 from kadapt.schedules.piecewise_linear import PiecewiseLinear
 from kadapt.validation import check_range
+
+# The recipe feeds tf.data pipelines, on any Keras backend.
+tf = require("tensorflow", extra="tensorflow")
 
 WHITENING_IMAGES = 5000  # enough for a stable 2x2 patch covariance
 MOMENTUM = 0.9  # of the triangular schedule

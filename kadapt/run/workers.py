@@ -18,6 +18,8 @@ multi-host job) is a `ClusterMember`:
   smallest micro-batch found (one collective);
 - the logs that callbacks see are synchronized across workers, so the
   MetaAdjuster and the best-weights choice decide the same on every worker.
+
+All of it runs on Keras' TensorFlow backend only (`kadapt.extras.require_tensorflow`).
 """
 
 import dataclasses
@@ -35,6 +37,7 @@ from pathlib import Path
 from kadapt import environment
 from kadapt.batching.gpu_memory import VISIBLE_DEVICES
 from kadapt.batching.gpu_memory import visible_device_entry
+from kadapt.extras import require_tensorflow
 from kadapt.run.errors import UsageError
 
 THREADS_VARIABLE = "KADAPT_WORKER_THREADS"
@@ -93,6 +96,7 @@ def launch_local_workers(count, argv, echo=print):
     logs (named on failure). When a worker fails, the others end within
     `STOP_GRACE_SECONDS` (they notice the lost peer) or are stopped.
     """
+    require_tensorflow("Multi-worker training (`kadapt train --workers`)")
     gpus = worker_gpus(count, visible_gpu_count(), os.environ.get(VISIBLE_DEVICES))
     ports = [free_port() for _ in range(count)]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
@@ -148,7 +152,7 @@ def worker_gpus(count: int, gpu_count: int, visible: str | None) -> list[str] | 
 def visible_gpu_count() -> int:
     """The GPUs TensorFlow sees in this process (after `CUDA_VISIBLE_DEVICES`).
     Lists physical devices only: this process takes no GPU memory."""
-    import tensorflow as tf
+    tf = require_tensorflow("Multi-worker training (`kadapt train --workers`)")
 
     return len(tf.config.list_physical_devices("GPU"))
 
