@@ -92,7 +92,7 @@ def test_schedule_is_back_in_the_next_step():
 
 def test_state_is_restored_exactly():
     keras.utils.set_random_seed(1)
-    x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    x = np.random.default_rng(0).normal(size=(256, 3)).astype("float32")
     y = x @ np.array([[1.0], [-2.0], [0.5]], dtype="float32")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
                               keras.layers.Dense(1)])
@@ -101,7 +101,7 @@ def test_state_is_restored_exactly():
         model.train_on_batch(x[rows], y[rows])
     before = [v.numpy().copy() for v in model.variables + model.optimizer.variables + model.metrics_variables]
 
-    result = kadapt.find_learning_rate(model, x, y, batch_size=4, start=1e-3, stop=1.0, num_steps=16,
+    result = kadapt.find_learning_rate(model, x, y, batch_size=16, start=1e-3, stop=1.0, num_steps=16,
                                        shuffle=False)
 
     after = [v.numpy() for v in model.variables + model.optimizer.variables + model.metrics_variables]
