@@ -77,17 +77,22 @@ def test_sweep_is_gradient_descent_and_stops_past_the_stable_limit(case):
 
 
 def test_schedule_is_back_in_the_next_step():
-    """After the test, one step applies the schedule's rate at the restored
-    iteration: w1 = w0 - schedule(0) * 2 C (w0 - w*), w0 = 0."""
-    schedule = keras.optimizers.schedules.CosineDecay(0.05, decay_steps=1000)
+    """A step, the test, a step: the second applies the schedule at the
+    restored iteration 1. With w0 = 0, s(t) = 0.05 (1 + cos(pi t / 4)) / 2:
+    w1 = s(0) 2 C w*, w2 = w1 - s(1) 2 C (w1 - w*)."""
+    schedule = keras.optimizers.schedules.CosineDecay(0.05, decay_steps=4)
     model = _quadratic(keras.optimizers.SGD(schedule))
+    model.train_on_batch(INPUTS, INPUTS @ TARGET_WEIGHTS)
     kadapt.find_learning_rate(model, _same_batch_forever(), start=1e-4, stop=10.0, num_steps=60)
 
     model.train_on_batch(INPUTS, INPUTS @ TARGET_WEIGHTS)
 
-    covariance = INPUTS.T @ INPUTS / len(INPUTS)
-    expected = 0.05 * 2.0 * covariance @ TARGET_WEIGHTS
+    gradient = 2.0 * INPUTS.T.astype(np.float64) @ INPUTS / len(INPUTS)
+    rate = [0.05 * (1 + np.cos(np.pi * step / 4)) / 2 for step in (0, 1)]
+    first = rate[0] * gradient @ TARGET_WEIGHTS
+    expected = first - rate[1] * gradient @ (first - TARGET_WEIGHTS)
     np.testing.assert_allclose(model.get_weights()[0], expected, rtol=1e-6)
+    assert int(model.optimizer.iterations.numpy()) == 2
 
 
 def test_state_is_restored_exactly():
@@ -140,7 +145,10 @@ def test_a_curve_that_never_falls_suggests_nothing():
     ({"rule": "fastest"}, ValueError, r"`rule` must be one of \['minimum/10', 'steepest', 'valley'\]"),
     ({"num_steps": 5}, ValueError, r"`num_steps` must be in \[10, None\]"),
     ({"x": np.zeros((64, 2)), "y": np.zeros((64, 1)), "batch_size": 32}, ValueError,
-     r"at least num_steps=100 batches .* Received: x with 2 batches. Pass num_steps=2 .*batch_size` \(at most 0\)"),
+     r"at least num_steps=100 batches .* Received: x with 2 batches. Pass num_steps=2 \(at least 10\), "
+     r"or more rows."),
+    ({"x": np.zeros((640, 2)), "y": np.zeros((640, 1)), "batch_size": 64, "num_steps": 20}, ValueError,
+     r"Received: x with 10 batches. Pass num_steps=10 \(at least 10\), batch_size=32 or less, or more rows."),
     ({"x": itertools.repeat((INPUTS, INPUTS), 12)}, ValueError, r"it ran out after 12. Pass num_steps=12"),
 ])
 def test_bad_arguments(arguments, error, message):

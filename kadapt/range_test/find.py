@@ -163,11 +163,16 @@ def _check_arguments(model, start, stop, num_steps, smoothing, divergence, rule)
 def _check_count(count, num_steps, x, batch_size):
     if count is None or count >= num_steps:
         return
-    fix = (f"a smaller `batch_size` (at most {len(keras.tree.flatten(x)[0]) // num_steps})"
-           if batch_size is not None or isinstance(x, (np.ndarray, list, tuple, dict))
-           else "a dataset that repeats (`dataset.repeat()`)")
     raise ValueError(
         f"Argument `x` must hold at least num_steps={num_steps} batches (one per step of the sweep). "
-        f"Received: x with {count} batches. Pass num_steps={count} (at least {MIN_STEPS}), {fix}, "
-        "or more data."
+        f"Received: x with {count} batches. Pass num_steps={count} (at least {MIN_STEPS}), "
+        f"{_more_batches(x, num_steps)}."
     )
+
+
+def _more_batches(x, num_steps):
+    if not hasattr(x, "cardinality") and not isinstance(x, keras.utils.PyDataset):
+        rows = len(keras.tree.flatten(x)[0])
+        smaller = f"batch_size={rows // num_steps} or less, " if rows >= num_steps else ""
+        return f"{smaller}or more rows"
+    return "or batches that repeat (e.g. `dataset.repeat()`)"
