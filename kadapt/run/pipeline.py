@@ -60,6 +60,7 @@ class Run:
     member: object = None  # `kadapt.run.workers.ClusterMember` of a multi-worker run, else None
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
+    range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
 
     def scope(self):
         """The distribution strategy's scope in a multi-worker run (else a no-op)."""
@@ -83,13 +84,14 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
     config = with_batch_size(config, len(data.x_train))
     if member is not None:
         _check_split(config.batch_size, member.workers)
-    settings = _found_rate(recipe_config(config, data), directory if resume else None, member)
+    settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
     name = network_name(config, data)
     precision = _precision(config, settings, name, data, directory if resume else None, member)
     keras.utils.set_random_seed(config.seed)
     with global_policy(precision.policy):
         model = build_network(name, data, settings)
-    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision)
+    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision,
+              range_test=found)
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -120,14 +122,15 @@ def _precision(config, settings, name, data, resumed, member):
 
 
 def _found_rate(settings, resumed, member):
-    """The recipe; with `--learning-rate auto`, a resumed run's takes the rate its range test found."""
+    """`(recipe, range test record)`; with `--learning-rate auto`, a resumed run
+    takes the rate its range test found (the record is `None` where none ran yet)."""
     if settings.learning_rate != AUTO:
-        return settings
+        return settings, None
     if member is not None:
         raise UsageError("--learning-rate auto runs a range test in each worker, and the workers could find "
                          "different rates: find one with `kadapt find-lr` and pass it as --learning-rate.")
     found = (resumed.read_json(files.CONFIG) or {}).get("resolved", {}).get("range_test") if resumed else None
-    return settings.replace(learning_rate=found["learning_rate"]) if found else settings
+    return (settings.replace(learning_rate=found["learning_rate"]), found) if found else (settings, None)
 
 
 def _check_split(batch_size, workers):
@@ -152,7 +155,8 @@ def train(run, echo=print, callbacks=(), verbose=1):
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     resolved = {**steps, "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
-                "test_time_augmentation": run.recipe.test_time_augmentation}
+                "test_time_augmentation": run.recipe.test_time_augmentation,
+                **({"range_test": run.range_test} if run.range_test else {})}
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
@@ -184,9 +188,9 @@ def _range_test(run, rows, steps, micro, echo):
         return {}
     echo(f"range test: learning rate {result.suggestion:.4g} ({result.rule}, {result.steps_run} steps"
          f"{', stopped at divergence' if result.diverged else ''})")
-    return {"recipe": dataclasses.asdict(run.recipe),
-            "range_test": {"learning_rate": result.suggestion, "rule": result.rule, "steps_run": result.steps_run,
-                           "diverged": result.diverged}}
+    run.range_test = {"learning_rate": result.suggestion, "rule": result.rule, "steps_run": result.steps_run,
+                      "diverged": result.diverged}
+    return {"recipe": dataclasses.asdict(run.recipe), "range_test": run.range_test}
 
 
 def _write_config(directory, config, resolved):
