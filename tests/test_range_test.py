@@ -6,6 +6,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kadapt
 from kadapt.range_test import curve
@@ -150,6 +151,9 @@ def test_a_curve_that_never_falls_suggests_nothing():
     ({"x": np.zeros((640, 2)), "y": np.zeros((640, 1)), "batch_size": 64, "num_steps": 20}, ValueError,
      r"Received: x with 10 batches. Pass num_steps=10 \(at least 10\), batch_size=32 or less, or more rows."),
     ({"x": itertools.repeat((INPUTS, INPUTS), 12)}, ValueError, r"it ran out after 12. Pass num_steps=12"),
+    ({"x": tf.data.Dataset.from_tensors((INPUTS, INPUTS[:, :1])).repeat(12)}, ValueError,
+     r"Received: x with 12 batches. Pass num_steps=12 \(at least 10\), or batches that repeat"),
+    ({"x": _same_batch_forever(), "batch_size": 2}, ValueError, r"`batch_size` must be None when `x` is a dataset"),
 ])
 def test_bad_arguments(arguments, error, message):
     model = _quadratic(keras.optimizers.SGD(0.01))
