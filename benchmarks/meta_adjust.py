@@ -4,8 +4,11 @@ The task-seeds, arms and targets are those of `kadapt.meta.evaluation` (the
 same code as `kadapt meta eval MODEL.keras`): six held-out families x 3 seeds,
 an 8-point constant-rate grid (8x the compute) whose best rate is the
 reference, tuned ReduceLROnPlateau and the MetaAdjuster on the rates the grid
-shows too low, too high and diverging, and a cosine run at the grid-best rate
-with and without the MetaAdjuster.
+shows too low, too high and diverging, a cosine run at the grid-best rate
+with and without the MetaAdjuster, and the range test's arms: its rate
+constant, and under cosine, the test's steps charged to the run's budget
+(`evaluation.range_test_runs`; the share within 1.2x of the grid-best beside
+the MetaAdjuster's).
 
 Overhead: a MetaAdjuster whose trigger never fires against none, on the same
 model, in interleaved rounds; the share of the run spent inside its hooks is

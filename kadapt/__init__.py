@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _SUBMODULES = (
     "augment", "batching", "callbacks", "datasets", "distribute", "environment", "meta", "models",
-    "optimizers", "precision", "recipes", "schedules", "tuning",
+    "optimizers", "precision", "range_test", "recipes", "schedules", "tuning",
 )
 _NAMES = {
     "AccumulatingModel": "kadapt.batching",
@@ -31,9 +31,11 @@ _NAMES = {
     "PrecisionChoice": "kadapt.precision",
     "ProbeResult": "kadapt.batching",
     "ProbeTrial": "kadapt.batching",
+    "RangeTestResult": "kadapt.range_test",
     "accumulate": "kadapt.batching",
     "balanced_micro_batch": "kadapt.batching",
     "choose_precision": "kadapt.precision",
+    "find_learning_rate": "kadapt.range_test",
     "load_model": "kadapt.saving",
     "plan_batch": "kadapt.batching",
     "probe_micro_batch": "kadapt.batching",

@@ -308,15 +308,20 @@ def test_expand_appends_generated_samples_before_training(tmp_path):
     assert "expanded by 0.5 x the rows (cutmix)" in resolved["augmentation"]
 
 
-def test_digits_with_an_mlp_and_max_steps(tmp_path):
+def test_digits_with_an_mlp_max_steps_and_the_learning_rate_found(tmp_path):
     out = tmp_path / "digits"
     assert cli.main(["train", "--data", "digits", "--model", "mlp", "--batch-size", "64",
-                     "--max-steps", "3", "--out", str(out)]) == 0
+                     "--max-steps", "3", "--learning-rate", "auto", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["resolved"]["data"]["input_shape"] == [8, 8, 1]
     assert config["resolved"]["total_steps"] == 3
     assert json.loads((out / "run.json").read_text())["steps_completed"] == 3
-    assert len(read_jsonl(out / "steps.jsonl")) == 3
+    steps = read_jsonl(out / "steps.jsonl")
+    assert len(steps) == 3
+    found = config["resolved"]["range_test"]["learning_rate"]
+    assert config["resolved"]["recipe"]["learning_rate"] == found
+    # Three steps, no warmup (int(0.15 * 3) = 0): the triangular schedule starts at its peak.
+    assert steps[0]["learning_rate"] == pytest.approx(found, rel=1e-6)
 
 
 def test_target_accuracy_stops_training(tmp_path, capsys):

@@ -65,3 +65,17 @@ def test_kadapt_meta_eval_refuses_a_file_that_is_not_a_meta_model(tmp_path):
     with pytest.raises(SystemExit) as raised:
         cli.main(["meta", "eval", str(tmp_path / "model.h5")])
     assert "Received: meta_model=" in str(raised.value.code)
+
+
+def test_range_test_figures_by_hand():
+    nan = math.nan
+    runs = [_run(0.10, 2.0, {"too_low": {"constant": 0.9, "plateau": 0.9, "meta": 0.12}}, cosine=(0.1, 0.1)),
+            _run(0.20, 1.0, {"too_high": {"constant": 0.5, "plateau": 0.3, "meta": 0.25}}, cosine=(0.2, 0.2))]
+    runs[0]["range_test"] = {"learning_rate": 0.05, "steps_run": 40, "constant": {"val_loss": 0.119},  # within 1.2x
+                             "cosine": {"val_loss": nan}}
+    runs[1]["range_test"] = {"learning_rate": 0.3, "steps_run": 40, "constant": {"val_loss": 0.25},  # 1.25x: not
+                             "cosine": {"val_loss": 0.2}}
+    # MetaAdjuster: 0.12 <= 1.2 x 0.10, 0.25 > 1.2 x 0.20.
+    assert evaluation.summarize(runs)["range_test"] == {"runs": 2, "constant": 0.5, "cosine": 0.5,
+                                                        "meta_misset": 0.5, "meta_runs": 2}
+    assert "| range test, then constant | 2 | 0.50 |" in evaluation.table(runs)

@@ -28,13 +28,15 @@ def add_train_arguments(subparsers) -> None:
         "train", description=__doc__ + _STAGES,
         help="the recipe: probe, plan, train with accumulation and the MetaAdjuster, evaluate, save",
     )
+    add_data_arguments(parser)
     _add_run_arguments(parser)
-    _add_recipe_arguments(parser.add_argument_group("the recipe (kadapt.recipes.FastFitConfig)"))
+    add_recipe_arguments(parser.add_argument_group("the recipe (kadapt.recipes.FastFitConfig)"))
     _add_job_arguments(parser)
     parser.set_defaults(run=run_train)
 
 
-def _add_run_arguments(parser):
+def add_data_arguments(parser):
+    """The data and network flags, shared with `kadapt find-lr`."""
     add = parser.add_argument
     add("--data", help="fashion_mnist, digits (scikit-learn 8x8), a .npz with x_train, y_train, x_test, y_test, "
                        "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
@@ -43,20 +45,24 @@ def _add_run_arguments(parser):
                         "(input_shape, num_classes) -> uncompiled keras.Model of logits, imported from the current "
                         "directory (default: auto = fast_resnet for images of at least 16x16 pixels, else mlp)")
     add("--batch-size", type=int, help="logical batch: rows per optimizer step (default: 256, halved down to 16 while an epoch would have fewer than 64 steps)")
-    add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
-    add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
-    add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
-    add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
     add("--augment", choices=AUGMENT_SETTINGS, help="shift images (and mirror Fashion-MNIST) during training and at test time: on, off, or auto = on "
              "for images of at least 16x16 pixels (default: auto)")
     add("--validation-split", type=float,
         help=f"fraction of training rows held out, the last ones (default: {DEFAULTS.validation_split})")
     add("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")
-    add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")
     add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
 
 
-def _add_recipe_arguments(group):
+def _add_run_arguments(parser):
+    add = parser.add_argument
+    add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
+    add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
+    add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
+    add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
+    add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")
+
+
+def add_recipe_arguments(group):
     """One flag per `FastFitConfig` switch: its name, help and choices come from the field."""
     for field in command_line_switches():
         kind = _value_type(field)
@@ -169,6 +175,8 @@ def _default_out(args):
 def _value_type(field):
     """The type a flag's text becomes: the field's, without `None` (`float | None` is `float`)."""
     kinds = field.type.__args__ if isinstance(field.type, types.UnionType) else (field.type,)
+    if float in kinds and str in kinds:
+        return _number_or_word  # `learning_rate`: a number or "auto"
     kind = next(k for k in kinds if k is not type(None))
     return getattr(kind, "__origin__", kind)  # tuple[int, ...] is a tuple
 
@@ -179,6 +187,14 @@ def _shown(default):
     if default is None or default == 0.0:
         return "off"
     return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+
+
+def _number_or_word(text):
+    """A float, or the word itself (`FastFitConfig` judges it: "auto")."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _on_off(text):

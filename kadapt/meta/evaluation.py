@@ -21,6 +21,10 @@ For each task-seed:
   `MetaAdjuster` with its defaults).
 - **cosine**: a well-configured run, cosine from the grid-best rate to 0,
   without and with the `MetaAdjuster`.
+- **range test** (`range_test_runs`): `kadapt.find_learning_rate` (rule
+  `"valley"`, up to `RANGE_TEST_STEPS` steps) on the task's fresh model, then
+  its rate `constant` and `cosine` (from it to 0); the test's steps are
+  charged to the same budget (the run trains that many steps fewer).
 
 `summarize` turns the runs into the table, against `TARGETS`.
 """
@@ -39,6 +43,8 @@ import numpy as np
 
 from kadapt.meta import tasks as task_lib
 from kadapt.meta.adjuster import MetaAdjuster
+from kadapt.range_test import find_learning_rate
+from kadapt.range_test.find import MIN_STEPS
 from kadapt.recipes.training import steps_per_epoch
 
 EVALUATION_FAMILIES = ("iris", "circles", "friedman", "fashion_conv", "adding", "fashion_autoencoder")
@@ -56,6 +62,8 @@ TARGETS = {  # name: (sense, target, what it measures)
     "rescue": (">=", 1.0, "diverging runs ending finite, below the initial val loss"),
     "cosine_no_harm": (">=", 1.0, "good cosine runs ending <= 1.05x the run without it"),
 }
+RANGE_TEST_STEPS = 100
+RANGE_NEAR = 1.2  # "within 1.2x of the grid-best final val loss", the issue's figure for the range test
 QUICK = {"families": ("iris", "adding"), "seeds": (0,), "epochs": 6}
 
 
@@ -73,13 +81,29 @@ def evaluation_task(family: str, seed: int, learning_rate: float, schedule: str 
     return dataclasses.replace(task, momentum=MOMENTUM)
 
 
-def train_run(task: task_lib.Task, epochs: int, callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict[str, Any]:
-    """Trains `task` for `epochs` with `callbacks`; its final validation loss and wall time."""
-    model = task.build(epochs * steps_per_epoch(len(task.data[0]), task.batch_size))
+class StopAfterSteps(keras.callbacks.Callback):
+    """Ends a run after `steps` optimizer steps (a budget that is not whole epochs)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps, self.done = steps, 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.done += 1
+        if self.done >= self.steps:
+            self.model.stop_training = True
+
+
+def train_run(task: task_lib.Task, epochs: int, callbacks: Sequence[keras.callbacks.Callback] = (),
+              steps: int | None = None) -> dict[str, Any]:
+    """Trains `task` for `epochs` (or the first `steps` of them) with `callbacks`;
+    its final validation loss and wall time. A schedule spans the steps trained."""
+    total = epochs * steps_per_epoch(len(task.data[0]), task.batch_size)
+    model = task.build(total if steps is None else steps)
     x, y, x_val, y_val = task.data
     keras.utils.set_random_seed(task.seed)  # the same batch order for every run of a task
     start = time.perf_counter()
-    callbacks = [*callbacks, StopWhenNonFinite()]
+    callbacks = [*callbacks, StopWhenNonFinite(), *([StopAfterSteps(steps)] if steps is not None else [])]
     model.fit(x, y, validation_data=(x_val, y_val), batch_size=task.batch_size, epochs=epochs, verbose=0,
               callbacks=callbacks)
     seconds = time.perf_counter() - start
@@ -101,6 +125,41 @@ def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | k
 def plateau_run(task: task_lib.Task, epochs: int) -> dict[str, Any]:
     plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.3, patience=2, verbose=0)
     return train_run(task, epochs, [plateau])
+
+
+def range_test_runs(family: str, seed: int, epochs: int) -> dict[str, Any]:
+    """The range test on the task's fresh model, then its rate constant and under cosine.
+
+    The test's steps come out of the run's budget of `epochs` epochs.
+    Returns `{"learning_rate", "steps_run", "constant", "cosine"}`.
+    """
+    task = evaluation_task(family, seed, GRID[0])  # the test sets its own rates
+    x, y = task.data[:2]
+    budget = epochs * steps_per_epoch(len(x), task.batch_size)
+    num_steps = min(RANGE_TEST_STEPS, budget // 2)  # at least half the budget trains
+    if num_steps < MIN_STEPS:
+        return None
+    keras.utils.set_random_seed(seed)
+    try:
+        result = find_learning_rate(task.build(budget), _endless_batches(x, y, task.batch_size, seed),
+                                    num_steps=num_steps)
+    except ValueError as error:  # a curve no rate can be read off: the arm fails
+        failed = {"val_loss": math.nan, "seconds": 0.0, "error": str(error)}
+        return {"learning_rate": math.nan, "steps_run": num_steps, "constant": failed, "cosine": failed}
+    left = budget - result.steps_run
+    runs = {schedule: train_run(evaluation_task(family, seed, result.suggestion, schedule), epochs, steps=left)
+            for schedule in ("constant", "cosine")}
+    return {"learning_rate": result.suggestion, "steps_run": result.steps_run, **runs}
+
+
+def _endless_batches(x, y, batch_size, seed):
+    """Shuffled batches of `(x, y)`, one epoch after another."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(len(x))
+        for start in range(0, len(x), batch_size):
+            rows = order[start:start + batch_size]
+            yield x[rows], y[rows]
 
 
 def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.Model, epochs: int = EPOCHS,
@@ -138,9 +197,15 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
     cosine = {"without": train_run(cosine_task, epochs), "with": meta_run(cosine_task, epochs, meta_model)}
     say(f"{family}/{seed} cosine at lr={best:g}: without {cosine['without']['val_loss']:.4g}, "
         f"with {cosine['with']['val_loss']:.4g}")
+    ranged = range_test_runs(family, seed, epochs)
+    if ranged is None:
+        say(f"{family}/{seed} range test: no room in {epochs} epochs")
+    else:
+        say(f"{family}/{seed} range test lr={ranged['learning_rate']:.3g} ({ranged['steps_run']} steps): "
+            f"constant {ranged['constant']['val_loss']:.4g}, cosine {ranged['cosine']['val_loss']:.4g}")
     return {"family": family, "seed": seed, "grid": {f"{rate:g}": run for rate, run in grid.items()},
             "best_rate": best, "best_val_loss": finite[best], "initial_val_loss": initial,
-            "settings": settings, "cosine": cosine}
+            "settings": settings, "cosine": cosine, "range_test": ranged}
 
 
 def evaluate_meta_model(meta_model: str | os.PathLike | keras.Model, families: Sequence[str] = EVALUATION_FAMILIES,
@@ -174,7 +239,18 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
               for r in runs]
     report["all"]["cosine_no_harm"] = _mean(cosine)
     report["all"]["cosine_runs"] = len(cosine)
+    report["range_test"] = _range_figures(runs)
     return report
+
+
+def _range_figures(runs):
+    """Per arm, the share of task-seeds within `RANGE_NEAR` x the grid-best final val loss;
+    the MetaAdjuster's share over its mis-set runs beside them."""
+    ranged = [r for r in runs if r.get("range_test")]
+    figures = {arm: _mean([_key(r["range_test"][arm]["val_loss"]) <= RANGE_NEAR * r["best_val_loss"] for r in ranged])
+               for arm in ("constant", "cosine")}
+    meta = [_key(c["meta"]["val_loss"]) <= RANGE_NEAR * r["best_val_loss"] for r in runs for c in r["settings"].values()]
+    return {"runs": len(ranged), **figures, "meta_misset": _mean(meta), "meta_runs": len(meta)}
 
 
 def _mean(flags):
@@ -200,16 +276,33 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
         cells = " | ".join("-" if figures[k] is None else f"{figures[k]:.2f}"
                            for k in ("near_grid_best", "beats_plateau", "harm", "rescue"))
         lines.append(f"| {setting} | {figures['runs']} | {cells} |")
+    ranged = report["range_test"]
+    lines += ["", f"| within {RANGE_NEAR}x of the grid-best | runs | share |", "|---|---|---|",
+              f"| range test, then constant | {ranged['runs']} | {_share(ranged['constant'])} |",
+              f"| range test, then cosine | {ranged['runs']} | {_share(ranged['cosine'])} |",
+              f"| MetaAdjuster from a mis-set rate | {ranged['meta_runs']} | {_share(ranged['meta_misset'])} |"]
     lines += ["", "| task | seed | grid-best lr | its val loss | setting: lr, constant / plateau / meta "
-              "| cosine without / with | meta's decisions |", "|---|---|---|---|---|---|---|"]
+              "| cosine without / with | range test lr: constant / cosine | meta's decisions |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         settings = "; ".join(f"{s} {c['learning_rate']:g}: " + " / ".join(_loss(c[a]) for a in ("constant", "plateau", "meta"))
                              for s, c in r["settings"].items())
         decisions = "; ".join(f"{s}: {_decisions(c['meta'])}" for s, c in r["settings"].items())
         decisions += f"; cosine: {_decisions(r['cosine']['with'])}"
         lines.append(f"| {r['family']} | {r['seed']} | {r['best_rate']:g} | {r['best_val_loss']:.4g} | {settings} | "
-                     f"{_loss(r['cosine']['without'])} / {_loss(r['cosine']['with'])} | {decisions} |")
+                     f"{_loss(r['cosine']['without'])} / {_loss(r['cosine']['with'])} | {_ranged(r)} | {decisions} |")
     return "\n".join(lines)
+
+
+def _share(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _ranged(run):
+    ranged = run.get("range_test")
+    if not ranged:
+        return "-"
+    return f"{ranged['learning_rate']:.3g}: {_loss(ranged['constant'])} / {_loss(ranged['cosine'])}"
 
 
 def _loss(run):

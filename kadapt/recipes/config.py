@@ -7,6 +7,7 @@ from kadapt.validation import check_range
 SCHEDULES = ("triangular", "cosine")
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 EXPAND_METHODS = ("mixup", "cutmix", "cutout")
+AUTO = "auto"  # a `learning_rate` the range test finds (`kadapt.find_learning_rate`)
 
 
 def switch(default, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None) -> dataclasses.Field:
@@ -37,7 +38,11 @@ class FastFitConfig:
             (0.95 -> 0.85 -> 0.95) through `MomentumScheduler`. Both Nesterov.
             The two measured equal within seed noise on Fashion-MNIST
             (benchmarks/README.md#fashion_mnist_fast); triangular is the default.
-        learning_rate: Peak learning rate (for the mean loss of a batch).
+        learning_rate: Peak learning rate (for the mean loss of a batch), or
+            `"auto"`: before training, a learning-rate range test on the
+            compiled network and the recipe's batches
+            (`kadapt.find_learning_rate`, rule `"valley"`) finds it
+            (`kadapt.recipes.training.with_found_learning_rate`).
         warmup_fraction: Fraction of the steps spent warming up.
         weight_decay: Keras' decoupled decay: w -= lr * weight_decay * w each
             step. A PyTorch SGD value wd_torch with momentum mu corresponds
@@ -79,7 +84,8 @@ class FastFitConfig:
     bias_lr_multiplier: float = 4.0
     schedule: str = switch("triangular", "triangular LR with momentum 0.9, or cosine LR with cosine momentum",
                            choices=SCHEDULES)
-    learning_rate: float = switch(0.2, "peak learning rate")
+    learning_rate: float | str = switch(0.2, "peak learning rate, or auto: find it with a learning-rate range "
+                                             "test before training (kadapt.find_learning_rate)")
     warmup_fraction: float = 0.15
     weight_decay: float = switch(5e-3, "decoupled weight decay")
     label_smoothing: float = switch(0.1, "of the cross-entropy")
@@ -108,7 +114,8 @@ class FastFitConfig:
             raise ValueError(
                 f"Argument `schedule` must be 'cosine' or 'triangular'. Received: schedule={self.schedule!r}"
             )
-        check_range("learning_rate", self.learning_rate, low=0.0, low_open=True)
+        if self.learning_rate != AUTO:
+            _check_rate(self.learning_rate)
         check_range("warmup_fraction", self.warmup_fraction, low=0.0, high=1.0, high_open=True)
         check_range("weight_decay", self.weight_decay, low=0.0)
         check_range("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
@@ -147,6 +154,13 @@ class FastFitConfig:
     def replace(self, **changes) -> "FastFitConfig":
         """A copy with `changes` applied (and checked)."""
         return dataclasses.replace(self, **changes)
+
+
+def _check_rate(value):
+    if isinstance(value, str):
+        raise ValueError(f"Argument `learning_rate` must be a positive number or 'auto'. "
+                         f"Received: learning_rate={value!r}")
+    check_range("learning_rate", value, low=0.0, low_open=True)
 
 
 def command_line_switches() -> list[dataclasses.Field]:

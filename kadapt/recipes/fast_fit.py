@@ -66,9 +66,11 @@ def fast_fit(
 
     Returns:
         The trained `keras.Model` (logits out); `model.history` holds the
-        History, `model.precision` the `kadapt.precision.PrecisionChoice`. Unless `config.restore_best_weights` is off, it holds the
-        weights of the epoch with the best `val_loss` (`loss` without
-        validation data).
+        History, `model.precision` the `kadapt.precision.PrecisionChoice`,
+        `model.range_test` the `kadapt.RangeTestResult` of
+        `FastFitConfig(learning_rate="auto")` (else `None`). Unless
+        `config.restore_best_weights` is off, it holds the weights of the
+        epoch with the best `val_loss` (`loss` without validation data).
 
     Example:
 
@@ -105,6 +107,8 @@ def fast_fit(
         keras.utils.set_random_seed(seed)  # the timed networks drew from the generator
     with global_policy(precision.policy):
         model = build()
+    config, model.range_test = training.with_found_learning_rate(
+        config, model, steps, train, lambda: training.micro_batched(model, micro_batch_size, memory_budget), seed)
     trainer = training.micro_batched(model, micro_batch_size, memory_budget)
     history, _ = training.fit_recipe(
         trainer, train, config, epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=steps,

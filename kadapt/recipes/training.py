@@ -23,6 +23,8 @@ from kadapt.optimizers import SGD
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import choose_precision
 from kadapt.precision import policy_name
+from kadapt.range_test import find_learning_rate
+from kadapt.recipes.config import AUTO
 from kadapt.recipes.inference import predict_with_tta
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
@@ -35,6 +37,9 @@ tf = require("tensorflow", extra="tensorflow")
 WHITENING_IMAGES = 5000  # enough for a stable 2x2 patch covariance
 MOMENTUM = 0.9  # of the triangular schedule
 COSINE_MOMENTUM = (0.95, 0.85)  # max, min: low momentum at the peak rate
+# The peak a `learning_rate="auto"` recipe compiles with until the range test
+# replaces it; the test itself swaps the schedule out (`kadapt.find_learning_rate`).
+PLACEHOLDER_PEAK = 1.0
 
 
 def recipe_network(config, images, num_classes):
@@ -76,7 +81,7 @@ def recipe_optimizer(config, total_steps):
     """`kadapt.optimizers.SGD` (Nesterov, decoupled weight decay) on the
     recipe's learning-rate schedule over `total_steps`."""
     warmup = int(config.warmup_fraction * total_steps)
-    peak = config.learning_rate
+    peak = PLACEHOLDER_PEAK if config.learning_rate == AUTO else config.learning_rate
     if config.schedule == "cosine":
         rate = CosineAnnealing(peak, 0.0, total_steps, warmup_steps=warmup)
     else:
@@ -86,6 +91,38 @@ def recipe_optimizer(config, total_steps):
                 else PiecewiseLinear([0, total_steps], [peak, 0.0]))
     return SGD(rate, momentum=MOMENTUM, nesterov=True, weight_decay=config.weight_decay,
                use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+
+
+def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None):
+    """`(config, result)`: for `learning_rate="auto"`, the range test's rate.
+
+    Runs `kadapt.find_learning_rate` on `make_trainer()` (the compiled model
+    that trains, e.g. `micro_batched(model, ...)`: the test steps are its
+    steps) over the recipe's augmented `batches`, then compiles `model`
+    again with the suggestion as the schedule's peak: make the trainer anew.
+    Both front doors call this; `kadapt train` records the rate in
+    `config.json`, so a resumed run does not test again.
+
+    Args:
+        config: `FastFitConfig`.
+        model: The network, compiled by `compile_recipe`.
+        total_steps: Int. The steps the schedule spans.
+        batches: `tf.data.Dataset` of `(x, one-hot y)` logical batches
+            (`shuffled_batches`); the test takes its first 100 (repeating it
+            if it holds fewer).
+        make_trainer: Callable `() -> keras.Model`.
+        seed: Int or `None`. Seeds the augmentation. Defaults to `None`.
+
+    Returns:
+        `(config with the found learning_rate, RangeTestResult)`, or
+        `(config, None)` when `config.learning_rate` is a number.
+    """
+    if config.learning_rate != AUTO:
+        return config, None
+    result = find_learning_rate(make_trainer(), augmented_batches(batches.repeat(), config, seed))
+    config = config.replace(learning_rate=result.suggestion)
+    compile_recipe(model, config, total_steps)
+    return config, result
 
 
 def recipe_callbacks(config, total_steps):
@@ -199,6 +236,9 @@ def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs
         `(history, best_weights)`: Keras' History and the best-weights
         callback (`None` when the config restores none).
     """
+    if config.learning_rate == AUTO:
+        raise ValueError("Argument `config` must hold a learning rate: find it first with "
+                         "`with_found_learning_rate`. Received: learning_rate='auto'")
     monitor = "val_loss" if validation_data is not None else "loss"
     best = best_weights_callback(config, monitor, backup_dir=backup_dir)
     callbacks = arrange_callbacks(recipe_callbacks(config, total_steps), best)

@@ -23,6 +23,7 @@ from kadapt.batching.memory_budget import device_budget
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import global_policy
 from kadapt.recipes import training as recipe
+from kadapt.recipes.config import AUTO
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.callbacks import meta_adjuster
@@ -59,6 +60,7 @@ class Run:
     member: object = None  # `kadapt.run.workers.ClusterMember` of a multi-worker run, else None
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
+    range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
 
     def scope(self):
         """The distribution strategy's scope in a multi-worker run (else a no-op)."""
@@ -82,13 +84,14 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
     config = with_batch_size(config, len(data.x_train))
     if member is not None:
         _check_split(config.batch_size, member.workers)
-    settings = recipe_config(config, data)
+    settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
     name = network_name(config, data)
     precision = _precision(config, settings, name, data, directory if resume else None, member)
     keras.utils.set_random_seed(config.seed)
     with global_policy(precision.policy):
         model = build_network(name, data, settings)
-    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision)
+    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision,
+              range_test=found)
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -118,6 +121,18 @@ def _precision(config, settings, name, data, resumed, member):
     return recipe.recipe_precision(settings, build, data.x_train, data.num_classes, config.batch_size)
 
 
+def _found_rate(settings, resumed, member):
+    """`(recipe, range test record)`; with `--learning-rate auto`, a resumed run
+    takes the rate its range test found (the record is `None` where none ran yet)."""
+    if settings.learning_rate != AUTO:
+        return settings, None
+    if member is not None:
+        raise UsageError("--learning-rate auto runs a range test in each worker, and the workers could find "
+                         "different rates: find one with `kadapt find-lr` and pass it as --learning-rate.")
+    found = (resumed.read_json(files.CONFIG) or {}).get("resolved", {}).get("range_test") if resumed else None
+    return (settings.replace(learning_rate=found["learning_rate"]), found) if found else (settings, None)
+
+
 def _check_split(batch_size, workers):
     if batch_size % workers:
         raise UsageError(f"--batch-size {batch_size} is the global batch of {workers} workers: use a "
@@ -140,11 +155,13 @@ def train(run, echo=print, callbacks=(), verbose=1):
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     resolved = {**steps, "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
-                "test_time_augmentation": run.recipe.test_time_augmentation}
+                "test_time_augmentation": run.recipe.test_time_augmentation,
+                **({"range_test": run.range_test} if run.range_test else {})}
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
         micro = _micro_batch_size(run, echo)
+        resolved.update(_range_test(run, rows, steps, micro, echo))
         _write_config(directory, config, {**resolved, "plan": _plan(_share(run), micro)})
         with run.scope():
             trainer = _trainer(run, micro)
@@ -158,6 +175,22 @@ def train(run, echo=print, callbacks=(), verbose=1):
         directory.update_run(status="failed", error=f"{type(error).__name__}: {error}")
         raise
     return _finish(run, trainer, best, started, echo)
+
+
+def _range_test(run, rows, steps, micro, echo):
+    """With `--learning-rate auto`: the range test on the trainer, its rate
+    into `run.recipe` (the network compiled again with it); returns what
+    `config.json` records of it (a resume reads the rate back)."""
+    batches = recipe.shuffled_batches(*rows, run.config.batch_size, run.data.num_classes, run.config.seed)
+    run.recipe, result = recipe.with_found_learning_rate(
+        run.recipe, run.model, steps["total_steps"], batches, lambda: _trainer(run, micro), run.config.seed)
+    if result is None:
+        return {}
+    echo(f"range test: learning rate {result.suggestion:.4g} ({result.rule}, {result.steps_run} steps"
+         f"{', stopped at divergence' if result.diverged else ''})")
+    run.range_test = {"learning_rate": result.suggestion, "rule": result.rule, "steps_run": result.steps_run,
+                      "diverged": result.diverged}
+    return {"recipe": dataclasses.asdict(run.recipe), "range_test": run.range_test}
 
 
 def _write_config(directory, config, resolved):
