@@ -1,0 +1,66 @@
+"""Rollback points: the weights and optimizer state a diverged run returns to.
+
+A point holds host copies of every model variable and of the optimizer's
+variables except the channels the `MetaAdjuster` moves itself and the step
+count: a rollback undoes what training did to the weights, while schedules,
+the budget and the adjuster's own rate and momentum keep going forward.
+`kadapt.batching.training_state` keeps device copies (and metric variables)
+for undoing a probe's trial steps; the adjuster reads its copies on the host
+(to flatten the weights and check they are finite), so it keeps its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+
+# The live channels and the step count: not part of what a rollback undoes.
+NOT_ROLLED_BACK = frozenset({"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RollbackPoint:
+    """Host copies of a model's state, with the watched value measured there.
+
+    Args:
+        weights: List of arrays, one per `model.variables`.
+        optimizer: List, one per `model.optimizer.variables`: an array, or
+            `None` for a variable a rollback leaves alone.
+        value: Float. The monitored loss at this state (`inf` until known).
+    """
+
+    weights: list
+    optimizer: list
+    value: float = math.inf
+
+
+def take(model: keras.Model, value: float = math.inf) -> RollbackPoint:
+    """The rollback point of `model` as it is now.
+
+    Example:
+
+    ```python
+    point = take(model, value=0.7)
+    model.fit(x, y)  # diverges
+    restore(model, point)
+    ```
+    """
+    optimizer = [None if v.name in NOT_ROLLED_BACK else v.numpy()
+                 for v in model.optimizer.variables]
+    return RollbackPoint([v.numpy() for v in model.variables], optimizer, float(value))
+
+
+def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = False) -> None:
+    """Assigns `point` back to `model`; `restart_momentum` zeroes the per-weight optimizer slots.
+
+    After a repeated divergence a velocity built at the diverging rate would
+    carry the restored weights straight back out, hence the restart.
+    """
+    for variable, value in zip(model.variables, point.weights, strict=True):
+        variable.assign(value)
+    for variable, value in zip(model.optimizer.variables, point.optimizer, strict=True):
+        if value is not None:
+            variable.assign(np.zeros_like(value) if restart_momentum and value.ndim else value)
