@@ -88,3 +88,17 @@ def test_states_round_trip_and_foreign_files_are_refused(tmp_path):
     np.savez(tmp_path / "other.npz", __tree__=np.array(json.dumps({"format": "other", "version": 1})))
     with pytest.raises(ValueError, match="it is not a kadapt.MetaAdjuster state of version 1"):
         load_state(tmp_path / "other.npz")
+
+
+def test_a_state_saved_by_another_model_is_refused():
+    from kadapt.meta import rollback
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=kadapt.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    other.compile(optimizer=kadapt.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+    other.optimizer.build(other.trainable_variables)
+    with pytest.raises(ValueError, match=r"model variables of shapes \[\(4, 2\), \(2,\)\].*this model has "
+                                         r"\[\(3, 2\), \(2,\)\].*saved by another model"):
+        rollback.from_state(rollback.to_state(rollback.take(other)), model)

@@ -78,6 +78,14 @@ class MetaAdjuster(keras.callbacks.Callback):
     training loss of the last `check_every` steps (the meta-model then sees
     no validation loss); epoch ends still check `target` and non-finite losses.
 
+    The decision itself is `kadapt.meta.policy.AdjustmentPolicy`'s, a pure
+    object fed the window, the rate and the trigger's reason; the callback
+    executes it (rollback, action, log). With `backup_dir` (the directory of
+    the run's `BackupAndRestore`) its whole state — history, trigger, rollback
+    points, ceiling, decisions — is saved there at every epoch end and restored
+    when a resumed `fit` begins its first epoch, so the resumed run adjusts as
+    the uninterrupted one would.
+
     Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
     chief: its trigger reason at each observation and its chosen action (one
     small all-gather each), so all workers adjust at the same step alike.
@@ -98,6 +106,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             needs to be applied; below it the adjuster keeps, and logs what it
             considered. Defaults to `0.1` (about 10% lower). After a
             divergence a cut is applied whatever its predicted gain.
+        backup_dir: Path-like or `None`. Where the state lives between an
+            interrupted run and its resume (`get_state`, as `.npz`). Defaults
+            to `None` (kept in memory only).
 
     Example:
 
@@ -340,7 +351,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         """
         state = dataclasses.asdict(self._policy_state)
         return {"history": self.history.get_state(), "trigger": self.trigger.get_state(), "policy": state,
-                "last_good": _point_state(self._last_good), "pending": _point_state(self._pending),
+                "last_good": rollback.to_state(self._last_good), "pending": rollback.to_state(self._pending),
                 "scheduled": list(self._scheduled), "initial_learning_rate": float(self._initial_learning_rate),
                 "decisions": copy.deepcopy(self.decisions)}
 
@@ -350,8 +361,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         The decision log (`log_dir/meta_decisions.jsonl`) is rewritten to hold
         exactly the restored decisions.
         """
-        self._last_good = _point(state["last_good"], self.model)
-        self._pending = _point(state["pending"], self.model)
+        self._last_good = rollback.from_state(state["last_good"], self.model)
+        self._pending = rollback.from_state(state["pending"], self.model)
         self.history.set_state(state["history"])
         self.trigger.set_state(state["trigger"])
         self._policy_state = PolicyState(**state["policy"])
@@ -449,35 +460,6 @@ def _finite(value):
 
 def _all_finite(variables):
     return all(bool(np.all(np.isfinite(v.numpy()))) for v in variables)
-
-
-def _point_state(point):
-    if point is None:
-        return None
-    optimizer = [value for value in point.optimizer if value is not None]
-    kept = [value is not None for value in point.optimizer]
-    return {"weights": list(point.weights), "optimizer": optimizer, "kept": kept, "value": float(point.value)}
-
-
-def _point(state, model):
-    """A `RollbackPoint` from `_point_state`, checked against `model`'s variables."""
-    if state is None:
-        return None
-    values = iter(state["optimizer"])
-    optimizer = [next(values) if kept else None for kept in state["kept"]]
-    point = rollback.RollbackPoint(list(state["weights"]), optimizer, float(state["value"]))
-    _check_shapes(point.weights, model.variables, "model")
-    rolled_back = [v for v in model.optimizer.variables if v.name not in rollback.NOT_ROLLED_BACK]
-    _check_shapes([v for v in point.optimizer if v is not None], rolled_back, "optimizer")
-    return point
-
-
-def _check_shapes(values, variables, owner):
-    shapes = [tuple(np.shape(value)) for value in values]
-    expected = [tuple(variable.shape) for variable in variables]
-    if shapes != expected:
-        raise ValueError(f"The MetaAdjuster state holds {owner} variables of shapes {shapes[:4]}..., this "
-                         f"{owner} has {expected[:4]}...: it was saved by another model. Start the run afresh.")
 
 
 def _summary(window):

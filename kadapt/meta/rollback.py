@@ -64,3 +64,32 @@ def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = F
     for variable, value in zip(model.optimizer.variables, point.optimizer, strict=True):
         if value is not None:
             variable.assign(np.zeros_like(value) if restart_momentum and value.ndim else value)
+
+
+def to_state(point: RollbackPoint | None) -> dict | None:
+    """`point` as arrays and JSON values (`kadapt.meta.adjuster_state`); `None` stays `None`."""
+    if point is None:
+        return None
+    kept = [value is not None for value in point.optimizer]
+    return {"weights": list(point.weights), "optimizer": [value for value in point.optimizer if value is not None],
+            "kept": kept, "value": float(point.value)}
+
+
+def from_state(state: dict | None, model: keras.Model) -> RollbackPoint | None:
+    """The point `to_state` saved; a `ValueError` if its shapes are not `model`'s."""
+    if state is None:
+        return None
+    values = iter(state["optimizer"])
+    optimizer = [next(values) if kept else None for kept in state["kept"]]
+    _check_shapes(state["weights"], model.variables, "model")
+    rolled_back = [v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK]
+    _check_shapes(state["optimizer"], rolled_back, "optimizer")
+    return RollbackPoint(list(state["weights"]), optimizer, float(state["value"]))
+
+
+def _check_shapes(values, variables, owner):
+    shapes = [tuple(np.shape(value)) for value in values]
+    expected = [tuple(variable.shape) for variable in variables]
+    if shapes != expected:
+        raise ValueError(f"The MetaAdjuster state holds {owner} variables of shapes {shapes[:4]}..., this "
+                         f"{owner} has {expected[:4]}...: it was saved by another model. Start the run afresh.")
