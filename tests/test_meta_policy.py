@@ -7,7 +7,7 @@ import pytest
 
 from kadapt.meta.actions import ACTIONS
 from kadapt.meta.actions import KEEP
-from kadapt.meta.policy import AdjustmentPolicy
+from kadapt.meta import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 
 LR_DOWN_10, LR_DOWN_3, LR_UP_3, LR_UP_10, MOMENTUM_HIGH = 0, 1, 3, 4, 6
