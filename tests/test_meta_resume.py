@@ -25,7 +25,17 @@ class _InterruptAtEpochEnd(keras.callbacks.Callback):
             raise KeyboardInterrupt
 
 
-def _fit(directory, interrupt=False, keep_state=True):
+class _ExplodeAtEpochBegin(keras.callbacks.Callback):
+    """Multiplies the rate by 1000 when the first resumed epoch begins: its loss explodes, and the
+    adjuster rolls back to the weights of its last good observation but one (epoch 1: a training
+    loss is measured before the last updates), saved before the interruption."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == INTERRUPTED_AT:
+            self.model.optimizer.learning_rate_multiplier = 1000.0
+
+
+def _fit(directory, interrupt=False, keep_state=True, explode=False):
     """Plateaus fire at epochs 2 and 4 (0-based): with patience 2 the trigger fires at the third
     observation, and again two observations after each adjustment. The interrupt lands after
     the adjuster saved epoch 3's state and before the backup checkpointed that epoch."""
@@ -37,7 +47,7 @@ def _fit(directory, interrupt=False, keep_state=True):
                             trigger=Trigger(patience=2, cooldown=0, min_delta=0.99),
                             backup_dir=directory / "backup" if keep_state else None)
     x = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
-    middle = [_InterruptAtEpochEnd()] if interrupt else []
+    middle = ([_InterruptAtEpochEnd()] if interrupt else []) + ([_ExplodeAtEpochBegin()] if explode else [])
     model.fit(x, x @ np.array([[1.0], [-2.0], [0.5]], "float32"), batch_size=4, epochs=EPOCHS, shuffle=False,
               verbose=0, callbacks=[backup, adjuster, *middle, backup.committer])
     return model.get_weights(), adjuster.decisions
@@ -57,6 +67,18 @@ def test_a_resumed_run_ends_with_the_weights_and_decisions_of_the_uninterrupted_
     assert decisions == whole_decisions
     logged = [json.loads(line) for line in (tmp_path / "resumed" / "meta_decisions.jsonl").read_text().splitlines()]
     assert logged == whole_decisions  # the interrupted epoch's decision is not logged twice
+    for got, want in zip(weights, whole_weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_divergence_after_the_resume_rolls_back_to_the_point_saved_before_it(tmp_path):
+    whole_weights, whole_decisions = _fit(tmp_path / "whole", explode=True)
+    assert [(d["epoch"], d["rollback"], d["action"]) for d in whole_decisions] == [
+        (2, False, "lr x0.3"), (3, True, "lr x0.3"), (4, True, "lr x0.1")]  # the second divergence: the largest cut
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path / "resumed", interrupt=True, explode=True)
+    weights, decisions = _fit(tmp_path / "resumed", explode=True)
+    assert decisions == whole_decisions
     for got, want in zip(weights, whole_weights, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
