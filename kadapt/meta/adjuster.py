@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -13,30 +14,26 @@ import keras
 import numpy as np
 
 from kadapt.meta import actions as action_lib
+from kadapt.meta import rollback
+from kadapt.meta.adjuster_state import load_state
+from kadapt.meta.adjuster_state import save_state
+from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FeatureHistory
-from kadapt.meta.features import Observation
-from kadapt.meta.features import schedule_ratio
 from kadapt.meta.meta_model import MIN_GAIN
-from kadapt.meta.meta_model import Choice
 from kadapt.meta.meta_model import check_spec
-from kadapt.meta.meta_model import choose
 from kadapt.meta.meta_model import load_meta_model
+from kadapt.meta.observation import observe_model
+from kadapt.meta.policy import AdjustmentPolicy
+from kadapt.meta.policy import PolicyState
+from kadapt.meta.policy import model_predictor
 from kadapt.meta.triggers import Trigger
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import check_range
 
 DECISIONS_FILE = "meta_decisions.jsonl"
-# A rollback restores weights and optimizer slots, not the channels the adjuster itself moves,
-# nor the step count (schedules and the budget keep going forward).
-_NOT_ROLLED_BACK = {"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"}
-# After a rollback only these may follow: the step that diverged must not be retried as it was.
-_REDUCTIONS = np.array([a.get("learning_rate_multiplier", 1.0) < 1.0 for a in action_lib.ACTIONS])
-_LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == 0.1 for a in action_lib.ACTIONS])
-# Left to a schedule while it anneals: it slows the loss on purpose, and damps an oscillation itself.
-_LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation")
+STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
 _ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
-_FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
 _REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress")  # Trigger.update's answers
 
 
@@ -79,6 +76,14 @@ class MetaAdjuster(keras.callbacks.Callback):
     training loss of the last `check_every` steps (the meta-model then sees
     no validation loss); epoch ends still check `target` and non-finite losses.
 
+    The decision itself is `kadapt.meta.policy.AdjustmentPolicy`'s, a pure
+    object fed the window, the rate and the trigger's reason; the callback
+    executes it (rollback, action, log). With `backup_dir` (the directory of
+    the run's `BackupAndRestore`) its whole state — history, trigger, rollback
+    points, ceiling, decisions — is saved there at every epoch end and restored
+    when a resumed `fit` begins its first epoch, so the resumed run adjusts as
+    the uninterrupted one would.
+
     Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
     chief: its trigger reason at each observation and its chosen action (one
     small all-gather each), so all workers adjust at the same step alike.
@@ -99,6 +104,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             needs to be applied; below it the adjuster keeps, and logs what it
             considered. Defaults to `0.1` (about 10% lower). After a
             divergence a cut is applied whatever its predicted gain.
+        backup_dir: Path-like or `None`. Where the state lives between an
+            interrupted run and its resume (`get_state`, as `.npz`). Defaults
+            to `None` (kept in memory only).
 
     Example:
 
@@ -112,7 +120,7 @@ class MetaAdjuster(keras.callbacks.Callback):
     def __init__(self, meta_model: str | os.PathLike | keras.Model = "default", monitor: str = "val_loss",
                  target: float | None = None, mode: str = "auto", check_every: str | int = "epoch",
                  trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
-                 min_gain: float = MIN_GAIN) -> None:
+                 min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
         check_range("min_gain", min_gain, low=0.0)
         self.min_gain = float(min_gain)
@@ -126,6 +134,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             raise TypeError(f"Argument `trigger` must be a kadapt.meta.Trigger or None. Received: trigger={trigger!r}")
         self._trigger_template = trigger or Trigger()
         self.log_dir = None if log_dir is None else Path(log_dir)
+        self.backup_dir = None if backup_dir is None else Path(backup_dir)
         self.verbose = verbose
         self.decisions = []
 
@@ -138,26 +147,28 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
-        self._allowed = action_lib.allowed_mask(optimizer)
-        if not self._allowed[[i for i in range(len(self._allowed)) if i != action_lib.KEEP]].any():
+        allowed = action_lib.allowed_mask(optimizer)
+        if not allowed[[i for i in range(len(allowed)) if i != action_lib.KEEP]].any():
             raise ValueError(
                 f"MetaAdjuster cannot change anything on optimizer {type(optimizer).__name__}: its "
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
+        self.policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
+                                       self._trigger_template.patience)
+        self._policy_state = PolicyState()
         self._initial_learning_rate = applied_learning_rate(optimizer)
         self._strategy = _multi_worker_strategy(self.model)
-        self._ceiling = math.inf
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
         self.decisions, self._step = [], int(optimizer.iterations.numpy())
         self._last_good = self._pending = None
         if self.model.trainable_variables:
             self._hold_start()
-        self._since_divergence = None
         self._epoch_decisions, self._interval_start = 0, (0, 0.0)
         self._last_epoch_ending = False
         self._scheduled = []
+        self._began = False
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / DECISIONS_FILE).touch()
@@ -169,10 +180,12 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
             optimizer.build(self.model.trainable_variables)
-        self._trainable = [any(v is t for t in self.model.trainable_variables) for v in self.model.variables]
-        self._last_good = self._pending = self._snapshot(math.inf)
+        self._last_good = self._pending = rollback.take(self.model)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self._began:
+            self._began = True
+            self._resume(epoch)
         self._last_epoch_ending = False
         self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
         self._epoch_start_step = self._step
@@ -187,7 +200,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         if self._last_good.value == math.inf:
             # The first batch's loss was measured at the initial weights: the reference for
             # "exploded", and the value of the initial state a rollback may return to.
-            self._last_good.value = float(logs["loss"])
+            self._last_good = self._pending = dataclasses.replace(self._last_good, value=float(logs["loss"]))
             self.trigger.seed(self._last_good.value)
         if self.check_every == "epoch" or self._step % self.check_every:
             return
@@ -217,36 +230,52 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._rates = self._read_rates()
         logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
         logs["meta_adjustments"] = self._epoch_decisions
+        if self.backup_dir is not None:
+            self._save(epoch + 1)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._last_good is not None and not _all_finite(self.model.variables):
-            self._restore(self._last_good)
+            rollback.restore(self.model, self._last_good)
 
     def _observe(self, loss, val_loss, watched, measured_now):
-        snapshot = self._snapshot(watched)
-        weights = np.concatenate([np.ravel(w) for w, t in zip(snapshot.weights, self._trainable) if t])
-        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(weights)))
-        self.history.observe(self._observation(loss, val_loss, weights))
+        observation = self._observation(loss, val_loss)
+        self.history.observe(observation)
+        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
         reason = self._chiefs_reason(self.trigger.update(watched if finite else math.nan))
-        if reason == "divergence":
-            self._restore(self._last_good, restart_momentum=self._repeated_divergence())
+        adjustment, self._policy_state = self.policy.decide(
+            self._policy_state, self.history.window(), reason, self._rates[0],
+            annealing=self._annealing(), final=self._is_final())
+        self._execute(self._chiefs_choice(adjustment), watched, finite, measured_now)
+
+    def _execute(self, adjustment, watched, finite, measured_now):
+        """Does what the policy chose: roll back, move the rollback point, apply, log."""
+        if adjustment.rollback:
+            rollback.restore(self.model, self._last_good, restart_momentum=adjustment.restart_momentum)
             self._pending = self._last_good
             self.trigger.rebaseline(self._last_good.value)
-        elif finite and measured_now:
-            self._last_good = self._pending = snapshot
         elif finite:
+            self._advance_rollback_point(watched, measured_now)
+        if adjustment.consulted:
+            self._apply(action_lib.ACTIONS[adjustment.action])
+        if adjustment.restart_trigger:
+            self.trigger.adjusted()
+        if adjustment.logged:
+            self._log(self._record(adjustment, self.history.window()))
+
+    def _advance_rollback_point(self, watched, measured_now):
+        point = rollback.take(self.model, watched)
+        if measured_now:
+            self._last_good = self._pending = point
+        else:
             # A training loss was measured before the latest updates: the weights now are
             # confirmed good only by the next observation.
-            self._last_good, self._pending = self._pending, snapshot
-        if reason in _LEFT_TO_SCHEDULE and self._annealing():
-            self.trigger.adjusted()  # the schedule's own "adjustment": wait a full patience again
-        elif reason is not None and self._is_final():
-            if reason == "divergence":
-                self._log(self._record(reason, {}, "rollback (training ends)", 0.0, self.history.window()))
-        elif reason is not None:
-            self._decide(reason)
-        elif self._since_divergence is not None:
-            self._since_divergence += 1
+            self._last_good, self._pending = self._pending, point
+
+    def _apply(self, action):
+        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
+        self._rates = self._read_rates()
+        # A float rate the action just set is not the schedule annealing.
+        self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
     def _chiefs_reason(self, reason):
         """`reason`, or in a multi-worker job the chief's: the logs are synchronized, yet a
@@ -256,6 +285,14 @@ class MetaAdjuster(keras.callbacks.Callback):
             return reason
         (code,) = self._from_chief(_REASONS.index(reason))
         return _REASONS[int(code)]
+
+    def _chiefs_choice(self, adjustment):
+        """`adjustment`, or in a multi-worker job with the chief's action: every worker applies
+        the same one at this step."""
+        if self._strategy is None or not adjustment.consulted:
+            return adjustment
+        index, gain, considered = self._from_chief(adjustment.action, adjustment.gain, adjustment.considered)
+        return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered))
 
     def _from_chief(self, *values):
         from kadapt.batching.multi_worker import chief_values
@@ -271,14 +308,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         return applied_learning_rate(optimizer), current_momentum(optimizer)
 
-    def _observation(self, loss, val_loss, weights):
-        self._rates = learning_rate, momentum = self._read_rates()
+    def _observation(self, loss, val_loss):
         self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
-        ahead = schedule_ratio(self.model.optimizer, self._step, epochs * steps if epochs and steps else None)
-        return Observation(step=self._step, loss=loss, val_loss=None if val_loss is None else float(val_loss),
-                           learning_rate=learning_rate, momentum=momentum, weights=weights,
-                           budget_used=self._budget_used(), schedule_ahead=ahead)
+        observation = observe_model(self.model, self._step, loss, val_loss, self._budget_used(),
+                                    epochs * steps if epochs and steps else None)
+        self._rates = observation.learning_rate, observation.momentum
+        return observation
 
     def _is_final(self):
         """Whether this observation is the last of the run."""
@@ -295,42 +331,74 @@ class MetaAdjuster(keras.callbacks.Callback):
             return min(self._step / (epochs * steps), 1.0)
         return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
 
-    def _decide(self, reason):
-        rate = applied_learning_rate(self.model.optimizer)
-        if reason == "divergence":
-            # Never climb back to a rate that diverged: raises stay below half of it. A second
-            # divergence soon after the first takes the largest cut, whatever the model prefers.
-            self._ceiling = min(self._ceiling, rate / 2)
-            allowed = self._allowed & (_LARGEST_CUT if self._repeated_divergence() else _REDUCTIONS)
-            self._since_divergence = 0
-        else:
-            allowed = self._allowed & ~((_FACTORS > 1) & (_FACTORS * rate > self._ceiling))
-        window = self.history.window()
-        choice = choose(self.meta_model, window, allowed, self.min_gain)
-        if self._strategy is not None:  # every worker applies the chief's choice at this step
-            index, gain, considered = self._from_chief(choice.action, choice.gain, choice.considered)
-            choice = Choice(int(index), gain, int(considered))
-        action = action_lib.ACTIONS[choice.action]
-        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
-        self._rates = self._read_rates()
-        # A float rate the action just set is not the schedule annealing.
-        self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-        self.trigger.adjusted()
-        text = action_lib.describe(action)
-        if choice.abstained:
-            text += f" (considered {action_lib.describe(action_lib.ACTIONS[choice.considered])})"
-        decision = self._record(reason, dict(action), text, choice.gain, window)
-        decision["applied"] = not choice.abstained
-        self._log(decision)
+    def _record(self, adjustment, window):
+        record = {"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": adjustment.reason,
+                  "adjustment": dict(action_lib.ACTIONS[adjustment.action]), "action": adjustment.text,
+                  "predicted_gain": round(adjustment.gain, 4), "rollback": adjustment.rollback,
+                  "features": _summary(window), "learning_rate": self._rates[0], "momentum": self._rates[1]}
+        if adjustment.consulted:
+            record["applied"] = not adjustment.abstained
+        return record
 
-    def _record(self, reason, adjustment, action, gain, window):
-        return {"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": reason,
-                "adjustment": adjustment, "action": action, "predicted_gain": round(gain, 4),
-                "rollback": reason == "divergence", "features": _summary(window),
-                "learning_rate": self._rates[0], "momentum": self._rates[1]}
+    def get_state(self) -> dict[str, Any]:
+        """Everything the adjuster's later decisions depend on, as arrays and JSON values.
 
-    def _repeated_divergence(self):
-        return self._since_divergence is not None and self._since_divergence <= self.trigger.patience
+        The feature history, the trigger's losses and cooldown, the policy's
+        ceiling and divergence count, the two rollback points (weights and
+        optimizer slots), the schedule's last rates, the initial rate and the
+        decisions so far. Call it while training (after `on_train_begin`).
+        """
+        state = dataclasses.asdict(self._policy_state)
+        return {"history": self.history.get_state(), "trigger": self.trigger.get_state(), "policy": state,
+                "last_good": rollback.to_state(self._last_good), "pending": rollback.to_state(self._pending),
+                "scheduled": list(self._scheduled), "initial_learning_rate": float(self._initial_learning_rate),
+                "decisions": copy.deepcopy(self.decisions)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores what `get_state` returned, into the running `fit` of the same model.
+
+        The decision log (`log_dir/meta_decisions.jsonl`) is rewritten to hold
+        exactly the restored decisions.
+        """
+        self._last_good = rollback.from_state(state["last_good"], self.model)
+        self._pending = rollback.from_state(state["pending"], self.model)
+        self.history.set_state(state["history"])
+        self.trigger.set_state(state["trigger"])
+        self._policy_state = PolicyState(**state["policy"])
+        self._scheduled = [float(v) for v in state["scheduled"]]
+        self._initial_learning_rate = float(state["initial_learning_rate"])
+        self.decisions = list(state["decisions"])
+        if self.log_dir is not None:
+            lines = "".join(json.dumps(decision) + "\n" for decision in self.decisions)
+            aside = self.log_dir / (DECISIONS_FILE + ".partial")
+            aside.write_text(lines)
+            os.replace(aside, self.log_dir / DECISIONS_FILE)
+
+    def _save(self, epochs_done):
+        """Writes the state after `epochs_done` epochs beside the backup; keeps the last two
+        (a backup that falls back to its previous checkpoint finds the state of that epoch)."""
+        save_state(self.backup_dir / STATE_FILE.format(epoch=epochs_done), {"epoch": epochs_done, **self.get_state()})
+        for path in self.backup_dir.glob(STATE_FILE.format(epoch="*")):
+            epoch = path.name[len("meta-adjuster-epoch-"):-len(".npz")]
+            if epoch.isdigit() and int(epoch) < epochs_done - 1:
+                path.unlink()
+
+    def _resume(self, epoch):
+        """At the first epoch of a `fit` resumed at `epoch` > 0: the state saved after `epoch - 1`."""
+        if self.backup_dir is None or epoch == 0:
+            return
+        path = self.backup_dir / STATE_FILE.format(epoch=epoch)
+        if not path.is_file():
+            raise RuntimeError(
+                f"Training resumes at epoch {epoch}, but {self.backup_dir} holds no MetaAdjuster state for "
+                "it: the adjuster would restart blind (no history, no rollback point). Resume with the "
+                "backup_dir the interrupted run used, or start the run afresh.")
+        state = load_state(path)
+        if state.get("epoch") != epoch:
+            raise ValueError(f"The MetaAdjuster state {path} is of epoch {state.get('epoch')!r}, not {epoch}: "
+                             "it was not written by this run. Start the run afresh.")
+        self.set_state(state)
+        self._step = int(self.model.optimizer.iterations.numpy())
 
     def _check_target(self, value):
         if self.target is None or not _finite(value):
@@ -351,25 +419,6 @@ class MetaAdjuster(keras.callbacks.Callback):
             gain = decision["predicted_gain"]
             print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']}"
                   + ("" if gain is None else f" (predicted gain {gain:+.3f})"), flush=True)
-
-    def _snapshot(self, value):
-        return _Snapshot([v.numpy() for v in self.model.variables],
-                         [None if v.name in _NOT_ROLLED_BACK else v.numpy()
-                          for v in self.model.optimizer.variables], value)
-
-    def _restore(self, snapshot, restart_momentum=False):
-        for variable, value in zip(self.model.variables, snapshot.weights, strict=True):
-            variable.assign(value)
-        for variable, value in zip(self.model.optimizer.variables, snapshot.optimizer, strict=True):
-            if variable.name not in _NOT_ROLLED_BACK:
-                variable.assign(np.zeros_like(value) if restart_momentum and value.ndim else value)
-
-
-class _Snapshot:
-    """Weights and optimizer state, with the watched value measured there."""
-
-    def __init__(self, weights, optimizer, value):
-        self.weights, self.optimizer, self.value = weights, optimizer, value
 
 
 def _multi_worker_strategy(model):
@@ -424,6 +473,4 @@ def _all_finite(variables):
 
 
 def _summary(window):
-    from kadapt.meta.features import FEATURE_NAMES
-
     return {name: round(float(value), 4) for name, value in zip(FEATURE_NAMES, window[-1])}

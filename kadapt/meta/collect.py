@@ -47,8 +47,7 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import Observation
-from kadapt.meta.features import schedule_ratio
+from kadapt.meta.observation import observe_model
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import checked_lease
@@ -336,15 +335,11 @@ class TaskRun:
     def observe(self, loss, history):
         x_val, y_val = self.task.data[2], self.task.data[3]
         val_loss = float(self.model.test_on_batch(x_val, y_val))
-        weights = np.concatenate([np.ravel(w) for w in self.model.get_weights()])
-        optimizer = self.model.optimizer
-        history.observe(Observation(
-            step=self.step, loss=float(loss), val_loss=val_loss,
-            learning_rate=applied_learning_rate(optimizer),
-            momentum=current_momentum(optimizer), weights=weights,
-            budget_used=min(self.step / self.total_steps, 1.0),
-            schedule_ahead=schedule_ratio(optimizer, self.step, self.total_steps)))
-        finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(weights)))
+        # The same observation as the MetaAdjuster's (kadapt.meta.observation): trainable weights.
+        observation = observe_model(self.model, self.step, float(loss), val_loss,
+                                    min(self.step / self.total_steps, 1.0), self.total_steps)
+        history.observe(observation)
+        finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(observation.weights)))
         if finite and history is self.history:
             self.last_good = Snapshot.take(self.model, self.batches, self.step, val_loss)
         return finite

@@ -156,6 +156,22 @@ class FeatureHistory:
         rows = [rows[0]] * (WINDOW - len(rows)) + rows
         return np.stack(rows).astype("float32")
 
+    def get_state(self) -> dict:
+        """The rows and what the next row is computed from: arrays and floats (for a resume)."""
+        return {"rows": np.stack(self._rows) if self._rows else np.zeros((0, len(FEATURE_NAMES)), "float32"),
+                "train": np.asarray(self._train, "float64"), "val": np.asarray(self._val, "float64"),
+                "previous_weights": self._previous_weights, "previous_update": self._previous_update,
+                "first": None if self._first is None else list(self._first),
+                "last_loss": self.last_loss, "last_val_loss": self.last_val_loss}
+
+    def set_state(self, state: dict) -> None:
+        """Restores what `get_state` returned."""
+        self._rows = [np.asarray(row, "float32") for row in state["rows"]]
+        self._train, self._val = [float(v) for v in state["train"]], [float(v) for v in state["val"]]
+        self._previous_weights, self._previous_update = state["previous_weights"], state["previous_update"]
+        self._first = None if state["first"] is None else tuple(float(v) for v in state["first"])
+        self.last_loss, self.last_val_loss = float(state["last_loss"]), float(state["last_val_loss"])
+
     def _update_stats(self, weights):
         weights = np.asarray(weights, "float64")
         finite = bool(np.all(np.isfinite(weights)))

@@ -100,6 +100,18 @@ class Trigger:
         self.wait, self.since_best = self.cooldown, 0
         self.losses = self.losses[-1:]
 
+    def get_state(self) -> dict:
+        """The loss history the trigger decides from, as JSON values (for a resume)."""
+        return {"losses": [float(v) for v in self.losses], "recent": [float(v) for v in self._recent],
+                "best_median": float(self.best_median), "best": float(self.best),
+                "since_best": int(self.since_best), "wait": int(self.wait)}
+
+    def set_state(self, state: dict) -> None:
+        """Restores what `get_state` returned."""
+        self.losses, self._recent = [float(v) for v in state["losses"]], [float(v) for v in state["recent"]]
+        self.best_median, self.best = float(state["best_median"]), float(state["best"])
+        self.since_best, self.wait = int(state["since_best"]), int(state["wait"])
+
     def _trend(self):
         if self.since_best >= self.patience:
             return "plateau"

@@ -53,6 +53,9 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
 def meta_adjuster(config, directory, data):
     """`kadapt.meta.MetaAdjuster` logging to `directory`, or `None` for `--meta off`.
 
+    Its state is saved beside the backup at every epoch end, so `--resume`
+    continues its history, rollback point, ceiling and decision log.
+
     Built before the run starts, so a meta-model that cannot be loaded is a
     `UsageError` before anything is written.
     """
@@ -61,6 +64,6 @@ def meta_adjuster(config, directory, data):
     monitor = "val_loss" if len(data.x_val) else "loss"
     try:
         return MetaAdjuster(meta_model=config.meta, monitor=monitor, check_every="epoch",
-                            log_dir=str(directory.path))
+                            log_dir=str(directory.path), backup_dir=str(directory / files.BACKUP))
     except (ValueError, TypeError, OSError) as error:
         raise UsageError(f"--meta {config.meta}: {' '.join(str(error).split())}") from None

@@ -1,0 +1,180 @@
+"""`AdjustmentPolicy`: what the `MetaAdjuster` does at one observation, decided apart from doing it.
+
+The policy sees only numbers: the feature window, the learning rate applied
+now, the trigger's reason (`kadapt.meta.Trigger.update`), whether the schedule
+is annealing and whether this is the run's last observation. It returns a
+frozen `Adjustment` — roll back or not, which action of
+`kadapt.meta.actions.ACTIONS`, whether the trigger's patience restarts — and
+its next `PolicyState`. The callback executes that choice on the model; the
+policy touches no variable, so it is tested on hand-made windows with a stub
+predictor, as KerasTuner tests an oracle without a tuner.
+
+The rules:
+
+- divergence: roll back; only learning-rate cuts are allowed, the largest
+  one if the last divergence was at most `patience` calm observations ago
+  (and then the optimizer's per-weight slots restart too); raises stay below
+  half the rate that diverged from then on (the ceiling);
+- plateau, slow progress or oscillation while the schedule anneals: left to
+  the schedule, whose slowdown is on purpose;
+- the last observation: nothing is adjusted (no later step would feel it),
+  but a divergence is still rolled back;
+- otherwise the predictor's best allowed action, kept unless its predicted
+  gain over keeping reaches `min_gain` (`kadapt.meta.meta_model.choose_from`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from kadapt.meta import actions as action_lib
+from kadapt.meta.meta_model import MIN_GAIN
+from kadapt.meta.meta_model import choose_from
+from kadapt.meta.meta_model import predicted_differences
+from kadapt.validation import check_range
+
+LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation")
+_FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
+_REDUCTIONS = _FACTORS < 1.0
+_LARGEST_CUT = _FACTORS == _FACTORS.min()
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyState:
+    """What the policy remembers between observations.
+
+    Args:
+        ceiling: Float. Raises may not take the learning rate above it (half
+            the lowest rate that diverged). Defaults to `inf`.
+        since_divergence: Int or `None`. Calm observations since the last
+            divergence was decided on; `None` before any. Defaults to `None`.
+    """
+
+    ceiling: float = math.inf
+    since_divergence: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Adjustment:
+    """The policy's choice at one observation.
+
+    Args:
+        reason: String or `None`. The trigger's reason.
+        action: Int. Index into `ACTIONS` to apply (`KEEP`: nothing).
+        gain: Float. The predicted gain of the best allowed action over keeping.
+        considered: Int. That action (the same as `action` unless it abstained).
+        rollback: Bool. Restore the last good state first.
+        restart_momentum: Bool. With the rollback, zero the optimizer's slots.
+        consulted: Bool. The predictor chose: a decision to log.
+        restart_trigger: Bool. Tell the trigger an adjustment was made.
+    """
+
+    reason: str | None = None
+    action: int = action_lib.KEEP
+    gain: float = 0.0
+    considered: int = action_lib.KEEP
+    rollback: bool = False
+    restart_momentum: bool = False
+    consulted: bool = False
+    restart_trigger: bool = False
+
+    @property
+    def abstained(self) -> bool:
+        """Whether an action was considered but its predicted gain fell short."""
+        return self.action != self.considered
+
+    @property
+    def logged(self) -> bool:
+        """Whether this observation goes to the decision log."""
+        return self.consulted or self.rollback
+
+    @property
+    def text(self) -> str:
+        """What was done, e.g. `"lr x0.3"`, `"keep (considered lr x3)"`, `"rollback (training ends)"`."""
+        if not self.consulted:
+            return "rollback (training ends)" if self.rollback else "keep"
+        text = action_lib.describe(action_lib.ACTIONS[self.action])
+        if self.abstained:
+            text += f" (considered {action_lib.describe(action_lib.ACTIONS[self.considered])})"
+        return text
+
+
+def model_predictor(meta_model) -> Callable[[np.ndarray], np.ndarray]:
+    """`window -> score differences to keep` of a loaded meta-model (one window at a time)."""
+    return lambda window: predicted_differences(meta_model, window[None])[0]
+
+
+class AdjustmentPolicy:
+    """Decides, from one observation's numbers, what the adjuster does.
+
+    Args:
+        predict: Callable. `window -> array of len(ACTIONS)`: each action's
+            predicted score difference to keeping (lower is better), e.g.
+            `model_predictor(meta_model)`.
+        allowed: Bool array of len(ACTIONS). What the optimizer can take
+            (`kadapt.meta.actions.allowed_mask`). Defaults to all.
+        min_gain: Float >= 0. The predicted gain an action needs to be
+            applied. Defaults to `MIN_GAIN`.
+        patience: Int >= 0. A divergence within this many calm observations
+            of the last is "repeated". Defaults to `3` (the trigger's).
+
+    Example:
+
+    ```python
+    policy = AdjustmentPolicy(lambda window: np.array([0.5, -0.3, 0, 1, 1, 1, 1]))
+    adjustment, state = policy.decide(PolicyState(), window, "plateau", learning_rate=0.1)
+    adjustment.text  # "lr x0.3"
+    ```
+    """
+
+    def __init__(self, predict: Callable[[np.ndarray], np.ndarray], allowed: np.ndarray | None = None,
+                 min_gain: float = MIN_GAIN, patience: int = 3) -> None:
+        if not callable(predict):
+            raise TypeError(f"Argument `predict` must be a callable `window -> score differences`, e.g. "
+                            f"model_predictor(meta_model). Received: predict={predict!r}")
+        self.allowed = _check_allowed(allowed)
+        check_range("min_gain", min_gain, low=0.0)
+        check_range("patience", patience, low=0, integer=True)
+        self.predict, self.min_gain, self.patience = predict, float(min_gain), int(patience)
+
+    def decide(self, state: PolicyState, window: np.ndarray, reason: str | None, learning_rate: float,
+               annealing: bool = False, final: bool = False) -> tuple[Adjustment, PolicyState]:
+        """The `Adjustment` at this observation and the state after it."""
+        if reason is None:
+            calm = None if state.since_divergence is None else state.since_divergence + 1
+            return Adjustment(), dataclasses.replace(state, since_divergence=calm)
+        divergence = reason == "divergence"
+        repeated = divergence and self.repeated_divergence(state)
+        if reason in LEFT_TO_SCHEDULE and annealing:
+            return Adjustment(reason, restart_trigger=True), state
+        if final:
+            return Adjustment(reason, rollback=divergence, restart_momentum=repeated), state
+        allowed, state = self._allowed(state, divergence, repeated, learning_rate)
+        choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, self.min_gain)
+        return Adjustment(reason, choice.action, choice.gain, choice.considered, rollback=divergence,
+                          restart_momentum=repeated, consulted=True, restart_trigger=True), state
+
+    def repeated_divergence(self, state: PolicyState) -> bool:
+        """Whether a divergence now follows the last one within `patience` calm observations."""
+        return state.since_divergence is not None and state.since_divergence <= self.patience
+
+    def _allowed(self, state, divergence, repeated, learning_rate):
+        if divergence:
+            state = PolicyState(min(state.ceiling, learning_rate / 2), 0)
+            return self.allowed & (_LARGEST_CUT if repeated else _REDUCTIONS), state
+        too_high = (_FACTORS > 1) & (_FACTORS * learning_rate > state.ceiling)
+        return self.allowed & ~too_high, state
+
+
+def _check_allowed(allowed):
+    if allowed is None:
+        return np.ones(len(action_lib.ACTIONS), bool)
+    mask = np.asarray(allowed)
+    if mask.dtype != bool or mask.shape != (len(action_lib.ACTIONS),):
+        raise ValueError(f"Argument `allowed` must be a bool array of shape ({len(action_lib.ACTIONS)},), one "
+                         f"per action of kadapt.meta.actions.ACTIONS. Received: allowed={allowed!r}")
+    return mask

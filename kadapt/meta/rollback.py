@@ -1,0 +1,95 @@
+"""Rollback points: the weights and optimizer state a diverged run returns to.
+
+A point holds host copies of every model variable and of the optimizer's
+variables except the channels the `MetaAdjuster` moves itself and the step
+count: a rollback undoes what training did to the weights, while schedules,
+the budget and the adjuster's own rate and momentum keep going forward.
+`kadapt.batching.training_state` keeps device copies (and metric variables)
+for undoing a probe's trial steps; the adjuster reads its copies on the host
+(to flatten the weights and check they are finite), so it keeps its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+
+# The live channels and the step count: not part of what a rollback undoes.
+NOT_ROLLED_BACK = frozenset({"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RollbackPoint:
+    """Host copies of a model's state, with the watched value measured there.
+
+    Args:
+        weights: List of arrays, one per `model.variables`.
+        optimizer: List, one per `model.optimizer.variables`: an array, or
+            `None` for a variable a rollback leaves alone.
+        value: Float. The monitored loss at this state (`inf` until known).
+    """
+
+    weights: list
+    optimizer: list
+    value: float = math.inf
+
+
+def take(model: keras.Model, value: float = math.inf) -> RollbackPoint:
+    """The rollback point of `model` as it is now.
+
+    Example:
+
+    ```python
+    point = take(model, value=0.7)
+    model.fit(x, y)  # diverges
+    restore(model, point)
+    ```
+    """
+    optimizer = [None if v.name in NOT_ROLLED_BACK else v.numpy()
+                 for v in model.optimizer.variables]
+    return RollbackPoint([v.numpy() for v in model.variables], optimizer, float(value))
+
+
+def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = False) -> None:
+    """Assigns `point` back to `model`; `restart_momentum` zeroes the per-weight optimizer slots.
+
+    After a repeated divergence a velocity built at the diverging rate would
+    carry the restored weights straight back out, hence the restart.
+    """
+    for variable, value in zip(model.variables, point.weights, strict=True):
+        variable.assign(value)
+    for variable, value in zip(model.optimizer.variables, point.optimizer, strict=True):
+        if value is not None:
+            variable.assign(np.zeros_like(value) if restart_momentum and value.ndim else value)
+
+
+def to_state(point: RollbackPoint | None) -> dict | None:
+    """`point` as arrays and JSON values (`kadapt.meta.adjuster_state`); `None` stays `None`."""
+    if point is None:
+        return None
+    kept = [value is not None for value in point.optimizer]
+    return {"weights": list(point.weights), "optimizer": [value for value in point.optimizer if value is not None],
+            "kept": kept, "value": float(point.value)}
+
+
+def from_state(state: dict | None, model: keras.Model) -> RollbackPoint | None:
+    """The point `to_state` saved; a `ValueError` if its shapes are not `model`'s."""
+    if state is None:
+        return None
+    values = iter(state["optimizer"])
+    optimizer = [next(values) if kept else None for kept in state["kept"]]
+    _check_shapes(state["weights"], model.variables, "model")
+    rolled_back = [v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK]
+    _check_shapes(state["optimizer"], rolled_back, "optimizer")
+    return RollbackPoint(list(state["weights"]), optimizer, float(state["value"]))
+
+
+def _check_shapes(values, variables, owner):
+    shapes = [tuple(np.shape(value)) for value in values]
+    expected = [tuple(variable.shape) for variable in variables]
+    if shapes != expected:
+        raise ValueError(f"The MetaAdjuster state holds {owner} variables of shapes {shapes[:4]}..., this "
+                         f"{owner} has {expected[:4]}...: it was saved by another model. Start the run afresh.")

@@ -1,0 +1,107 @@
+"""`AdjustmentPolicy`: the adjuster's decision on hand-made windows with a stub predictor."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kadapt.meta.actions import ACTIONS
+from kadapt.meta.actions import KEEP
+from kadapt.meta import AdjustmentPolicy
+from kadapt.meta.policy import PolicyState
+
+LR_DOWN_10, LR_DOWN_3, LR_UP_3, LR_UP_10, MOMENTUM_HIGH = 0, 1, 3, 4, 6
+WINDOW = np.zeros((8, 13), "float32")
+
+
+def predicting(best, gain=0.5):
+    """A predictor: `best` ends `gain` below keeping, everything else 1.0 above it."""
+    differences = np.ones(len(ACTIONS))
+    differences[KEEP] = 0.0
+    differences[best] = -gain
+    return lambda window: differences
+
+
+def never_called(window):
+    raise AssertionError("the predictor must not be consulted here")
+
+
+def test_a_plateau_applies_the_predicted_best_action():
+    adjustment, state = AdjustmentPolicy(predicting(LR_UP_3)).decide(PolicyState(), WINDOW, "plateau", 0.1)
+    assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_UP_3, 0.5, "lr x3")
+    assert adjustment.consulted and adjustment.restart_trigger and not adjustment.rollback
+    assert state == PolicyState()
+
+
+def test_a_gain_below_min_gain_keeps_and_says_what_it_considered():
+    policy = AdjustmentPolicy(predicting(LR_UP_3, gain=0.04), min_gain=0.1)
+    adjustment, _ = policy.decide(PolicyState(), WINDOW, "slow_progress", 0.1)
+    assert (adjustment.action, adjustment.considered) == (KEEP, LR_UP_3)
+    assert adjustment.abstained and adjustment.logged and adjustment.text == "keep (considered lr x3)"
+
+
+def test_a_divergence_rolls_back_and_allows_only_cuts_whatever_the_predictor_prefers():
+    differences = np.array([0.3, 0.2, 0.0, -0.5, -0.6, -0.4, -0.4])  # every cut predicted worse than keeping
+    adjustment, state = AdjustmentPolicy(lambda window: differences).decide(PolicyState(), WINDOW, "divergence", 0.4)
+    # Raises and momentum are masked out, and keep too: the better cut is applied whatever its gain.
+    assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_DOWN_3, -0.2, "lr x0.3")
+    assert adjustment.rollback and not adjustment.restart_momentum
+    assert state == PolicyState(ceiling=0.2, since_divergence=0)
+
+
+def test_a_divergence_within_patience_of_the_last_takes_the_largest_cut_and_restarts_the_slots():
+    policy = AdjustmentPolicy(predicting(LR_DOWN_3), patience=3)
+    adjustment, state = policy.decide(PolicyState(0.2, since_divergence=3), WINDOW, "divergence", 0.1)
+    assert (adjustment.action, adjustment.restart_momentum) == (LR_DOWN_10, True)
+    assert state == PolicyState(ceiling=0.05, since_divergence=0)
+    later, _ = policy.decide(PolicyState(0.2, since_divergence=4), WINDOW, "divergence", 0.1)
+    assert (later.action, later.restart_momentum) == (LR_DOWN_3, False)
+
+
+def test_calm_observations_are_counted_after_a_divergence_only():
+    policy = AdjustmentPolicy(never_called)
+    adjustment, state = policy.decide(PolicyState(0.2, since_divergence=1), WINDOW, None, 0.1)
+    assert not adjustment.logged and state == PolicyState(0.2, since_divergence=2)
+    assert policy.decide(PolicyState(), WINDOW, None, 0.1)[1] == PolicyState()
+
+
+def test_raises_stay_below_the_ceiling():
+    policy = AdjustmentPolicy(predicting(LR_UP_10))
+    # x10 of 0.05 passes the ceiling 0.2, x3 (0.15) does not: the predictor's next best is keep's 0.
+    blocked, _ = policy.decide(PolicyState(ceiling=0.2), WINDOW, "plateau", 0.05)
+    assert blocked.action == KEEP and not blocked.abstained
+    allowed, _ = policy.decide(PolicyState(ceiling=0.2), WINDOW, "plateau", 0.01)
+    assert allowed.action == LR_UP_10
+
+
+def test_the_optimizers_allowed_mask_holds():
+    allowed = np.ones(len(ACTIONS), bool)
+    allowed[MOMENTUM_HIGH] = False
+    adjustment, _ = AdjustmentPolicy(predicting(MOMENTUM_HIGH), allowed).decide(PolicyState(), WINDOW, "plateau", 0.1)
+    assert adjustment.action == KEEP
+
+
+@pytest.mark.parametrize("reason", ["plateau", "slow_progress", "oscillation"])
+def test_a_slowdown_while_the_schedule_anneals_is_left_to_it(reason):
+    adjustment, state = AdjustmentPolicy(never_called).decide(PolicyState(), WINDOW, reason, 0.1, annealing=True)
+    assert adjustment.restart_trigger and not adjustment.consulted and not adjustment.logged
+    assert state == PolicyState()
+
+
+def test_the_last_observation_adjusts_nothing_but_still_rolls_back():
+    policy = AdjustmentPolicy(never_called)
+    diverged, state = policy.decide(PolicyState(), WINDOW, "divergence", 0.1, annealing=True, final=True)
+    assert diverged.rollback and diverged.logged and diverged.text == "rollback (training ends)"
+    assert diverged.action == KEEP and state == PolicyState()
+    plateau, _ = policy.decide(PolicyState(), WINDOW, "plateau", 0.1, final=True)
+    assert not (plateau.logged or plateau.restart_trigger)
+
+
+def test_arguments_are_checked():
+    with pytest.raises(TypeError, match="Argument `predict` must be a callable"):
+        AdjustmentPolicy("default")
+    with pytest.raises(ValueError, match=r"Argument `allowed` must be a bool array of shape \(7,\)"):
+        AdjustmentPolicy(never_called, allowed=np.ones(3, bool))
+    with pytest.raises(ValueError, match="min_gain"):
+        AdjustmentPolicy(never_called, min_gain=-1.0)
+    assert math.isinf(PolicyState().ceiling)
