@@ -23,7 +23,7 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
     the full batch's, with sample weights, class weights, a ragged last
     micro-batch and regularization losses (counted once per step). Sparse
     gradients (`Embedding`) reach the optimizer as the full batch's slices
-    (`kadapt.batching.gradient_sum`). One fit step is one
+    (`kadapt.batching.tensorflow.gradient_sum`). One fit step is one
     logical batch, so `optimizer.iterations`, schedules, callbacks and History
     count logical steps; the loss and metrics reported equal the full-batch
     ones.
