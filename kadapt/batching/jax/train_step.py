@@ -17,6 +17,7 @@ the logical batch's loss once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,8 @@ from keras import ops
 
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import logical_batch_loss
+
+_ZERO = 0.0
 
 
 class JaxAccumulation:
@@ -55,7 +58,7 @@ class JaxAccumulation:
         rows = _rows(batch[0])
         micro = min(self._traced_micro_batch_size(), rows)
         num_full, tail = divmod(rows, micro)
-        totals = self._logical_totals(batch)
+        totals = self._logical_totals(batch, trainable, non_trainable, micro, num_full, tail)
         context = (trainable, optimizer_variables, totals, rows)
         carry = (_zeros_like(trainable), ops.zeros((), "float32"), non_trainable, metrics_variables)
         layers = ghost_batch_norm.batch_norm_layers(self)
@@ -70,10 +73,8 @@ class JaxAccumulation:
 
     def _accumulate_full(self, carry, batch, micro, num_full, context):
         """The full micro-batches, one `lax.scan` step each."""
-        stacked = keras.tree.map_structure(
-            lambda t: None if t is None else ops.reshape(t[: num_full * micro], (num_full, micro, *t.shape[1:])),
-            batch)
-        carry, _ = jax.lax.scan(lambda c, rows: (self._micro_step(c, rows, context), None), carry, stacked)
+        step = functools.partial(self._micro_step, context=context)
+        carry, _ = jax.lax.scan(lambda c, rows: (step(c, rows), None), carry, _stack(batch, micro, num_full))
         return carry
 
     def _micro_step(self, carry, rows, context):
@@ -120,16 +121,59 @@ class JaxAccumulation:
             logs = self.get_metrics_result()
         return logs, _current(scope, self.metrics_variables, metrics_variables)
 
-    def _logical_totals(self, batch):
-        """The logical batch's loss divisors: its sample weights' sums.
+    def _logical_totals(self, batch, trainable, non_trainable, micro, num_full, tail):
+        """The logical batch's loss divisors per output, counted before the
+        micro-steps (`kadapt.batching.logical_batch_loss`): where a layer can
+        make a mask, an inference pass over the micro-batches counts the
+        outputs' masks (in a `lax.scan`, as the micro-steps run)."""
+        x, _, sample_weight = batch
+        count = functools.partial(self._counts, trainable, non_trainable)
+        rows = (x, sample_weight)
+        first = count(_rows_to(rows, micro)) if logical_batch_loss.may_mask(self) else None
+        if first is None:
+            return logical_batch_loss.LogicalTotals(sample_weight)
+        # `first` only showed which outputs have masks; XLA drops its unused pass.
+        zeros = [ops.zeros((), "float32") for _ in first]
+        totals, _ = jax.lax.scan(lambda total, part: (_plus(total, count(part)), None),
+                                 zeros, _stack(rows, micro, num_full))
+        if tail:
+            totals = _plus(totals, count(_rows_from(rows, num_full * micro)))
+        return logical_batch_loss.LogicalTotals(sample_weight, totals[0::2], totals[1::2])
 
-        Masked outputs are counted on TensorFlow only for now; a masked
-        output meets `LogicalTotals`' error in the micro-step."""
-        return logical_batch_loss.LogicalTotals(batch[2])
+    def _counts(self, trainable, non_trainable, rows):
+        """[mask count, weight sum] per output of one micro-batch, or `None`
+        where no output has a mask."""
+        x, sample_weight = rows
+        with _scope([*self.trainable_variables, *self.non_trainable_variables], [*trainable, *non_trainable]):
+            outputs = keras.tree.flatten(self(x, training=False))
+        masks = [logical_batch_loss.mask_of(output) for output in outputs]
+        if all(mask is None for mask in masks):
+            return None
+        counts = []
+        for mask, weight in zip(masks, logical_batch_loss.output_weights(sample_weight, len(outputs))):
+            counts.append(_ZERO if mask is None else logical_batch_loss.mask_count(mask))
+            counts.append(logical_batch_loss.weight_sum(weight, mask)
+                          if mask is not None or weight is not None else _ZERO)
+        return counts
 
 
 def _rows(x):
     return next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
+
+
+def _stack(batch, micro, num_full):
+    """The full micro-batches of `batch`, stacked on a new leading axis (for `lax.scan`)."""
+    return keras.tree.map_structure(
+        lambda t: None if t is None else ops.reshape(t[: num_full * micro], (num_full, micro, *t.shape[1:])),
+        batch)
+
+
+def _rows_to(batch, end):
+    return keras.tree.map_structure(lambda t: None if t is None else t[:end], batch)
+
+
+def _plus(total, counts):
+    return [a + ops.cast(b, "float32") for a, b in zip(total, counts)]
 
 
 def _rows_from(batch, start):
