@@ -1,8 +1,8 @@
 """Whether a JAX exception is a device running out of memory.
 
-JAX 0.10 raises `jax.errors.JaxRuntimeError` (a `RuntimeError`; before 0.4.36
-`jaxlib.xla_extension.XlaRuntimeError`, which it aliases) for a failed XLA
-execution. Its message opens with the XLA status code: out of memory reads
+JAX 0.10 raises `jax.errors.JaxRuntimeError` (a `RuntimeError`; older jaxlib
+releases named it `jaxlib.xla_extension.XlaRuntimeError`) for a failed XLA
+execution, and for a host callback that raised (its message carried along). Its message opens with the XLA status code: out of memory reads
 `"RESOURCE_EXHAUSTED: Out of memory while trying to allocate N bytes."` (XLA's
 buffer assignment and the GPU's BFC allocator), or names the allocator's
 failure (`"Resource exhausted"`, `"CUDA_ERROR_OUT_OF_MEMORY"`, cuDNN/cuBLAS
