@@ -15,7 +15,8 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
 
     `fit` hands `train_step` a logical batch of B rows. The step runs
     ceil(B / micro_batch_size) forward and backward passes in a `tf.while_loop`
-    (iterations not overlapped, so peak memory is that of one micro-batch),
+    on TensorFlow, a `jax.lax.scan` on JAX (iterations not overlapped, so peak
+    memory is that of one micro-batch),
     sums the gradients in float32 and calls `optimizer.apply` once. Each
     micro-batch's loss is divided by the logical batch's count (rows, the
     real tokens of a masked loss, or the sample weights' sum: see
