@@ -19,6 +19,7 @@ from types import ModuleType
 # [project.optional-dependencies] in pyproject.toml.
 EXTRAS = {
     "data": "Loading scikit-learn's bundled data sets (kadapt.meta.tasks, `kadapt train --data digits`)",
+    "jax": "Keras' JAX backend (`KERAS_BACKEND=jax`), where kadapt's accumulating models also run",
     "plots": "Drawing the run directory's plots (`kadapt train`, `kadapt report`)",
     "postgres": "A record store on a PostgreSQL server",
     "store": "The record store (kadapt.meta.RecordStore, `kadapt meta`)",

@@ -8,22 +8,47 @@ import os  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import postgres  # noqa: E402
 
-# Two logical CPU devices, so tf.distribute.MirroredStrategy can be tested.
-# This must happen before TensorFlow initializes its devices.
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
-)
+BACKEND = keras.backend.backend()
+DEFAULT_BACKENDS = ("tensorflow",)
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    # Two logical CPU devices, so tf.distribute.MirroredStrategy can be tested.
+    # This must happen before TensorFlow initializes its devices.
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "backends(*names): the Keras backends a test runs on (default: tensorflow only); "
+        "under `KERAS_BACKEND` set to another, it is deselected")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselects what does not run on this process's Keras backend."""
+    kept, dropped = [], []
+    for item in items:
+        marker = item.get_closest_marker("backends")
+        backends = marker.args if marker is not None else DEFAULT_BACKENDS
+        (kept if BACKEND in backends else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
 def mirrored_strategy():
     """MirroredStrategy on the two logical CPUs, one for the whole session: the collective
     instance keys of two strategies in one process collide (a shape mismatch in the second)."""
+    import tensorflow as tf
+
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 

@@ -7,6 +7,8 @@ import kadapt
 from helpers import classification_data
 from helpers import mlp
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 
 @pytest.mark.parametrize("value", [0, -3])
 def test_non_positive_micro_batch_size(value):

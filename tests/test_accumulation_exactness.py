@@ -10,6 +10,8 @@ from helpers import compile_classifier
 from helpers import max_relative_difference
 from helpers import mlp
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 
 def _fit_pair(micro_batch_size, batch_size, epochs=1, jit_compile="auto", **fit_kwargs):
     x, y = classification_data()

@@ -2,12 +2,15 @@
 
 import keras
 import numpy as np
+import pytest
 
 import kadapt
 from helpers import classification_data
 from helpers import compile_classifier
 from helpers import max_relative_difference
 from helpers import mlp
+
+pytestmark = pytest.mark.backends("tensorflow", "jax")
 
 
 @keras.saving.register_keras_serializable(package="kadapt_tests")

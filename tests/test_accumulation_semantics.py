@@ -10,6 +10,8 @@ from helpers import compile_classifier
 from helpers import max_relative_difference
 from helpers import mlp
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 
 class BatchCounter(keras.callbacks.Callback):
     def __init__(self):

@@ -9,6 +9,8 @@ import pytest
 import kadapt
 from helpers import max_relative_difference
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 ROWS, LENGTH, BATCH = 16, 7, 16
 
 

@@ -1,20 +1,31 @@
 """Memory-adaptive batching: exact in-step gradient accumulation, memory probe,
-batch plans and out-of-memory recovery."""
+batch plans and out-of-memory recovery.
+
+The other public names load their modules on first use (`kadapt.lazy`): on
+the JAX backend the accumulation API imports no TensorFlow.
+"""
 
 from kadapt.batching.accumulate import AccumulatingWrapper
-from kadapt.batching.accumulate import accumulate
-from kadapt.batching.accumulating_model import AccumulatingModel
-from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
-from kadapt.batching.allocator_region import reserve_region
-from kadapt.batching.batch_plan import BatchPlan
-from kadapt.batching.batch_plan import balanced_micro_batch
-from kadapt.batching.batch_plan import plan_batch
-from kadapt.batching.logical_batch_loss import LogicalBatchLoss
-from kadapt.batching.memory_budget import MemoryBudget
-from kadapt.batching.memory_budget import device_budget
-from kadapt.batching.memory_budget import parse_memory_size
-from kadapt.batching.memory_model import MemoryModel
-from kadapt.batching.oom_recovery import OutOfMemoryError
-from kadapt.batching.probe import ProbeResult
-from kadapt.batching.probe import ProbeTrial
-from kadapt.batching.probe import probe_micro_batch
+from kadapt.batching.accumulate import accumulate  # eager: the name is also its module's
+from kadapt.lazy import lazy_attributes
+
+_NAMES = {
+    "AccumulatingModel": "kadapt.batching.accumulating_model",
+    "AccumulatingTrainStep": "kadapt.batching.accumulating_train_step",
+    "BatchPlan": "kadapt.batching.batch_plan",
+    "LogicalBatchLoss": "kadapt.batching.logical_batch_loss",
+    "MemoryBudget": "kadapt.batching.memory_budget",
+    "MemoryModel": "kadapt.batching.memory_model",
+    "OutOfMemoryError": "kadapt.batching.oom_recovery",
+    "ProbeResult": "kadapt.batching.probe",
+    "ProbeTrial": "kadapt.batching.probe",
+    "balanced_micro_batch": "kadapt.batching.batch_plan",
+    "device_budget": "kadapt.batching.memory_budget",
+    "parse_memory_size": "kadapt.batching.memory_budget",
+    "plan_batch": "kadapt.batching.batch_plan",
+    "probe_micro_batch": "kadapt.batching.probe",
+    "reserve_region": "kadapt.batching.allocator_region",
+}
+__all__ = sorted([*_NAMES, "AccumulatingWrapper", "accumulate"])
+
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

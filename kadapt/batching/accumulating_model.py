@@ -15,7 +15,8 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
 
     `fit` hands `train_step` a logical batch of B rows. The step runs
     ceil(B / micro_batch_size) forward and backward passes in a `tf.while_loop`
-    (iterations not overlapped, so peak memory is that of one micro-batch),
+    on TensorFlow, a `jax.lax.scan` on JAX (iterations not overlapped, so peak
+    memory is that of one micro-batch),
     sums the gradients in float32 and calls `optimizer.apply` once. Each
     micro-batch's loss is divided by the logical batch's count (rows, the
     real tokens of a masked loss, or the sample weights' sum: see
@@ -23,7 +24,7 @@ class AccumulatingModel(AccumulatingTrainStep, keras.Model):
     the full batch's, with sample weights, class weights, a ragged last
     micro-batch and regularization losses (counted once per step). Sparse
     gradients (`Embedding`) reach the optimizer as the full batch's slices
-    (`kadapt.batching.gradient_sum`). One fit step is one
+    (`kadapt.batching.tensorflow.gradient_sum`). One fit step is one
     logical batch, so `optimizer.iterations`, schedules, callbacks and History
     count logical steps; the loss and metrics reported equal the full-batch
     ones.

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from kadapt.batching.layer_walk import reachable_layers
 
@@ -24,19 +25,27 @@ def batch_norm_layers(layer: keras.layers.Layer) -> list[keras.layers.BatchNorma
 
 @contextlib.contextmanager
 def per_logical_step_momentum(layers: Sequence[keras.layers.BatchNormalization],
-                              num_micro_batches: int | tf.Tensor) -> Iterator[None]:
+                              num_micro_batches: Any) -> Iterator[None]:
     """Sets each layer's momentum to `momentum ** (1 / num_micro_batches)`.
 
-    Used while tracing the accumulating step: the traced graph computes the
-    momentum from the (dynamic) number of micro-batches. The Python values are
-    restored on exit, so the layers' configs never change.
+    Used while tracing the accumulating step. `num_micro_batches` is a Python
+    int where it is static (JAX: the shapes fix it), and the momentum a Python
+    float; or a tensor (TensorFlow's dynamic count), and the traced graph
+    computes the momentum. The Python values are restored on exit, so the
+    layers' configs never change.
     """
     original = [layer.momentum for layer in layers]
-    exponent = 1.0 / tf.cast(num_micro_batches, tf.float32)
     try:
         for layer, momentum in zip(layers, original):
-            layer.momentum = tf.pow(tf.constant(momentum, tf.float32), exponent)
+            layer.momentum = _per_micro_batch(momentum, num_micro_batches)
         yield
     finally:
         for layer, momentum in zip(layers, original):
             layer.momentum = momentum
+
+
+def _per_micro_batch(momentum, num_micro_batches):
+    if isinstance(num_micro_batches, int):
+        return momentum ** (1.0 / num_micro_batches)
+    exponent = 1.0 / ops.cast(num_micro_batches, "float32")
+    return ops.power(ops.convert_to_tensor(momentum, "float32"), exponent)

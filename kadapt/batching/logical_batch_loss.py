@@ -28,7 +28,8 @@ import threading
 from typing import Any
 
 import keras
-import tensorflow as tf
+from keras import ops
+from keras.src.backend.common.masking import get_keras_mask
 from keras.src.trainers.compile_utils import get_loss
 
 from kadapt.batching.layer_walk import reachable_layers
@@ -60,7 +61,7 @@ class LogicalBatchLoss(keras.losses.Loss):
         step = getattr(_ACTIVE, "step", None)
         if step is None:
             return value
-        return value * tf.cast(step.correction(self._resolved.reduction, y_pred, sample_weight), value.dtype)
+        return value * ops.cast(step.correction(self._resolved.reduction, y_pred, sample_weight), value.dtype)
 
     def call(self, y_true: Any, y_pred: Any) -> Any:
         return self._resolved.call(y_true, y_pred)
@@ -113,35 +114,37 @@ def _starts_masks(layer):
 
 def mask_of(tensor):
     """The Keras mask a layer attached to `tensor`, or `None`."""
-    return getattr(tensor, "_keras_mask", None)
+    # Keras has no public reader: a JAX array takes no attribute, so Keras keeps its masks
+    # in a table by the array's id, which only its own (private) reader consults.
+    return get_keras_mask(tensor)
 
 
 def mask_count(mask):
     """Keras' masked-mean divisor: the mask's true entries."""
-    return tf.reduce_sum(tf.cast(mask, tf.float32))
+    return ops.sum(ops.cast(mask, "float32"))
 
 
 def weight_sum(sample_weight, mask):
     """Keras' `"mean_with_sample_weight"` divisor: the sample weights with
     the mask merged in (weights broadcast over the mask's trailing axes)."""
     if mask is None:
-        return tf.reduce_sum(tf.cast(sample_weight, tf.float32))
-    mask = tf.cast(mask, tf.float32)
+        return ops.sum(ops.cast(sample_weight, "float32"))
+    mask = ops.cast(mask, "float32")
     if sample_weight is None:
-        return tf.reduce_sum(mask)
-    weight = tf.cast(sample_weight, tf.float32)
-    while weight.shape.rank > mask.shape.rank and weight.shape[-1] == 1:
-        weight = tf.squeeze(weight, -1)
-    while weight.shape.rank < mask.shape.rank:
+        return ops.sum(mask)
+    weight = ops.cast(sample_weight, "float32")
+    while len(weight.shape) > len(mask.shape) and weight.shape[-1] == 1:
+        weight = ops.squeeze(weight, -1)
+    while len(weight.shape) < len(mask.shape):
         weight = weight[..., None]
-    return tf.reduce_sum(weight * mask)
+    return ops.sum(weight * mask)
 
 
 def output_weights(sample_weight, outputs):
     """The sample weight Keras hands each of `outputs` (flat): one weight
     structure per output, or the same weights for all."""
-    if sample_weight is not None and tf.nest.is_nested(sample_weight):
-        flat = tf.nest.flatten(sample_weight)
+    if sample_weight is not None and keras.tree.is_nested(sample_weight):
+        flat = keras.tree.flatten(sample_weight)
         if len(flat) == outputs:
             return flat
     return [sample_weight] * outputs
@@ -181,9 +184,16 @@ class MicroStep:
     """The loss correction of one micro-batch (`share` = n_i / N) against
     the logical batch's `totals`; `y_pred` maps each output to its totals."""
 
-    def __init__(self, share, totals, y_pred):
+    def __init__(self, share, totals, y_pred=None):
         self.share, self.totals = share, totals
-        outputs = tf.nest.flatten(y_pred)
+        self._index, self._outputs = {}, 0
+        if y_pred is not None:
+            self.outputs_are(y_pred)
+
+    def outputs_are(self, y_pred):
+        """Maps each of the model's outputs to its totals (where the step
+        sees `y_pred` only inside `compute_loss`: JAX's)."""
+        outputs = keras.tree.flatten(y_pred)
         self._index, self._outputs = {id(t): i for i, t in enumerate(outputs)}, len(outputs)
 
     def correction(self, reduction, y_pred, sample_weight):
@@ -192,7 +202,7 @@ class MicroStep:
             return 1.0 / self.share
         mask = mask_of(y_pred)
         if mask is None and (reduction in _MEANS or sample_weight is None):
-            return tf.constant(1.0)
+            return ops.convert_to_tensor(1.0)
         index = self._index.get(id(y_pred))
         if index is None:
             raise ValueError(
@@ -203,11 +213,11 @@ class MicroStep:
                 f"Received: y_pred={y_pred!r}")
         if reduction in _MEANS:
             total = self.totals.mask_count(index)
-            return tf.math.divide_no_nan(mask_count(mask), total) / self.share
+            return ops.divide_no_nan(mask_count(mask), total) / self.share
         if mask is not None:
             self.totals.mask_count(index)  # the masked weight sums were counted with the masks
         total = self.totals.weight_sum(index, self._outputs)
-        return tf.math.divide_no_nan(weight_sum(sample_weight, mask), total) / self.share
+        return ops.divide_no_nan(weight_sum(sample_weight, mask), total) / self.share
 
     def __enter__(self):
         _ACTIVE.step = self
@@ -215,3 +225,8 @@ class MicroStep:
 
     def __exit__(self, *exc):
         _ACTIVE.step = None
+
+
+def active_step() -> MicroStep | None:
+    """The micro-step this thread is computing a loss in, or `None`."""
+    return getattr(_ACTIVE, "step", None)

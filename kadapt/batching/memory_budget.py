@@ -13,8 +13,6 @@ import numbers
 import os
 import re
 
-import tensorflow as tf
-
 from kadapt.batching.gpu_memory import gpu_capacity
 
 # Taken off a GPU's pool. The pool already excludes the CUDA context and
@@ -75,6 +73,8 @@ def parse_memory_size(value: int | str, name: str = "memory_budget") -> int:
 
 def default_device() -> str:
     """`"GPU:0"` when TensorFlow sees a GPU, else `"CPU:0"`."""
+    import tensorflow as tf  # here: `parse_memory_size` serves the JAX backend too, without TensorFlow
+
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 

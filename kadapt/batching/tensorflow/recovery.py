@@ -1,0 +1,220 @@
+"""Out-of-memory recovery on TensorFlow: shrink the micro-batch and retry the same batch.
+
+`RecoveringTrainFunction` is what an accumulating model's `train_function`
+is. It pulls each logical batch from the iterator in Python, so when the step
+runs out of memory (any form `kadapt.batching.out_of_memory` recognizes) it
+still holds the batch: it restores what the failed step touched (BatchNorm
+statistics, RNG seed states, metrics, the loss scale and iteration counter),
+shrinks the micro-batch and runs the SAME batch again. The weights need no
+restoring: the optimizer applies only after every micro-batch succeeded. The
+logical batch, and so the training trajectory, is unchanged.
+
+With more than one replica (`MirroredStrategy`, or a multi-worker job) the
+step runs in two halves, so that running out of memory never interrupts a
+collective: a failed all-reduce aborts TensorFlow's collectives for the rest
+of the process. All replicas then retry with the same smaller micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kadapt.batching import training_state
+from kadapt.batching.oom_recovery import _proposal
+from kadapt.batching.oom_recovery import _shrink
+from kadapt.batching.out_of_memory import is_out_of_memory
+
+
+class RecoveringTrainFunction:
+    """Callable `iterator -> logs` that trains `steps_per_execution` batches.
+
+    Args:
+        model: An accumulating model (`kadapt.AccumulatingTrainStep`).
+    """
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._step = None
+        self._traced_micro_batch_size = None
+        self._halves_traced = None
+        self._needs_trace = True
+        self._retired_traces = 0
+
+    @property
+    def compiles(self) -> int:
+        """Traces of the step so far, each an XLA compile under `jit_compile`:
+        one per micro-batch size (a trace-time constant) and input shape."""
+        halves = () if self._halves_traced is None else self._halves_traced[1:]
+        return self._retired_traces + sum(_traces(f) for f in (self._step, *halves))
+
+    def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
+        outputs = None
+        for _, data in zip(range(self.model.steps_per_execution), iterator):
+            outputs = self._run_with_recovery(data)
+        if outputs is None:
+            raise StopIteration
+        return outputs
+
+    def _run_with_recovery(self, data):
+        model = self.model
+        if model.max_oom_retries == 0:
+            return self._step_function()(data)
+        if _replicas(model) > 1 or _in_multi_worker_mode(model):
+            return self._run_with_recovery_on_every_replica(data)
+        if self._needs_trace and not model.run_eagerly:
+            # Trace first: the first trace creates the model's, the metrics'
+            # and the optimizer's variables, which the snapshot must include.
+            self._step_function().get_concrete_function(data)
+            self._needs_trace = False
+        saved = training_state.snapshot(
+            training_state.state_variables(model, include_weights=False, include_slots=False)
+        )
+        attempt = 0
+        while True:  # ends by returning, or by _shrink raising
+            try:
+                return self._step_function()(data)
+            except tf.errors.OpError as error:
+                if not is_out_of_memory(error):
+                    raise
+                training_state.restore(saved)
+                _shrink(model, error, attempt)
+                attempt += 1
+
+    def _run_with_recovery_on_every_replica(self, data):
+        """One step on every replica, in two halves.
+
+        Every replica computes its micro-batches' gradients (`compute_step`, no
+        collective after them). In one process a replica that runs out of
+        memory fails that half on all of them; the workers of a multi-worker
+        job then exchange one flag: whether they ran out of memory, with the
+        micro-batch each would retry with. If any did, every replica restores
+        its state and retries the same logical batch with the smallest of
+        those micro-batches, so all trace the same step and none waits alone
+        in a collective; else all finish the step (the gradients' all-reduce
+        and the one update)."""
+        model = self.model
+        if self._needs_trace and not model.run_eagerly:
+            self._halves()[0].get_concrete_function(data)  # builds what the snapshot must hold
+            self._needs_trace = False
+        saved = training_state.snapshot(
+            training_state.state_variables(model, include_weights=False, include_slots=False)
+        )
+        attempt = 0
+        while True:  # ends by returning, or by raising OutOfMemoryError on every replica
+            compute, finish = self._halves()
+            try:
+                outputs, error = compute(data), None
+            except tf.errors.OpError as caught:
+                if not is_out_of_memory(caught):
+                    raise
+                outputs, error = None, caught
+            failed, smallest = _agree(model, error)
+            if not failed:
+                return finish(outputs)
+            training_state.restore(saved)
+            reason = error or tf.errors.ResourceExhaustedError(
+                None, None, f"another worker of the job ran out of memory ({failed} of them)")
+            _shrink(model, reason, attempt, smaller=smallest)
+            attempt += 1
+
+    def _halves(self):
+        """The traced `compute_step` and `finish_step` for the current micro-batch size."""
+        micro = self.model.micro_batch_size
+        if self._halves_traced is None or self._halves_traced[0] != micro:
+            if self._halves_traced is not None:
+                self._retired_traces += sum(_traces(f) for f in self._halves_traced[1:])
+            self._halves_traced = (micro, *two_step_functions(self.model))
+        return self._halves_traced[1:]
+
+    def _step_function(self):
+        """The traced one-step function for the current micro-batch size."""
+        micro = self.model.micro_batch_size
+        if self._step is None or micro != self._traced_micro_batch_size:
+            self._retired_traces += _traces(self._step)
+            self._step = replica_step_function(self.model, self.model.train_step)
+            self._traced_micro_batch_size = micro
+        return self._step
+
+
+def replica_step_function(model: keras.Model, step: Callable) -> Callable:
+    """`step` (a model's `train_step` or `test_step`) run on every replica, traced
+    unless the model runs eagerly; returns the first replica's outputs."""
+    strategy = model.distribute_strategy
+
+    def one_step(data):
+        outputs = strategy.run(step, args=(data,))
+        # Metric results are synchronized across replicas: any replica's
+        # values are the global ones.
+        return tf.nest.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0], outputs
+        )
+
+    return _traced(model, one_step)
+
+
+def _traced(model, function):
+    """`function` as a `tf.function` with the model's compile settings, or as it is when the model runs eagerly."""
+    if model.run_eagerly:
+        return function
+    return tf.function(tf.autograph.experimental.do_not_convert(function), reduce_retracing=True,
+                       jit_compile=model.jit_compile)
+
+
+def _traces(function):
+    """How often `function` was traced: 0 for none or one that runs eagerly."""
+    count = getattr(function, "experimental_get_tracing_count", None)
+    return 0 if count is None else count()
+
+
+def two_step_functions(model: keras.Model) -> tuple[Callable, Callable]:
+    """`(compute, finish)`: the model's `compute_step` on every replica, and
+    its `finish_step` on those outputs (returning the first replica's
+    metrics), each traced unless the model runs eagerly."""
+    strategy = model.distribute_strategy
+
+    def compute(data):
+        return strategy.run(model.compute_step, args=(data,))
+
+    def finish_replica(*outputs):
+        # Copies made here carry this replica's device: the all-reduce finds no destination
+        # for a function's inputs as they are ("destinations can not be empty").
+        return model.finish_step(*tf.nest.map_structure(tf.identity, outputs))
+
+    def finish(outputs):
+        results = strategy.run(finish_replica, args=outputs)
+        return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], results)
+
+    return _traced(model, compute), _traced(model, finish)
+
+
+def _agree(model, error):
+    """`(how many workers ran out of memory, the micro-batch all retry with)`
+    after this process's `compute` half raised `error` (or `None`)."""
+    micro = model.micro_batch_size
+    proposal = micro if error is None else _proposal(model, micro)
+    if not _in_multi_worker_mode(model):
+        return int(error is not None), proposal  # one process: the half failed on every replica
+    return _exchange(model.distribute_strategy, error is not None, proposal)
+
+
+def _exchange(strategy, failed, proposal):
+    """One collective over all workers: how many ran out of memory, and the
+    smallest micro-batch any of them proposes."""
+    from kadapt.batching.multi_worker import gather_values
+
+    values = gather_values(strategy, [float(failed), float(proposal)]).astype(int)
+    return int(values[:, 0].sum()), int(values[:, 1].min())
+
+
+def _in_multi_worker_mode(model):
+    from kadapt.batching.multi_worker import in_multi_worker_mode
+
+    return in_multi_worker_mode(model.distribute_strategy)
+
+
+def _replicas(model):
+    return model.distribute_strategy.num_replicas_in_sync
