@@ -141,11 +141,16 @@ def batch_rows(specs: tuple) -> int:
     return int(jax.tree_util.tree_leaves(specs[0])[0].shape[0])
 
 
+def state_variables(model: keras.Model) -> tuple:
+    """The variable groups of Keras' JAX train state, in its order."""
+    return (model.trainable_variables, model.non_trainable_variables,
+            model.optimizer.variables, model.metrics_variables)
+
+
 def abstract_state(model: keras.Model) -> tuple:
     """The state Keras' JAX trainer passes to `train_step`, as shapes."""
-    groups = (model.trainable_variables, model.non_trainable_variables,
-              model.optimizer.variables, model.metrics_variables)
-    return tuple([jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in group] for group in groups)
+    return tuple([jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in group]
+                 for group in state_variables(model))
 
 
 @contextlib.contextmanager
