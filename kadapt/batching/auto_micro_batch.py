@@ -187,6 +187,7 @@ def _model_signature(model, sample):
         # Each traces another step: XLA's buffers are not the graph's.
         "jit_compile": bool(model.jit_compile),
     }
+    return signature
 
 
 def _digest(signature):
