@@ -9,9 +9,11 @@ PY=${PY:-.venv/bin/python}
 OUT=${1:-build/gpu_check_jax_wheels}
 LIMIT_BYTES=$((64 * 1024 * 1024))
 mkdir -p "$OUT"
-# keras' own pure-Python dependencies; numpy, h5py, ml-dtypes and jax come with the GPU machine's JAX.
+# keras' and keras-tuner's dependencies (h5py has binaries; numpy, ml-dtypes and jax come with the GPU
+# machine's JAX). kadapt's wheel is installed --no-deps: TensorFlow is left out.
 "$PY" -m pip wheel --no-deps -q -w "$OUT" . keras keras-tuner absl-py rich namex optree \
-    markdown-it-py mdurl pygments kt-legacy packaging requests
+    markdown-it-py mdurl pygments kt-legacy packaging requests urllib3 idna certifi \
+    charset-normalizer h5py
 TOTAL=$(du -cb "$OUT"/*.whl | tail -1 | cut -f1)
 echo "wheels: $(ls "$OUT" | wc -l) files, $((TOTAL / 1024 / 1024)) MiB in $OUT"
 if [ "$TOTAL" -ge "$LIMIT_BYTES" ]; then
