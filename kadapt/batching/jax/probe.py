@@ -2,8 +2,9 @@
 
 On Keras' JAX backend the compiled step's buffers are known before it runs
 (`kadapt.batching.jax.memory_plan`), identical on every compile: the probe
-plans trial sizes instead of running them, with the search policy of the
-TensorFlow probe (`MicroBatchSearch`), and returns the same `ProbeResult`.
+plans trial sizes instead of running them (`PlanSearch`: a plan has no
+run-to-run noise for `MicroBatchSearch`'s room to cover) and returns the
+same `ProbeResult` as the TensorFlow probe.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kadapt.batching.memory_budget import ENVIRONMENT_VARIABLE
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import gpu_margin
 from kadapt.batching.memory_budget import parse_memory_size
-from kadapt.batching.probe import MicroBatchSearch
+from kadapt.batching.plan_search import PlanSearch
 from kadapt.batching.probe import ProbeResult
 from kadapt.batching.probe import ProbeTrial
 from kadapt.batching.probe import repeat_rows
@@ -70,10 +71,11 @@ def probe_micro_batch_jax(
     on abstract shapes and reports its buffers (`step_plan`). An accumulating
     model is planned at the logical batch (`logical_batch_size`, else two
     micro-batches) split into micro-batches of the trial size; a plain model
-    on a batch of the trial size. The search is `MicroBatchSearch`'s: it fits
-    peak = a + b * m through the plans, keeps 5% of the room above `a` free,
-    and plans the size it predicts before choosing it (it never returns an
-    unplanned size). On a device that reports `memory_stats()` the chosen
+    on a batch of the trial size. The search (`PlanSearch`) fits
+    peak = a + b * m through the two largest plans, keeps 5% of the room
+    above `a` free (what a plan does not hold: the allocator's gaps), and
+    plans the size it predicts before choosing it (it never returns an
+    unplanned size); typically three plans. On a device that reports `memory_stats()` the chosen
     size then runs one real step, whose measured peak is recorded beside the
     plan (`PlannedTrial.measured_peak_bytes`); the step leaves no trace.
 
@@ -118,7 +120,7 @@ def probe_micro_batch_jax(
         report(trial)
         return trial
 
-    search = MicroBatchSearch(runner, budget.bytes)
+    search = PlanSearch(runner, budget.bytes)
     chosen = search.largest(cap)
     trials = tuple(search.trials)
     if device_memory_stats() is not None:
