@@ -140,6 +140,10 @@ def probe_micro_batch(
     GPU's does (`kadapt.batching.allocator_region`): peaks then depend on the
     step, not on how the process's regions grew.
 
+    On Keras' JAX backend it reads XLA's plan of the step instead of running
+    trials (`kadapt.batching.jax.probe.probe_micro_batch_jax`; a plain model
+    is planned as it is, `prefer="largest"` only).
+
     Args:
         model: Compiled `keras.Model`. An accumulating model is probed as is;
             any other is probed through `kadapt.accumulate`.
