@@ -54,3 +54,22 @@ def test_a_budget_under_one_row_is_an_error():
     search = search_of(lambda m: FIXED + PER_ROW * m, FIXED)
     with pytest.raises(ValueError, match="Argument `memory_budget` is smaller than one sample's training step"):
         search.largest(cap=4096)
+
+
+def test_a_logical_batch_is_planned_only_at_sizes_it_trains_as():
+    from kadapt.batching.batch_plan import balanced_micro_batch
+
+    budget, logical = 5_500_000, 256
+
+    def peak(m):
+        return FIXED + PER_ROW * m
+
+    search = PlanSearch(lambda m: ProbeTrial(m, peak(m), None, peak(m) <= budget), budget,
+                        lambda m: balanced_micro_batch(logical, m))
+    chosen = search.largest(cap=logical)
+    planned = [t.micro_batch_size for t in search.trials]
+    assert all(balanced_micro_batch(logical, m) == m for m in planned)
+    assert len(planned) == len(set(planned))
+    margin_rows = (budget - FIXED) * (1 - MARGIN) / PER_ROW  # 47.5
+    assert chosen == max(m for m in range(1, logical + 1)
+                         if balanced_micro_batch(logical, m) == m and m <= margin_rows)  # 43

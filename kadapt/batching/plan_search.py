@@ -29,24 +29,30 @@ class PlanSearch:
         runner: Callable `size -> ProbeTrial` that plans (or simulates) a size;
             `fits` and `peak_bytes` are read.
         budget_bytes: Int. Peak bytes a planned step may reach and still fit.
+        trained_size: Callable `size -> size` or `None`: the micro-batch a
+            size trains as (a logical batch split evenly runs
+            `balanced_micro_batch(B, m) <= m`), so only sizes that train are
+            planned, once each. Defaults to `None` (every size as it is).
     """
 
-    def __init__(self, runner: Callable[[int], ProbeTrial], budget_bytes: int) -> None:
+    def __init__(self, runner: Callable[[int], ProbeTrial], budget_bytes: int,
+                 trained_size: Callable[[int], int] | None = None) -> None:
         self.runner, self.budget_bytes = runner, budget_bytes
+        self.trained_size = trained_size or (lambda size: size)
         self.trials = []
 
     def largest(self, cap: int) -> int:
         """The largest planned size within the budget and the margin, at most `cap`."""
-        size = min(cap, FIRST_TRIAL_ROWS)
+        size = self.trained_size(min(cap, FIRST_TRIAL_ROWS))
         while not self.run(size).fits:
             if size == 1:
                 raise ValueError(_too_small_message(self.budget_bytes, self.trials[-1]))
-            size = max(1, size // SECOND_TRIAL_FACTOR)
-        second = self.second_size(size, cap)
+            size = self.trained_size(max(1, size // SECOND_TRIAL_FACTOR))
+        second = self.trained_size(self.second_size(size, cap))
         if second not in self.planned():
             self.run(second)
         while len(self.trials) < MAX_PLANS:
-            target = self.target(cap)
+            target = self.trained_size(self.target(cap))
             if target in self.planned():
                 break
             self.run(target)

@@ -120,7 +120,7 @@ def probe_micro_batch_jax(
         report(trial)
         return trial
 
-    search = PlanSearch(runner, budget.bytes)
+    search = PlanSearch(runner, budget.bytes, lambda size: trial_rows(model, size, rows)[1] or size)
     chosen = search.largest(cap)
     trials = tuple(search.trials)
     if device_memory_stats() is not None:
