@@ -139,8 +139,9 @@ class InjectedOutOfMemory:
         import keras
 
         class Layer(keras.layers.Layer):
-            def call(self, inputs):
-                if isinstance(inputs.shape[0], int) and inputs.shape[0] > rows:
+            def call(self, inputs, training=None):
+                # Only the train step: Keras builds the model by a call at the full batch.
+                if training and isinstance(inputs.shape[0], int) and inputs.shape[0] > rows:
                     raise jax.errors.JaxRuntimeError(
                         f"RESOURCE_EXHAUSTED: Out of memory allocating {inputs.shape[0]} rows (injected)")
                 return inputs
