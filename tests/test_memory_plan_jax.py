@@ -151,3 +151,25 @@ def test_auto_on_jax_probes_by_plan_then_reads_the_cache(monkeypatch):
 def test_probe_on_jax_prefers_the_largest_only():
     with pytest.raises(ValueError, match="Argument `prefer` must be 'largest' on the JAX backend"):
         probe.probe_micro_batch(mlp(), batch(8), memory_budget="1MiB", prefer="fastest")
+
+
+def accumulating(micro_batch_size, **kwargs):
+    pytest.importorskip("kadapt.batching.jax.train_step")  # the accumulating JAX step (h-jaxstep)
+    import kadapt
+
+    return kadapt.accumulate(mlp(), micro_batch_size, **kwargs)
+
+
+def test_an_accumulating_plan_grows_with_the_micro_batch_not_the_logical_batch():
+    model = accumulating(8)
+    assert (step_plan(model, batch(128), micro_batch_size=8).temporary_bytes
+            < step_plan(model, batch(64), micro_batch_size=32).temporary_bytes)
+    assert model.micro_batch_size == 8
+
+
+def test_auto_on_jax_trains_at_the_planned_size():
+    model = accumulating("auto", memory_budget="200KiB")
+    x, y = batch(128)
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    chosen = [t for t in model.probe_result.trials if t.micro_batch_size == model.micro_batch_size]
+    assert chosen and chosen[-1].plan.rows == 64 and chosen[-1].peak_bytes <= 200 * 2**10
