@@ -8,7 +8,7 @@ model is planned at m rows; an accumulating one would be planned at its
 logical batch). Prints a table and writes probe_plan_jax.json (or argv[1]).
 
 Run: `KERAS_BACKEND=jax .venv/bin/python benchmarks/probe_plan_jax.py` (about
-two minutes on a 2-core host).
+three minutes on a shared 2-core host: each plan is one XLA compile, 2-15 s there).
 """
 
 import json
