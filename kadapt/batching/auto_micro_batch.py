@@ -48,6 +48,8 @@ def cache_path() -> Path:
 def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int | None, sample_weight: Any) -> None:
     """Sets `model.micro_batch_size` from the cache or a fresh probe, and has
     the first step's peak checked where the model trains (`FirstStepCheck`)."""
+    if keras.backend.backend() == "jax":  # XLA's plan: no allocator statistics, region or first-step check
+        return resolve_planned_micro_batch(model, x, y, batch_size, sample_weight)
     data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
     sample = probe.sample_rows(data)
     cap = _logical_batch_size(x, sample, batch_size)
@@ -153,6 +155,20 @@ def _logical_batch_size(x, sample, batch_size):
 
 
 def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int) -> str:
+    signature = {
+        **_model_signature(model, sample),
+        "allocator": allocator_mode(budget.device),
+        "replicas": model.distribute_strategy.num_replicas_in_sync,
+        "device": budget.device,
+        "device_name": device_name(budget.device),
+        "budget": budget.bytes,
+        "cap": cap,
+        "versions": [tf.__version__, keras.__version__],
+    }
+    return _digest(signature)
+
+
+def _model_signature(model, sample):
     inputs = [
         (list(a.shape[1:]), str(a.dtype)) for a in tf.nest.flatten(sample[0]) if a is not None
     ]
@@ -170,14 +186,11 @@ def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int)
         "optimizer": type(model.optimizer).__name__,
         # Each traces another step: XLA's buffers are not the graph's.
         "jit_compile": bool(model.jit_compile),
-        "allocator": allocator_mode(budget.device),
-        "replicas": model.distribute_strategy.num_replicas_in_sync,
-        "device": budget.device,
-        "device_name": device_name(budget.device),
-        "budget": budget.bytes,
-        "cap": cap,
-        "versions": [tf.__version__, keras.__version__],
     }
+    return signature
+
+
+def _digest(signature):
     text = json.dumps(_without_names(signature), sort_keys=True, default=str)
     # Keras numbers auto-generated names per session ("conv2d_3"); the same
     # architecture must hit the same entry in the next run.
@@ -228,3 +241,48 @@ def _write_cache(key, entry):
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(entries, indent=1))
     os.replace(temporary, path)  # atomic: readers never see half a file
+
+
+def resolve_planned_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int | None,
+                                sample_weight: Any) -> None:
+    """`"auto"` on the JAX backend: the size from the cache or the plan-based
+    probe (`kadapt.batching.jax.probe`). A plan is the same in every process,
+    so a cached size is not checked again on the first step."""
+    from kadapt.batching.jax.probe import plan_budget  # JAX is optional
+
+    data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
+    sample = probe.sample_rows(data)
+    cap = _logical_batch_size(x, sample, batch_size)
+    budget = plan_budget(model.memory_budget)
+    key = plan_cache_key(model, sample, budget, cap)
+    cached = _read_cache().get(key)
+    if cached is not None:
+        model.micro_batch_size = cached["micro_batch_size"]
+        logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
+        return
+    result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap,
+                                     logical_batch_size=cap)
+    model.probe_result = result
+    model.micro_batch_size = balanced_micro_batch(cap, result.micro_batch_size)
+    _write_cache(key, {"micro_batch_size": model.micro_batch_size, "probe": result.to_dict()})
+    logger.info("micro_batch_size=%d after %d planned sizes (the largest that fits: %d; budget %d "
+                "bytes, %s)", model.micro_batch_size, len(result.trials), result.micro_batch_size,
+                budget.bytes, budget.source)
+
+
+def plan_cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int) -> str:
+    """The cache key of a plan-based probe: the model's signature, the
+    backend, the device's kind, the budget and the cap."""
+    import jax  # JAX is optional
+
+    device = jax.devices()[0]
+    signature = {
+        **_model_signature(model, sample),
+        "backend": "jax",
+        "device": budget.device,
+        "device_name": device.device_kind,
+        "budget": budget.bytes,
+        "cap": cap,
+        "versions": [jax.__version__, keras.__version__],
+    }
+    return _digest(signature)

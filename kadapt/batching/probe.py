@@ -140,6 +140,10 @@ def probe_micro_batch(
     GPU's does (`kadapt.batching.allocator_region`): peaks then depend on the
     step, not on how the process's regions grew.
 
+    On Keras' JAX backend it reads XLA's plan of the step instead of running
+    trials (`kadapt.batching.jax.probe.probe_micro_batch_jax`; a plain model
+    is planned as it is, `prefer="largest"` only).
+
     Args:
         model: Compiled `keras.Model`. An accumulating model is probed as is;
             any other is probed through `kadapt.accumulate`.
@@ -175,6 +179,9 @@ def probe_micro_batch(
         raise ValueError(
             f"Argument `prefer` must be one of {PREFERENCES}. Received: prefer={prefer!r}"
         )
+    if keras.backend.backend() == "jax":  # JAX: XLA's plan of the step, no trial steps
+        return _probe_jax(model, data, memory_budget, prefer, max_micro_batch_size, on_trial,
+                          logical_batch_size)
     model = _accumulating(model)
     budget = device_budget(memory_budget)
     require_allocator_statistics(budget.device)
@@ -456,6 +463,18 @@ def _accumulating(model):
             f"`model.compile(optimizer=..., loss=...)`. Received: model={model.name!r}"
         )
     return checked
+
+
+def _probe_jax(model, data, memory_budget, prefer, max_micro_batch_size, on_trial, logical_batch_size):
+    from kadapt.batching.jax.probe import probe_micro_batch_jax  # JAX is optional
+
+    if prefer != "largest":
+        raise ValueError(
+            "Argument `prefer` must be 'largest' on the JAX backend: a plan gives memory, "
+            f"not speed. Received: prefer={prefer!r}"
+        )
+    return probe_micro_batch_jax(model, data, memory_budget, max_micro_batch_size, on_trial,
+                                 logical_batch_size)
 
 
 def _too_small_message(budget_bytes, trial):
