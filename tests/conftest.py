@@ -31,6 +31,14 @@ def pytest_configure(config):
         "under `KERAS_BACKEND` set to another, it is deselected")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """Under another backend, a module that names no backends is not even imported (most
+    import TensorFlow): the deselection below would drop all its tests anyway."""
+    if BACKEND in DEFAULT_BACKENDS or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if "mark.backends(" not in collection_path.read_text() else None
+
+
 def pytest_collection_modifyitems(config, items):
     """Deselects what does not run on this process's Keras backend."""
     kept, dropped = [], []
