@@ -6,7 +6,6 @@ import itertools  # noqa: E402
 import os  # noqa: E402
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import postgres  # noqa: E402
