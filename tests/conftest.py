@@ -6,7 +6,6 @@ import itertools  # noqa: E402
 import os  # noqa: E402
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import postgres  # noqa: E402
@@ -29,6 +28,14 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "backends(*names): the Keras backends a test runs on (default: tensorflow only); "
         "under `KERAS_BACKEND` set to another, it is deselected")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under another backend, a module that names no backends is not even imported (most
+    import TensorFlow): the deselection below would drop all its tests anyway."""
+    if BACKEND in DEFAULT_BACKENDS or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if "mark.backends(" not in collection_path.read_text() else None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -90,3 +90,25 @@ def test_a_backend_without_a_step_is_refused_at_construction(monkeypatch):
     unsupported = accumulating_train_step.backend_step_class()
     with pytest.raises(ValueError, match=r"TensorFlow and JAX backends.*Received: backend='torch'"):
         unsupported()
+
+
+def test_auto_is_settled_by_the_registered_resolver():
+    from kadapt.batching import accumulating_train_step
+
+    calls = []
+
+    def resolver(model, x, y, batch_size, sample_weight):
+        calls.append((len(x), batch_size, sample_weight is None))
+        model.micro_batch_size = 4
+
+    x, y = classification_data(rows=16)
+    model = kadapt.accumulate(compile_classifier(mlp()), "auto")
+    accumulating_train_step.set_auto_resolver(resolver)
+    try:
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    finally:
+        accumulating_train_step.set_auto_resolver(None)
+    assert calls == [(16, 16, True)]
+    assert model.micro_batch_size == 4
+    with pytest.raises(TypeError, match=r"Argument `resolver` must be callable or None. Received: resolver=3"):
+        accumulating_train_step.set_auto_resolver(3)

@@ -5,8 +5,8 @@ The other public names load their modules on first use (`kadapt.lazy`): on
 the JAX backend the accumulation API imports no TensorFlow.
 """
 
-from kadapt.batching.accumulate import AccumulatingWrapper
-from kadapt.batching.accumulate import accumulate  # eager: the name is also its module's
+from kadapt.batching.accumulate import AccumulatingWrapper  # noqa: F401
+from kadapt.batching.accumulate import accumulate  # noqa: F401  (eager: the name is also its module's)
 from kadapt.lazy import lazy_attributes
 
 _NAMES = {
