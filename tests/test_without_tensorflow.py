@@ -12,13 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Names kadapt.batching provides; they import without TensorFlow once the JAX train step is
-# merged (branch h-jaxstep). The integrator moves them to `NAMES` then.
-AFTER_BATCHING_MERGE = ("AccumulatingModel", "BatchPlan", "accumulate", "plan_batch", "probe_micro_batch")
-NAMES = ("AdaptiveBatchSize", "AllocatorStatisticsError", "CosineAnnealing", "CosineMomentum", "MetaAdjuster",
-         "MomentumScheduler", "PrecisionChoice", "choose_precision", "load_model")
-MODULES = ("kadapt.augment", "kadapt.callbacks", "kadapt.distribute", "kadapt.environment", "kadapt.extras",
-           "kadapt.meta", "kadapt.optimizers", "kadapt.precision", "kadapt.recipes", "kadapt.schedules")
+NAMES = ("AccumulatingModel", "AdaptiveBatchSize", "AllocatorStatisticsError", "BatchPlan", "CosineAnnealing",
+         "CosineMomentum", "MetaAdjuster", "MomentumScheduler", "PrecisionChoice", "accumulate", "choose_precision",
+         "find_learning_rate", "load_model", "plan_batch", "probe_micro_batch")
+MODULES = ("kadapt.augment", "kadapt.batching", "kadapt.batching.jax.probe", "kadapt.callbacks", "kadapt.distribute",
+           "kadapt.environment", "kadapt.extras", "kadapt.meta", "kadapt.optimizers", "kadapt.precision",
+           "kadapt.recipes", "kadapt.schedules")
 
 CHILD = textwrap.dedent("""
     import importlib, json, sys
@@ -31,23 +30,11 @@ CHILD = textwrap.dedent("""
     sys.meta_path.insert(0, NoTensorFlow())
     import kadapt
 
-    names, modules, later = json.loads(sys.argv[1])
+    names, modules = json.loads(sys.argv[1])
     for module in modules:
         importlib.import_module(module)
     for name in names:
         getattr(kadapt, name)
-    imported_later = []
-    try:
-        import kadapt.batching
-        batching_imports = True
-    except ImportError:
-        batching_imports = False
-    for name in later:
-        try:
-            getattr(kadapt, name)
-            imported_later.append(name)
-        except ImportError:
-            pass
 
     def error(call):
         try:
@@ -65,12 +52,14 @@ CHILD = textwrap.dedent("""
     }
 
     import keras, numpy as np
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    # The micro-batch from XLA's plan ("auto"), then accumulated steps under a live momentum.
+    model = kadapt.accumulate(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), "auto",
+                              memory_budget="64MiB")
     model.compile(kadapt.optimizers.SGD(0.1, momentum=0.5), "mse")
     model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, verbose=0,
               callbacks=[kadapt.MomentumScheduler(kadapt.CosineMomentum(0.9, 0.8, total_steps=2))])
-    print(json.dumps({"backend": keras.backend.backend(), "errors": errors, "imported_later": imported_later,
-                      "batching_imports": batching_imports,
+    print(json.dumps({"backend": keras.backend.backend(), "errors": errors,
+                      "micro_batch_size": model.micro_batch_size, "steps": int(model.optimizer.iterations),
                       "tensorflow_loaded": "tensorflow" in sys.modules}))
 """)
 
@@ -78,7 +67,7 @@ CHILD = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def child():
     environment = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    arguments = json.dumps([NAMES, MODULES, AFTER_BATCHING_MERGE])
+    arguments = json.dumps([NAMES, MODULES])
     done = subprocess.run([sys.executable, "-c", CHILD, arguments], env=environment, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -88,8 +77,7 @@ def child():
 def test_kadapt_imports_and_trains_on_jax_without_tensorflow(child):
     assert child["backend"] == "jax"
     assert child["tensorflow_loaded"] is False
-    if child["batching_imports"]:  # after the merge of branch h-jaxstep
-        assert child["imported_later"] == list(AFTER_BATCHING_MERGE)
+    assert child["micro_batch_size"] == 4 and child["steps"] == 2  # planned: the logical batch fits
 
 
 def test_multi_worker_training_says_it_needs_the_tensorflow_backend(child):
@@ -101,8 +89,6 @@ def test_multi_worker_training_says_it_needs_the_tensorflow_backend(child):
 
 @pytest.mark.parametrize("feature", ["load_tensorflow", "augment_dataset", "fast_fit"])
 def test_tensorflow_features_name_the_extra(child, feature):
-    if feature == "fast_fit" and not child["batching_imports"]:
-        pytest.skip("the recipe imports kadapt.batching, which needs TensorFlow until branch h-jaxstep is merged")
     kind, message = child["errors"][feature]
     assert kind == "MissingExtraError"
     assert message.endswith('pip install "kadapt[tensorflow]"')

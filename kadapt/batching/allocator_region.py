@@ -17,8 +17,6 @@ docs/probe.md).
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from kadapt.batching.allocator_mode import check_measurable
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import available_ram
@@ -64,6 +62,8 @@ def reserve_region(budget: MemoryBudget) -> None:
     size = min(REGION_FACTOR * budget.bytes, available_ram() // 2)
     if _reserved_bytes.get(device, 0) >= size:
         return
+    import tensorflow as tf  # TensorFlow's CPU allocator (the JAX backend plans instead)
+
     try:
         with tf.device(device):
             # Rows of 1 MiB: Empty's shape is int32, and a region may pass 2 GiB.

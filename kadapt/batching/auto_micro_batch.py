@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from kadapt.batching import probe
 from kadapt.batching.allocator_mode import allocator_mode
@@ -50,7 +49,7 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
     the first step's peak checked where the model trains (`FirstStepCheck`)."""
     if keras.backend.backend() == "jax":  # XLA's plan: no allocator statistics, region or first-step check
         return resolve_planned_micro_batch(model, x, y, batch_size, sample_weight)
-    data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
+    data = x if probe.is_dataset(x) else (x, y, sample_weight)
     sample = probe.sample_rows(data)
     cap = _logical_batch_size(x, sample, batch_size)
     budget = device_budget(model.memory_budget)
@@ -104,6 +103,8 @@ class FirstStepCheck:
         self.peak_bytes = self.shrunk_to = None
 
     def __call__(self, iterator: Any) -> Any:
+        import tensorflow as tf  # the TensorFlow backend's check (JAX plans instead)
+
         device = self.budget.device
         tf.config.experimental.reset_memory_stats(device)
         logs = self.train_function(iterator)
@@ -149,12 +150,14 @@ def _cached_memory_model(entry):
 
 
 def _logical_batch_size(x, sample, batch_size):
-    if isinstance(x, tf.data.Dataset):
+    if probe.is_dataset(x):
         return probe.row_count(sample)
     return batch_size or KERAS_DEFAULT_BATCH_SIZE
 
 
 def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int) -> str:
+    import tensorflow as tf  # the TensorFlow backend's key (the JAX plan has `plan_cache_key`)
+
     signature = {
         **_model_signature(model, sample),
         "allocator": allocator_mode(budget.device),
@@ -170,7 +173,7 @@ def cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap: int)
 
 def _model_signature(model, sample):
     inputs = [
-        (list(a.shape[1:]), str(a.dtype)) for a in tf.nest.flatten(sample[0]) if a is not None
+        (list(a.shape[1:]), str(a.dtype)) for a in keras.tree.flatten(sample[0]) if a is not None
     ]
     try:
         config = model.get_config()
@@ -201,6 +204,8 @@ def _digest(signature):
 def device_name(device: str) -> str:
     """The model of `device` ("CPU:0", "GPU:1"): a GPU's name as TensorFlow
     reports it, a CPU's from /proc/cpuinfo where there is one."""
+    import tensorflow as tf  # TensorFlow's device names
+
     kind, _, index = device.upper().partition(":")
     physical = tf.config.list_physical_devices(kind)
     if kind == "GPU" and physical:
@@ -250,7 +255,7 @@ def resolve_planned_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: 
     so a cached size is not checked again on the first step."""
     from kadapt.batching.jax.probe import plan_budget  # JAX is optional
 
-    data = x if isinstance(x, tf.data.Dataset) else (x, y, sample_weight)
+    data = x if probe.is_dataset(x) else (x, y, sample_weight)
     sample = probe.sample_rows(data)
     cap = _logical_batch_size(x, sample, batch_size)
     budget = plan_budget(model.memory_budget)

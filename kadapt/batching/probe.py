@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from kadapt.batching import training_state
 from kadapt.batching.accumulate import accumulate
@@ -354,6 +354,8 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     device = budget.device
     peaks, seconds = [], math.inf
     compiles = compile_count(model)
+    import tensorflow as tf  # this probe measures TensorFlow's allocator (JAX plans instead)
+
     try:
         model.train_on_batch(x, y, sample_weight=sample_weight)  # trace, warm up
         for _ in range(MEASURED_STEPS):
@@ -410,7 +412,7 @@ def leaves_no_trace(model: keras.Model, sample: tuple) -> Iterator[None]:
 
 def sample_rows(data: Any) -> tuple:
     """`(x, y, sample_weight)` rows from arrays or the first batch of a dataset."""
-    if isinstance(data, tf.data.Dataset):
+    if is_dataset(data):
         data = next(iter(data))
         return keras.utils.unpack_x_y_sample_weight(data)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
@@ -421,6 +423,13 @@ def sample_rows(data: Any) -> tuple:
     )
 
 
+def is_dataset(value: Any) -> bool:
+    """Whether `value` is a `tf.data.Dataset`; TensorFlow is not imported for
+    it (a dataset exists only where TensorFlow is loaded already)."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(value, tf.data.Dataset)
+
+
 def repeat_rows(sample: tuple, rows: int) -> tuple:
     """The first `rows` rows of every array in `sample`, cycling if short."""
     count = row_count(sample)
@@ -429,15 +438,16 @@ def repeat_rows(sample: tuple, rows: int) -> tuple:
     def take(array):
         if array is None:
             return None
-        if isinstance(array, tf.Tensor):
+        tf = sys.modules.get("tensorflow")
+        if tf is not None and isinstance(array, tf.Tensor):
             return tf.gather(array, index)
         return np.take(np.asarray(array), index, axis=0)
 
-    return tf.nest.map_structure(take, sample)
+    return keras.tree.map_structure(take, sample)
 
 
 def row_count(sample: tuple) -> int:
-    first = next(a for a in tf.nest.flatten(sample[0]) if a is not None)
+    first = next(a for a in keras.tree.flatten(sample[0]) if a is not None)
     return int(first.shape[0])
 
 

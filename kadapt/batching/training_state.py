@@ -6,7 +6,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 
 def state_variables(model: keras.Model, include_weights: bool = True,
@@ -29,7 +28,7 @@ def state_variables(model: keras.Model, include_weights: bool = True,
 
 def snapshot(variables: list[keras.Variable]) -> list[tuple[keras.Variable, Any]]:
     """Copies of the variables' current values (device tensors, no host sync)."""
-    return [(v, tf.identity(v.value)) for v in variables]
+    return [(v, keras.ops.copy(v.value)) for v in variables]
 
 
 def host_snapshot(variables: list[keras.Variable]) -> list[tuple[keras.Variable, Any]]:
