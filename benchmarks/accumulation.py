@@ -10,6 +10,7 @@ jitted by JAX; the backend is fixed per process, so each backend is one run.
 
 Run: `make install && .venv/bin/python benchmarks/accumulation.py`
      `KERAS_BACKEND=jax .venv/bin/python benchmarks/accumulation.py`
+     (ROWS=4096 ROUNDS=3 in the environment for a shorter run)
 """
 
 import os
@@ -26,8 +27,8 @@ import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
 
-ROWS = 16_384  # per timed epoch
-ROUNDS = 9
+ROWS = int(os.environ.get("ROWS", 16_384))  # per timed epoch
+ROUNDS = int(os.environ.get("ROUNDS", 9))
 LOGICAL = 512
 MICRO = 128
 
