@@ -3,9 +3,9 @@
 For each model: `step_plan` at SIZES rows (argument, temporary and peak MiB,
 seconds to lower and compile), then `probe_micro_batch_jax` under each of
 BUDGETS_MIB (the size chosen, the sizes planned, seconds, and whether the
-chosen size's own plan is within the budget). Plain Keras models (a plain
-model is planned at m rows; an accumulating one would be planned at its
-logical batch). Prints a table and writes probe_plan_jax.json (or argv[1]).
+chosen size's own plan is within the budget), for plain Keras models (a plain
+model is planned at m rows); then the accumulating step at a logical batch of
+256 per micro-batch size, beside plain Keras at 256. Prints a table and writes probe_plan_jax.json (or argv[1]).
 
 Run: `KERAS_BACKEND=jax .venv/bin/python benchmarks/probe_plan_jax.py` (about
 three minutes on a shared 2-core host: each plan is one XLA compile, 2-15 s there).
@@ -62,6 +62,16 @@ def plans(model):
     return rows
 
 
+def accumulating_plans(build, logical=256):
+    """The accumulating step at a logical batch of `logical` rows, per micro-batch size: its
+    plan must follow the micro-batch, not the logical batch (plain Keras at `logical` rows beside)."""
+    rows = [{"micro_batch_size": None, "peak_mib": step_plan(compiled(build), data(logical)).peak_bytes / MIB}]
+    for size in SIZES:
+        model = compiled(lambda: kadapt.accumulate(build(), size))
+        rows.append({"micro_batch_size": size, "peak_mib": step_plan(model, data(logical)).peak_bytes / MIB})
+    return rows
+
+
 def probes(model):
     sample = (np.zeros((LOGICAL_BATCH, 28, 28, 1), "float32"), np.zeros((LOGICAL_BATCH,), "int32"))
     rows = []
@@ -83,7 +93,8 @@ def main():
               "models": {}}
     for name, build in MODELS.items():
         model = compiled(build)
-        report["models"][name] = {"plans": plans(model), "probes": probes(model)}
+        report["models"][name] = {"plans": plans(model), "probes": probes(model),
+                                   "accumulating_256": accumulating_plans(build)}
         for row in report["models"][name]["plans"]:
             print(f"{name:20s} rows {row['rows']:4d}: args {row['argument_mib']:7.2f} MiB, temps "
                   f"{row['temporary_mib']:8.2f} MiB, peak {row['peak_mib']:8.2f} MiB ({row['seconds']:.2f} s)")
@@ -91,6 +102,9 @@ def main():
             print(f"{name:20s} budget {row['budget_mib']:4d} MiB: m={row['micro_batch_size']:4d} "
                   f"(plan {row['chosen_peak_mib']:.2f} MiB, within={row['within_budget']}), planned "
                   f"{row['planned_sizes']} in {row['seconds']:.1f} s")
+        for row in report["models"][name]["accumulating_256"]:
+            label = "plain Keras" if row["micro_batch_size"] is None else f"kadapt m={row['micro_batch_size']}"
+            print(f"{name:20s} B=256, {label:15s}: peak {row['peak_mib']:8.2f} MiB")
     with open(out, "w") as file:
         json.dump(report, file, indent=1)
 
