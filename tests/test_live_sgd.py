@@ -133,9 +133,6 @@ def test_bad_optimizer_arguments():
         kadapt.MomentumScheduler(0.9)
 
 
-# kadapt.accumulate runs on JAX with the JAX accumulating step (branch h-jaxstep): drop this
-# skip when that is merged.
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="kadapt.accumulate on JAX: branch h-jaxstep")
 def test_live_momentum_under_accumulation_counts_logical_steps():
     momenta = [0.0, 0.9, 0.3, 0.6]
     model = kadapt.accumulate(_linear(kadapt.optimizers.SGD(LR)), 4)  # 4 micro-batches a step

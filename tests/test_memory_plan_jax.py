@@ -154,7 +154,6 @@ def test_probe_on_jax_prefers_the_largest_only():
 
 
 def accumulating(micro_batch_size, **kwargs):
-    pytest.importorskip("kadapt.batching.jax.train_step")  # the accumulating JAX step (h-jaxstep)
     import kadapt
 
     return kadapt.accumulate(mlp(), micro_batch_size, **kwargs)
