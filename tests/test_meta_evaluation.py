@@ -79,3 +79,25 @@ def test_range_test_figures_by_hand():
     assert evaluation.summarize(runs)["range_test"] == {"runs": 2, "constant": 0.5, "cosine": 0.5,
                                                         "meta_misset": 0.5, "meta_runs": 2}
     assert "| range test, then constant | 2 | 0.50 |" in evaluation.table(runs)
+
+
+def test_range_start_figures_by_hand():
+    nan = math.nan
+    runs = [_run(0.10, 2.0, {"too_low": {"constant": 0.9, "plateau": 0.9, "meta": 0.2, "meta_range": 0.11},
+                             "diverging": {"constant": nan, "plateau": nan, "meta": 0.5, "meta_range": 0.13}},
+                 cosine=(0.1, 0.1)),
+            _run(0.20, 1.0, {"too_high": {"constant": 0.3, "plateau": 0.3, "meta": 0.3, "meta_range": 0.34}},
+                 cosine=(0.2, 0.2))]
+    runs[0]["cosine"]["with_range"] = {"val_loss": 0.104, "decisions": []}  # within 1.05x
+    runs[1]["cosine"]["with_range"] = {"val_loss": 0.22, "decisions": []}  # 1.1x: harmed
+    runs[0]["range_test"] = {"learning_rate": 0.05, "steps_run": 40, "constant": {"val_loss": 0.12},
+                             "cosine": {"val_loss": 0.1}}
+    runs[1]["range_test"] = {"learning_rate": 0.3, "steps_run": 40, "constant": {"val_loss": 0.34},
+                             "cosine": {"val_loss": 0.2}}
+    # 0.11 is within 1.2 x 0.10, 0.13 is not; below the anchor 0.12: 0.11 only (0.34 ties);
+    # 0.34 > 1.1 x 0.3 is harm; the diverging run ends finite below 2.0.
+    figures = evaluation.summarize(runs)["meta_range"]
+    assert figures["all"] == {"runs": 3, "near_grid_best": 1 / 3, "beats_range_constant": 1 / 3, "harm": 1 / 3,
+                              "rescue": 1.0, "diverged_runs": 1, "cosine_no_harm": 0.5, "cosine_runs": 2}
+    assert figures["too_high"]["harm"] == 1.0 and figures["diverging"]["near_grid_best"] == 0.0
+    assert "| beats_range_constant | 0.33 | >= 0.6 | NO |" in evaluation.table(runs)
