@@ -290,38 +290,8 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._set_learning_rate(live, rate)
             self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
 
-    def _mid_run_range_test(self, adjustment):
-        """A narrow range test at a stall (`RangeTestStart(mid_run=True)`); whether it set the rate,
-        in place of the meta-model's action (logged beside it)."""
-        total = self._total_steps()
-        steps_left = None if total is None else total - self._step
-        if (self.range_test is None or self._strategy is not None
-                or not self.range_test.wants_mid_run(adjustment.reason, steps_left)):
-            return False
-        from kadapt.meta.range_test_start import MID_RUN_STEPS
-
-        live = applied_learning_rate(self.model.optimizer)
-        try:
-            result = self.range_test.run(self.model, MID_RUN_STEPS, around=live)
-        except ValueError as error:
-            self._charge(MID_RUN_STEPS)
-            self._log_range_test("keep", {"why": str(error), "learning_rate": live, "mid_run": True})
-            return False
-        self._charge(result.steps_run)
-        rate = self.range_test.choose(live, min(result.suggestion, self._policy_state.ceiling))
-        detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live,
-                  "mid_run": True}
-        if rate is None or not action_lib.can_adjust_learning_rate(self.model.optimizer):
-            self._log_range_test("keep", detail)
-            return False
-        self._set_learning_rate(live, rate)
-        self._rates = self._read_rates()
-        self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-        self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
-        return True
-
     def _charge(self, steps):
-        self._range_test_steps += steps
+        self._range_test_steps = steps
         self._step += steps
         self._epoch_start_step += steps
 
@@ -362,10 +332,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         elif finite:
             self._advance_rollback_point(watched, measured_now)
         if adjustment.consulted:
-            if self._mid_run_range_test(adjustment):
-                adjustment = dataclasses.replace(adjustment, action=action_lib.KEEP)  # the test's rate instead
-            else:
-                self._apply(action_lib.ACTIONS[adjustment.action])
+            self._apply(action_lib.ACTIONS[adjustment.action])
         if adjustment.restart_trigger:
             self.trigger.adjusted()
         if adjustment.logged:

@@ -136,11 +136,10 @@ def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | k
     return result
 
 
-def range_start(task: task_lib.Task, mid_run: bool = False) -> RangeTestStart:
+def range_start(task: task_lib.Task) -> RangeTestStart:
     """The `MetaAdjuster`'s range test on `task`'s training data: the batches `range_test_runs` sweeps."""
     x, y = task.data[:2]
-    return RangeTestStart(x, y, batch_size=task.batch_size, max_steps=RANGE_TEST_STEPS, seed=task.seed,
-                          mid_run=mid_run)
+    return RangeTestStart(x, y, batch_size=task.batch_size, max_steps=RANGE_TEST_STEPS, seed=task.seed)
 
 
 def plateau_run(task: task_lib.Task, epochs: int) -> dict[str, Any]:

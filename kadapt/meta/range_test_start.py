@@ -28,9 +28,6 @@ from kadapt.validation import check_range
 
 MIN_STEPS = 10  # kadapt.range_test.find's, which loads TensorFlow: imported where the test runs
 BUDGET_SHARE = 0.5  # at most half the run's steps go to the test: at least half trains
-MID_RUN_SPAN = 30.0  # a mid-run test sweeps from 1/30 to 30 times the live rate
-MID_RUN_STEPS = 30
-STALLS = ("plateau", "slow_progress")  # the trigger's reasons a mid-run test answers
 
 
 class RangeTestStart:
@@ -58,11 +55,6 @@ class RangeTestStart:
         rule: `"valley"`, `"steepest"` or `"minimum/10"` (see
             `kadapt.find_learning_rate`). Defaults to `"valley"`.
         seed: Int or `None`. The shuffling of array rows. Defaults to `None`.
-        mid_run: Bool. Also where the trigger calls progress stalled (plateau,
-            slow progress), a narrow test from the model's state then
-            (`MID_RUN_STEPS` steps, 1/30 to 30 times the live rate), its
-            suggestion applied instead of the meta-model's action where more
-            than `factor` off. Defaults to `False`.
 
     Example:
 
@@ -74,7 +66,7 @@ class RangeTestStart:
     """
 
     def __init__(self, x: Any, y: Any = None, batch_size: int | None = None, max_steps: int = 100,
-                 factor: float = 3.0, rule: str = "valley", seed: int | None = None, mid_run: bool = False) -> None:
+                 factor: float = 3.0, rule: str = "valley", seed: int | None = None) -> None:
         check_range("max_steps", max_steps, low=MIN_STEPS, integer=True)
         check_range("factor", factor, low=1.0, low_open=True)
         if rule not in curve.RULES:
@@ -83,22 +75,14 @@ class RangeTestStart:
             check_range("batch_size", batch_size, low=1, integer=True)
         self.x, self.y, self.batch_size = x, y, batch_size
         self.max_steps, self.factor, self.rule, self.seed = max_steps, float(factor), rule, seed
-        self.mid_run = bool(mid_run)
-        self._batches = None  # arrays' endless batches, shared by the tests of one run
 
     def num_steps(self, budget: int | None) -> int | None:
         """Steps of the test for a run of `budget` steps (`None`: unknown); `None` if there is no room."""
         steps = self.max_steps if budget is None else min(self.max_steps, int(budget * BUDGET_SHARE))
         return steps if steps >= MIN_STEPS else None
 
-    def run(self, model: keras.Model, num_steps: int, around: float | None = None) -> Any:
+    def run(self, model: keras.Model, num_steps: int) -> Any:
         """`kadapt.find_learning_rate` on `model` for `num_steps`; the model is left as it was.
-
-        Args:
-            model: The compiled model.
-            num_steps: Int. Steps of the sweep.
-            around: Float or `None`. Sweep from 1/30 to 30 times this rate
-                (a mid-run test) rather than fastai's 1e-7 to 10.
 
         Raises:
             ValueError: the curve gives no rate (it never fell, or diverged
@@ -108,17 +92,9 @@ class RangeTestStart:
 
         x, y, batch_size = self.x, self.y, self.batch_size
         if _is_arrays(x):
-            if self._batches is None:
-                self._batches = _endless_batches(x, y, batch_size or DEFAULT_BATCH_SIZE, self.seed)
-            x, y, batch_size = self._batches, None, None
-        span = {} if around is None else {"start": around / MID_RUN_SPAN, "stop": around * MID_RUN_SPAN}
+            x, y, batch_size = _endless_batches(x, y, batch_size or DEFAULT_BATCH_SIZE, self.seed), None, None
         return find_learning_rate(model, x, y, batch_size=batch_size, num_steps=num_steps,
-                                  smoothing=curve.sweep_smoothing(num_steps), rule=self.rule, **span)
-
-    def wants_mid_run(self, reason: str | None, steps_left: int | None) -> bool:
-        """Whether a stall (the trigger's `reason`) with `steps_left` calls for a mid-run test."""
-        room = steps_left is not None and steps_left >= MID_RUN_STEPS / BUDGET_SHARE
-        return self.mid_run and reason in STALLS and room
+                                  smoothing=curve.sweep_smoothing(num_steps), rule=self.rule)
 
     def choose(self, learning_rate: float, suggestion: float) -> float | None:
         """The rate to move to: `suggestion` when more than `factor` off `learning_rate`, else `None`."""
