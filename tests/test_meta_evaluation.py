@@ -2,6 +2,7 @@
 
 import math
 import re
+import types
 
 import pytest
 from helpers import constant_meta_model
@@ -101,3 +102,17 @@ def test_range_start_figures_by_hand():
                               "rescue": 1.0, "diverged_runs": 1, "cosine_no_harm": 0.5, "cosine_runs": 2}
     assert figures["too_high"]["harm"] == 1.0 and figures["diverging"]["near_grid_best"] == 0.0
     assert "| beats_range_constant | 0.33 | >= 0.6 | NO |" in evaluation.table(runs)
+
+
+def test_the_grid_widens_past_an_end_where_its_best_sits(monkeypatch):
+    # Best near 20, above the grid's 3.16: 13.9 (3.16 x 10^(4.5/7)) is added and is better,
+    # 61.1 is added and is worse, and the widening stops there.
+    def fake_run(task, epochs):
+        return {"val_loss": (math.log10(task.learning_rate) - math.log10(20.0)) ** 2 + 0.1}
+
+    monkeypatch.setattr(evaluation, "train_run", fake_run)
+    monkeypatch.setattr(evaluation, "evaluation_task", lambda family, seed, rate: types.SimpleNamespace(learning_rate=rate))
+    grid = {rate: fake_run(types.SimpleNamespace(learning_rate=rate), 1) for rate in evaluation.GRID}
+    finite = evaluation._widened(grid, "f", 0, 1)
+    assert sorted(set(grid) - set(evaluation.GRID)) == [13.9, 61.1]
+    assert min(finite, key=finite.get) == 13.9
