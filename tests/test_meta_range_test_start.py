@@ -13,6 +13,8 @@ from kadapt.meta.actions import KEEP
 from kadapt.range_test import curve
 from kadapt.range_test import find
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 ROWS, BATCH, EPOCHS, TEST_STEPS = 64, 8, 10, 16  # 80 steps; the test's 16 leave 8 whole epochs
 
 
@@ -44,6 +46,7 @@ def test_a_mis_set_rate_moves_to_the_suggestion_and_trains_as_if_started_there()
     (decision,) = adjuster.decisions
     suggestion = decision["range_test"]["suggestion"]
     assert decision["trigger"] == "range_test" and decision["range_test"]["steps_run"] == TEST_STEPS
+    assert adjuster.get_state()["range_test_steps"] == TEST_STEPS  # a resume counts them, and does not test again
     assert decision["action"] == f"range test: lr x{suggestion / 1e-5:.3g}"
     # The test's steps were charged: fit trained the rest of the 80 steps, the weights restored before.
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - TEST_STEPS
