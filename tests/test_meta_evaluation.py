@@ -111,7 +111,8 @@ def test_the_grid_widens_past_an_end_where_its_best_sits(monkeypatch):
         return {"val_loss": (math.log10(task.learning_rate) - math.log10(20.0)) ** 2 + 0.1}
 
     monkeypatch.setattr(evaluation, "train_run", fake_run)
-    monkeypatch.setattr(evaluation, "evaluation_task", lambda family, seed, rate: types.SimpleNamespace(learning_rate=rate))
+    monkeypatch.setattr(evaluation, "evaluation_task",
+                        lambda family, seed, rate: types.SimpleNamespace(learning_rate=rate))
     grid = {rate: fake_run(types.SimpleNamespace(learning_rate=rate), 1) for rate in evaluation.GRID}
     finite = evaluation._widened(grid, "f", 0, 1)
     assert sorted(set(grid) - set(evaluation.GRID)) == [13.9, 61.1]

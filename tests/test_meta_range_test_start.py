@@ -73,8 +73,8 @@ def test_a_rate_near_the_suggestion_is_kept():
 
 def test_the_test_takes_at_most_half_the_budget():
     start = RangeTestStart(np.zeros((4, 1)), np.zeros((4, 1)))
-    assert (start.num_steps(80), start.num_steps(1000), start.num_steps(None), start.num_steps(19)) == (40, 100, 100, None)
-    assert RangeTestStart.__module__ and find.MIN_STEPS == 10 == start.num_steps(20)
+    steps = [start.num_steps(budget) for budget in (80, 1000, None, 19, 20)]
+    assert steps == [40, 100, 100, None, find.MIN_STEPS]
 
 
 def test_short_sweeps_smooth_over_half_their_length():

@@ -360,7 +360,8 @@ def _meta_range_table(figures):
     lines += ["", "| setting | runs | near grid-best (1.2x) | beats range test then constant | harm | rescue |",
               "|---|---|---|---|---|---|"]
     for setting in ("all", *SETTINGS):
-        cells = " | ".join(_share(figures[setting][k]) for k in ("near_grid_best", "beats_range_constant", "harm", "rescue"))
+        names = ("near_grid_best", "beats_range_constant", "harm", "rescue")
+        cells = " | ".join(_share(figures[setting][name]) for name in names)
         lines.append(f"| {setting} | {figures[setting]['runs']} | {cells} |")
     return lines
 
