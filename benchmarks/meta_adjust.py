@@ -8,7 +8,9 @@ shows too low, too high and diverging, a cosine run at the grid-best rate
 with and without the MetaAdjuster, and the range test's arms: its rate
 constant, and under cosine, the test's steps charged to the run's budget
 (`evaluation.range_test_runs`; the share within 1.2x of the grid-best beside
-the MetaAdjuster's).
+the MetaAdjuster's); and the MetaAdjuster starting from the range test on
+every mis-set rate and the cosine run (`RangeTestStart`, its steps charged),
+against `evaluation.RANGE_TARGETS`.
 
 Overhead: a MetaAdjuster whose trigger never fires against none, on the same
 model, in interleaved rounds; the share of the run spent inside its hooks is
@@ -16,7 +18,8 @@ the figure (targets: <= 1.02 observing every epoch, <= 1.03 in step mode).
 The wall and CPU-time ratios, with an A/A arm for their noise, are printed
 beside it.
 
-    .venv/bin/python benchmarks/meta_adjust.py                 # ~25 min on 2 idle cores
+    .venv/bin/python benchmarks/meta_adjust.py                 # ~25 min on 2 idle cores (old arms)
+    .venv/bin/python benchmarks/meta_adjust.py --seeds 3 4 5 --overhead-rounds 0   # 52 min, 2 shared cores
     .venv/bin/python benchmarks/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
 """
 

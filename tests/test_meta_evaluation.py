@@ -2,6 +2,7 @@
 
 import math
 import re
+import types
 
 import pytest
 from helpers import constant_meta_model
@@ -79,3 +80,40 @@ def test_range_test_figures_by_hand():
     assert evaluation.summarize(runs)["range_test"] == {"runs": 2, "constant": 0.5, "cosine": 0.5,
                                                         "meta_misset": 0.5, "meta_runs": 2}
     assert "| range test, then constant | 2 | 0.50 |" in evaluation.table(runs)
+
+
+def test_range_start_figures_by_hand():
+    nan = math.nan
+    runs = [_run(0.10, 2.0, {"too_low": {"constant": 0.9, "plateau": 0.9, "meta": 0.2, "meta_range": 0.11},
+                             "diverging": {"constant": nan, "plateau": nan, "meta": 0.5, "meta_range": 0.13}},
+                 cosine=(0.1, 0.1)),
+            _run(0.20, 1.0, {"too_high": {"constant": 0.3, "plateau": 0.3, "meta": 0.3, "meta_range": 0.34}},
+                 cosine=(0.2, 0.2))]
+    runs[0]["cosine"]["with_range"] = {"val_loss": 0.104, "decisions": []}  # within 1.05x
+    runs[1]["cosine"]["with_range"] = {"val_loss": 0.22, "decisions": []}  # 1.1x: harmed
+    runs[0]["range_test"] = {"learning_rate": 0.05, "steps_run": 40, "constant": {"val_loss": 0.12},
+                             "cosine": {"val_loss": 0.1}}
+    runs[1]["range_test"] = {"learning_rate": 0.3, "steps_run": 40, "constant": {"val_loss": 0.34},
+                             "cosine": {"val_loss": 0.2}}
+    # 0.11 is within 1.2 x 0.10, 0.13 is not; below the anchor 0.12: 0.11 only (0.34 ties);
+    # 0.34 > 1.1 x 0.3 is harm; the diverging run ends finite below 2.0.
+    figures = evaluation.summarize(runs)["meta_range"]
+    assert figures["all"] == {"runs": 3, "near_grid_best": 1 / 3, "beats_range_constant": 1 / 3, "harm": 1 / 3,
+                              "rescue": 1.0, "diverged_runs": 1, "cosine_no_harm": 0.5, "cosine_runs": 2}
+    assert figures["too_high"]["harm"] == 1.0 and figures["diverging"]["near_grid_best"] == 0.0
+    assert "| beats_range_constant | 0.33 | >= 0.6 | NO |" in evaluation.table(runs)
+
+
+def test_the_grid_widens_past_an_end_where_its_best_sits(monkeypatch):
+    # Best near 20, above the grid's 3.16: 13.9 (3.16 x 10^(4.5/7)) is added and is better,
+    # 61.1 is added and is worse, and the widening stops there.
+    def fake_run(task, epochs):
+        return {"val_loss": (math.log10(task.learning_rate) - math.log10(20.0)) ** 2 + 0.1}
+
+    monkeypatch.setattr(evaluation, "train_run", fake_run)
+    monkeypatch.setattr(evaluation, "evaluation_task",
+                        lambda family, seed, rate: types.SimpleNamespace(learning_rate=rate))
+    grid = {rate: fake_run(types.SimpleNamespace(learning_rate=rate), 1) for rate in evaluation.GRID}
+    finite = evaluation._widened(grid, "f", 0, 1)
+    assert sorted(set(grid) - set(evaluation.GRID)) == [13.9, 61.1]
+    assert min(finite, key=finite.get) == 13.9

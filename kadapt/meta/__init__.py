@@ -17,6 +17,7 @@ from kadapt.meta.collect import collect
 from kadapt.meta.meta_model import MetaSpec
 from kadapt.meta.meta_model import load_meta_model
 from kadapt.meta.policy import AdjustmentPolicy
+from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.triggers import Trigger
 
 _OPTIONAL_NAMES = {
@@ -26,7 +27,7 @@ _OPTIONAL_NAMES = {
     "train_meta_model": "kadapt.meta.train",
 }
 __all__ = sorted([
-    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "MetaAdjuster", "MetaSpec", "Trigger", "actions", "collect",
+    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "MetaAdjuster", "MetaSpec", "RangeTestStart", "Trigger", "actions", "collect",
     "features", "load_meta_model", "tasks", *_OPTIONAL_NAMES,
 ])
 

@@ -26,6 +26,7 @@ from kadapt.meta.observation import observe_model
 from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 from kadapt.meta.policy import model_predictor
+from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.triggers import Trigger
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
@@ -84,6 +85,15 @@ class MetaAdjuster(keras.callbacks.Callback):
     when a resumed `fit` begins its first epoch, so the resumed run adjusts as
     the uninterrupted one would.
 
+    With `range_test` (a `kadapt.meta.RangeTestStart`, which holds the data:
+    Keras shows a callback none of fit's), a learning-rate range test runs
+    before the first step, from the model's state, which it puts back. Where
+    the live rate is more than the start's `factor` off the suggestion, the
+    rate is set to it ("range test: lr x..."); otherwise, or where the curve
+    gives no rate (it never fell), the rate is kept and the reason logged.
+    The test's steps are charged to the run: counted as steps trained, and
+    `fit` ends once the two together reach `epochs x steps per epoch`.
+
     Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
     chief: its trigger reason at each observation and its chosen action (one
     small all-gather each), so all workers adjust at the same step alike.
@@ -107,6 +117,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         backup_dir: Path-like or `None`. Where the state lives between an
             interrupted run and its resume (`get_state`, as `.npz`). Defaults
             to `None` (kept in memory only).
+        range_test: `kadapt.meta.RangeTestStart` or `None`. The range test
+            to start from. Defaults to `None` (none).
 
     Example:
 
@@ -120,7 +132,8 @@ class MetaAdjuster(keras.callbacks.Callback):
     def __init__(self, meta_model: str | os.PathLike | keras.Model = "default", monitor: str = "val_loss",
                  target: float | None = None, mode: str = "auto", check_every: str | int = "epoch",
                  trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
-                 min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None) -> None:
+                 min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None,
+                 range_test: RangeTestStart | None = None) -> None:
         super().__init__()
         check_range("min_gain", min_gain, low=0.0)
         self.min_gain = float(min_gain)
@@ -136,6 +149,10 @@ class MetaAdjuster(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.backup_dir = None if backup_dir is None else Path(backup_dir)
         self.verbose = verbose
+        if range_test is not None and not isinstance(range_test, RangeTestStart):
+            raise TypeError("Argument `range_test` must be a kadapt.meta.RangeTestStart or None. "
+                            f"Received: range_test={range_test!r}")
+        self.range_test = range_test
         self.decisions = []
 
     def __deepcopy__(self, memo):
@@ -169,6 +186,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._last_epoch_ending = False
         self._scheduled = []
         self._began = False
+        self._range_tested, self._range_test_steps = self.range_test is None, 0
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / DECISIONS_FILE).touch()
@@ -190,9 +208,18 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
         self._epoch_start_step = self._step
 
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Here rather than at train begin: fit has built the model and optimizer by now, and on
+        # JAX it reads the variables into its state after the first batch's begin.
+        if not self._range_tested:
+            self._range_tested = True
+            self._start_from_range_test()
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
+        if self._range_test_steps and self._step >= (self._total_steps() or math.inf):
+            self.model.stop_training = True  # the range test's steps were charged to the budget
         if self._last_good is None:
             self._hold_start()
         if not logs or "loss" not in logs:
@@ -236,6 +263,55 @@ class MetaAdjuster(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._last_good is not None and not _all_finite(self.model.variables):
             rollback.restore(self.model, self._last_good)
+
+    def _start_from_range_test(self):
+        """Runs the range test, charges its steps, and moves the rate to its suggestion if far off."""
+        budget = self._total_steps()
+        num_steps = self.range_test.num_steps(budget)
+        if num_steps is None:
+            self._log_range_test("keep", {"why": f"no room for a range test in a budget of {budget} steps"})
+            return
+        live = applied_learning_rate(self.model.optimizer)
+        try:
+            result = self.range_test.run(self.model, num_steps)
+        except ValueError as error:
+            # A curve no rate can be read off: the test ran (up to num_steps), the rate stays.
+            self._charge(num_steps)
+            self._log_range_test("keep", {"why": str(error), "learning_rate": live})
+            return
+        self._charge(result.steps_run)
+        detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
+        rate = self.range_test.choose(live, result.suggestion)
+        if rate is None:
+            self._log_range_test("keep", {**detail, "why": f"within {self.range_test.factor:g}x of the suggestion"})
+        elif not action_lib.can_adjust_learning_rate(self.model.optimizer):
+            self._log_range_test("keep", {**detail, "why": "the optimizer's rate cannot be set live"})
+        else:
+            self._set_learning_rate(live, rate)
+            self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
+
+    def _charge(self, steps):
+        self._range_test_steps = steps
+        self._step += steps
+        self._epoch_start_step += steps
+
+    def _set_learning_rate(self, live, rate):
+        optimizer = self.model.optimizer
+        if hasattr(optimizer, "learning_rate_multiplier"):
+            multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
+            optimizer.learning_rate_multiplier = multiplier * rate / live
+        else:
+            optimizer.learning_rate = rate
+            self._initial_learning_rate = rate  # later changes stay within MAX_CHANGE of the found rate
+
+    def _log_range_test(self, action, detail):
+        self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "range_test",
+                   "adjustment": {}, "action": action, "predicted_gain": None, "rollback": False,
+                   "features": {}, "range_test": detail})
+
+    def _total_steps(self):
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        return epochs * steps if epochs and steps else None
 
     def _observe(self, loss, val_loss, watched, measured_now):
         observation = self._observation(loss, val_loss)
@@ -352,7 +428,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         return {"history": self.history.get_state(), "trigger": self.trigger.get_state(), "policy": state,
                 "last_good": rollback.to_state(self._last_good), "pending": rollback.to_state(self._pending),
                 "scheduled": list(self._scheduled), "initial_learning_rate": float(self._initial_learning_rate),
-                "decisions": copy.deepcopy(self.decisions)}
+                "range_test_steps": self._range_test_steps, "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores what `get_state` returned, into the running `fit` of the same model.
@@ -367,6 +443,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._policy_state = PolicyState(**state["policy"])
         self._scheduled = [float(v) for v in state["scheduled"]]
         self._initial_learning_rate = float(state["initial_learning_rate"])
+        # A resumed run does not test again: its rate was set by the first run's test.
+        self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
         self.decisions = list(state["decisions"])
         if self.log_dir is not None:
             lines = "".join(json.dumps(decision) + "\n" for decision in self.decisions)
@@ -398,7 +476,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             raise ValueError(f"The MetaAdjuster state {path} is of epoch {state.get('epoch')!r}, not {epoch}: "
                              "it was not written by this run. Start the run afresh.")
         self.set_state(state)
-        self._step = int(self.model.optimizer.iterations.numpy())
+        self._step = int(self.model.optimizer.iterations.numpy()) + self._range_test_steps
 
     def _check_target(self, value):
         if self.target is None or not _finite(value):

@@ -11,16 +11,20 @@ For each task-seed:
 
 - **grid**: the constant rates of `GRID` (8 points, 1e-4 to ~3). The
   grid-best rate is the one with the lowest final validation loss: what 8x the
-  compute buys.
+  compute buys. Where it sits at an end of the grid, rates beyond it are
+  added (`GRID_STEP` apart, up to `GRID_WIDENING`) until one is worse.
 - **mis-set rates**, from the grid: `too_low` (1e-4, the grid's lowest),
   `too_high` (the lowest grid rate above the best that ends at least
   `MISSET_MARGIN` x the best's loss, finite) and `diverging` (the lowest rate,
   on the grid or above it up to `DIVERGING_LIMIT`, whose constant run ends
   non-finite). On each: `constant` (its grid run), `plateau` (Keras
-  `ReduceLROnPlateau(factor=0.3, patience=2)`, tuned) and `meta` (the
-  `MetaAdjuster` with its defaults).
+  `ReduceLROnPlateau(factor=0.3, patience=2)`, tuned), `meta` (the
+  `MetaAdjuster` with its defaults) and `meta_range` (the `MetaAdjuster`
+  starting from the range test, `RangeTestStart` on the training data; its
+  steps charged to the budget).
 - **cosine**: a well-configured run, cosine from the grid-best rate to 0,
-  without and with the `MetaAdjuster`.
+  without and with the `MetaAdjuster`, and with it starting from the range
+  test (`with_range`).
 - **range test** (`range_test_runs`): `kadapt.find_learning_rate` (rule
   `"valley"`, up to `RANGE_TEST_STEPS` steps) on the task's fresh model, then
   its rate `constant` and `cosine` (from it to 0); the test's steps are
@@ -43,6 +47,7 @@ import numpy as np
 
 from kadapt.meta import tasks as task_lib
 from kadapt.meta.adjuster import MetaAdjuster
+from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.range_test import find_learning_rate
 from kadapt.range_test.find import MIN_STEPS
 from kadapt.recipes.training import steps_per_epoch
@@ -52,6 +57,8 @@ SEEDS = (0, 1, 2)
 EPOCHS = 20
 MOMENTUM = 0.9
 GRID = tuple(float(f"{rate:.3g}") for rate in np.logspace(-4, 0.5, 8))  # 1e-4 ... 3.16
+GRID_STEP = 10 ** (4.5 / 7)  # the grid's spacing, ~4.4x
+GRID_WIDENING = 3  # rates added at most beyond an end of the grid where the best sits
 DIVERGING_LIMIT = (10.0, 30.0, 100.0, 300.0, 1000.0)
 MISSET_MARGIN = 1.2
 SETTINGS = ("too_low", "too_high", "diverging")
@@ -64,6 +71,13 @@ TARGETS = {  # name: (sense, target, what it measures)
 }
 RANGE_TEST_STEPS = 100
 RANGE_NEAR = 1.2  # "within 1.2x of the grid-best final val loss", the issue's figure for the range test
+RANGE_TARGETS = {  # name: (sense, target, what it measures), for the MetaAdjuster starting from the range test
+    "near_grid_best": (">=", 0.75, f"mis-set runs ending within {RANGE_NEAR}x of the grid-best final val loss"),
+    "beats_range_constant": (">=", 0.60, "mis-set runs ending below range test then constant (equal compute)"),
+    "harm": ("<=", 0.0, "mis-set runs ending > 1.1x worse than the constant rate"),
+    "rescue": (">=", 1.0, "diverging runs ending finite, below the initial val loss"),
+    "cosine_no_harm": (">=", 1.0, "good cosine runs ending <= 1.05x the run without it"),
+}
 QUICK = {"families": ("iris", "adding"), "seeds": (0,), "epochs": 6}
 
 
@@ -122,6 +136,12 @@ def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | k
     return result
 
 
+def range_start(task: task_lib.Task) -> RangeTestStart:
+    """The `MetaAdjuster`'s range test on `task`'s training data: the batches `range_test_runs` sweeps."""
+    x, y = task.data[:2]
+    return RangeTestStart(x, y, batch_size=task.batch_size, max_steps=RANGE_TEST_STEPS, seed=task.seed)
+
+
 def plateau_run(task: task_lib.Task, epochs: int) -> dict[str, Any]:
     plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.3, patience=2, verbose=0)
     return train_run(task, epochs, [plateau])
@@ -167,9 +187,7 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
     """Every arm on one task-seed: `{"grid", "best_rate", "initial_val_loss", "settings", "cosine"}`."""
     say = progress or (lambda text: None)
     grid = {rate: train_run(evaluation_task(family, seed, rate), epochs) for rate in GRID}
-    finite = {rate: run["val_loss"] for rate, run in grid.items() if math.isfinite(run["val_loss"])}
-    if not finite:
-        raise RuntimeError(f"{family} seed {seed}: every grid rate diverged; the task is broken.")
+    finite = _widened(grid, family, seed, epochs)
     best = min(finite, key=finite.get)
     say(f"{family}/{seed} grid best lr={best:g} val_loss={finite[best]:.4g}")
     rates = {"too_low": GRID[0] if finite.get(GRID[0], math.inf) >= MISSET_MARGIN * finite[best] else None,
@@ -190,13 +208,15 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
             continue
         task = evaluation_task(family, seed, rate)
         settings[setting] = {"learning_rate": rate, "constant": grid[rate],
-                             "plateau": plateau_run(task, epochs), "meta": meta_run(task, epochs, meta_model)}
+                             "plateau": plateau_run(task, epochs), "meta": meta_run(task, epochs, meta_model),
+                             "meta_range": meta_run(task, epochs, meta_model, range_test=range_start(task))}
         say(f"{family}/{seed} {setting} lr={rate:g}: " + ", ".join(
-            f"{arm} {settings[setting][arm]['val_loss']:.4g}" for arm in ("constant", "plateau", "meta")))
+            f"{arm} {settings[setting][arm]['val_loss']:.4g}" for arm in ("constant", "plateau", "meta", "meta_range")))
     cosine_task = evaluation_task(family, seed, best, "cosine")
-    cosine = {"without": train_run(cosine_task, epochs), "with": meta_run(cosine_task, epochs, meta_model)}
+    cosine = {"without": train_run(cosine_task, epochs), "with": meta_run(cosine_task, epochs, meta_model),
+              "with_range": meta_run(cosine_task, epochs, meta_model, range_test=range_start(cosine_task))}
     say(f"{family}/{seed} cosine at lr={best:g}: without {cosine['without']['val_loss']:.4g}, "
-        f"with {cosine['with']['val_loss']:.4g}")
+        f"with {cosine['with']['val_loss']:.4g}, with the range test {cosine['with_range']['val_loss']:.4g}")
     ranged = range_test_runs(family, seed, epochs)
     if ranged is None:
         say(f"{family}/{seed} range test: no room in {epochs} epochs")
@@ -206,6 +226,21 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
     return {"family": family, "seed": seed, "grid": {f"{rate:g}": run for rate, run in grid.items()},
             "best_rate": best, "best_val_loss": finite[best], "initial_val_loss": initial,
             "settings": settings, "cosine": cosine, "range_test": ranged}
+
+
+def _widened(grid, family, seed, epochs):
+    """The finite final losses of `grid`, after adding rates beyond an end where the best sits there."""
+    for _ in range(GRID_WIDENING + 1):
+        finite = {rate: run["val_loss"] for rate, run in grid.items() if math.isfinite(run["val_loss"])}
+        if not finite:
+            raise RuntimeError(f"{family} seed {seed}: every grid rate diverged; the task is broken.")
+        best = min(finite, key=finite.get)
+        beyond = best / GRID_STEP if best == min(grid) else best * GRID_STEP if best == max(grid) else None
+        if beyond is None or len(grid) >= len(GRID) + GRID_WIDENING:
+            return finite
+        beyond = float(f"{beyond:.3g}")
+        grid[beyond] = train_run(evaluation_task(family, seed, beyond), epochs)
+    return finite
 
 
 def evaluate_meta_model(meta_model: str | os.PathLike | keras.Model, families: Sequence[str] = EVALUATION_FAMILIES,
@@ -240,7 +275,26 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     report["all"]["cosine_no_harm"] = _mean(cosine)
     report["all"]["cosine_runs"] = len(cosine)
     report["range_test"] = _range_figures(runs)
+    report["meta_range"] = {setting: _meta_range_figures(runs, setting) for setting in ("all", *SETTINGS)}
+    cosine = [_key(r["cosine"]["with_range"]["val_loss"]) <= 1.05 * _key(r["cosine"]["without"]["val_loss"])
+              for r in runs if "with_range" in r["cosine"]]
+    report["meta_range"]["all"].update(cosine_no_harm=_mean(cosine), cosine_runs=len(cosine))
     return report
+
+
+def _meta_range_figures(runs, setting):
+    """`RANGE_TARGETS`' figures of the `meta_range` arm over the mis-set runs of `setting` ("all": every one)."""
+    cases = [(r, c) for r in runs for name, c in r["settings"].items()
+             if "meta_range" in c and setting in ("all", name)]
+    loss = [_key(c["meta_range"]["val_loss"]) for r, c in cases]
+    anchor = [_key(r["range_test"]["constant"]["val_loss"]) if r.get("range_test") else math.inf for r, c in cases]
+    diverged = [(value, r) for value, (r, c) in zip(loss, cases) if not math.isfinite(c["constant"]["val_loss"])]
+    return {"runs": len(cases),
+            "near_grid_best": _mean([v <= RANGE_NEAR * r["best_val_loss"] for v, (r, c) in zip(loss, cases)]),
+            "beats_range_constant": _mean([v < a for v, a in zip(loss, anchor)]),
+            "harm": _mean([v > 1.1 * _key(c["constant"]["val_loss"]) for v, (r, c) in zip(loss, cases)]),
+            "rescue": _mean([math.isfinite(v) and v < r["initial_val_loss"] for v, r in diverged]),
+            "diverged_runs": len(diverged)}
 
 
 def _range_figures(runs):
@@ -281,17 +335,42 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
               f"| range test, then constant | {ranged['runs']} | {_share(ranged['constant'])} |",
               f"| range test, then cosine | {ranged['runs']} | {_share(ranged['cosine'])} |",
               f"| MetaAdjuster from a mis-set rate | {ranged['meta_runs']} | {_share(ranged['meta_misset'])} |"]
-    lines += ["", "| task | seed | grid-best lr | its val loss | setting: lr, constant / plateau / meta "
-              "| cosine without / with | range test lr: constant / cosine | meta's decisions |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += _meta_range_table(report["meta_range"])
+    lines += ["", "| task | seed | grid-best lr | its val loss | setting: lr, constant / plateau / meta / meta+range "
+              "| cosine without / with / with+range | range test lr: constant / cosine | meta's decisions "
+              "| meta+range's decisions |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        settings = "; ".join(f"{s} {c['learning_rate']:g}: " + " / ".join(_loss(c[a]) for a in ("constant", "plateau", "meta"))
+        arms = ("constant", "plateau", "meta", "meta_range")
+        settings = "; ".join(f"{s} {c['learning_rate']:g}: " + " / ".join(_loss(c[a]) for a in arms if a in c)
                              for s, c in r["settings"].items())
-        decisions = "; ".join(f"{s}: {_decisions(c['meta'])}" for s, c in r["settings"].items())
-        decisions += f"; cosine: {_decisions(r['cosine']['with'])}"
+        cosine = " / ".join(_loss(r["cosine"][a]) for a in ("without", "with", "with_range") if a in r["cosine"])
         lines.append(f"| {r['family']} | {r['seed']} | {r['best_rate']:g} | {r['best_val_loss']:.4g} | {settings} | "
-                     f"{_loss(r['cosine']['without'])} / {_loss(r['cosine']['with'])} | {_ranged(r)} | {decisions} |")
+                     f"{cosine} | {_ranged(r)} | {_all_decisions(r, 'meta', 'with')} | "
+                     f"{_all_decisions(r, 'meta_range', 'with_range')} |")
     return "\n".join(lines)
+
+
+def _meta_range_table(figures):
+    lines = ["", "MetaAdjuster starting from the range test:", "",
+             "| figure | measured | target | met | what |", "|---|---|---|---|---|"]
+    for name, (sense, target, what) in RANGE_TARGETS.items():
+        value = figures["all"][name]
+        reached = value is not None and (value >= target if sense == ">=" else value <= target)
+        lines.append(f"| {name} | {_share(value)} | {sense} {target:g} | {'yes' if reached else 'NO'} | {what} |")
+    lines += ["", "| setting | runs | near grid-best (1.2x) | beats range test then constant | harm | rescue |",
+              "|---|---|---|---|---|---|"]
+    for setting in ("all", *SETTINGS):
+        names = ("near_grid_best", "beats_range_constant", "harm", "rescue")
+        cells = " | ".join(_share(figures[setting][name]) for name in names)
+        lines.append(f"| {setting} | {figures[setting]['runs']} | {cells} |")
+    return lines
+
+
+def _all_decisions(run, arm, cosine_arm):
+    decisions = [f"{s}: {_decisions(c[arm])}" for s, c in run["settings"].items() if arm in c]
+    if cosine_arm in run["cosine"]:
+        decisions.append(f"cosine: {_decisions(run['cosine'][cosine_arm])}")
+    return "; ".join(decisions)
 
 
 def _share(value):
