@@ -1,6 +1,5 @@
 """Out-of-memory recovery on JAX: shrink, retry the same batch from the same state."""
 
-
 import jax
 import keras
 import numpy as np
