@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import keras
 
+from kadapt.batching.jax import host_loop
 from kadapt.batching.oom_recovery import _shrink
 from kadapt.batching.out_of_memory import is_out_of_memory
 
@@ -76,7 +77,11 @@ class JaxTrainFunction:
         # A new function per micro-batch size: `jit` caches its traces by the function, and
         # the size is read while tracing. Donated only without recovery: see the module docstring.
         donate = () if model.max_oom_retries else (0,)
-        return jax.jit(step, donate_argnums=donate)
+        fused = jax.jit(step, donate_argnums=donate)
+        if host_loop.wanted(model):
+            # The state is not donated there: the micro-steps read it after the loop began.
+            return host_loop.HostLoopStep(model, fused)
+        return fused
 
 
 def _iterations(model, state):

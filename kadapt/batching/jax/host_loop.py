@@ -1,0 +1,92 @@
+"""On the CPU: the micro-steps as jitted calls looped on the host, one update after them.
+
+XLA on the CPU runs a convolution's gradient inside a loop body (the fused
+step's `lax.scan`) many times slower than outside one (JAX 0.10; no XLA flag
+changed it), and unrolling the scan lets XLA keep several micro-batches'
+activations alive at once. So on the CPU the same micro-step
+(`JaxAccumulation._micro_step`) is jitted alone and called once per
+micro-batch, then one jitted call applies the float32 sum (`_apply_once`,
+`_track_loss`): the same arithmetic in the same order as the fused step, one
+micro-batch's activations alive at a time (each call ends before the next),
+k + 1 dispatches per logical batch instead of one. Elsewhere (a GPU) the fused
+step runs, one dispatch.
+
+XLA's memory plan (`kadapt.batching.jax.memory_plan.step_plan`) is of the
+fused step; the host loop holds the same buffers between calls (the state, the
+logical batch, the float32 sum) and one micro-step's temporaries within one.
+
+Not used where an output may carry a mask (the logical batch's mask counts
+come from the fused step's inference scan), nor for a single micro-batch (the
+fused step has no loop then).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import keras
+
+from kadapt.batching import ghost_batch_norm
+from kadapt.batching import logical_batch_loss
+
+# Platforms whose XLA runs a convolution's gradient in a loop body slowly (measured on "cpu").
+PLATFORMS = ("cpu",)
+
+
+def wanted(model: keras.Model) -> bool:
+    """Whether `model`'s accumulating step should loop on the host here."""
+    return jax.devices()[0].platform in PLATFORMS and not logical_batch_loss.may_mask(model)
+
+
+class HostLoopStep:
+    """Callable `(state, data) -> (logs, state)`: one logical batch, its
+    micro-steps looped on the host; `fused` (the jitted one-call step) where
+    the batch is one micro-batch.
+
+    Args:
+        model: An accumulating model (`kadapt.AccumulatingTrainStep`) on JAX.
+        fused: The jitted fused step for the model's micro-batch size.
+    """
+
+    def __init__(self, model: keras.Model, fused: Any) -> None:
+        self.model, self.fused = model, fused
+        self._micro_step = jax.jit(self._micro_step_of, static_argnames=("num_micro", "logical_rows"))
+        self._finish = jax.jit(self._finish_of, static_argnames=("logical_rows",))
+
+    def __call__(self, state: tuple, data: Any) -> tuple[dict[str, Any], tuple]:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        rows = _rows(x)
+        micro = min(self.model.micro_batch_size, rows)
+        num_full, tail = divmod(rows, micro)
+        if num_full + (tail > 0) < 2:
+            return self.fused(state, data)
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        carry = ([jax.numpy.zeros(v.shape, "float32") for v in trainable], jax.numpy.zeros((), "float32"),
+                 non_trainable, metrics_variables)
+        step = functools.partial(self._micro_step, trainable=trainable, optimizer_variables=optimizer_variables,
+                                 sample_weight=sample_weight, num_micro=num_full + (tail > 0), logical_rows=rows)
+        for start in range(0, rows, micro):
+            carry = step(carry, _slice((x, y, sample_weight), start, start + micro))
+        return self._finish(carry, trainable, optimizer_variables, logical_rows=rows)
+
+    def _micro_step_of(self, carry, rows, trainable, optimizer_variables, sample_weight, num_micro, logical_rows):
+        model = self.model
+        context = (trainable, optimizer_variables, logical_batch_loss.LogicalTotals(sample_weight), logical_rows)
+        with ghost_batch_norm.per_logical_step_momentum(ghost_batch_norm.batch_norm_layers(model), num_micro):
+            return model._micro_step(carry, rows, context)
+
+    def _finish_of(self, carry, trainable, optimizer_variables, logical_rows):
+        gradients, loss, non_trainable, metrics_variables = carry
+        trainable, optimizer_variables = self.model._apply_once(gradients, trainable, optimizer_variables)
+        logs, metrics_variables = self.model._track_loss(loss, logical_rows, metrics_variables)
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+
+def _rows(x):
+    return next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
+
+
+def _slice(batch, start, end):
+    return keras.tree.map_structure(lambda t: None if t is None else t[start:end], batch)
