@@ -49,9 +49,7 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
     the first step's peak checked where the model trains (`FirstStepCheck`)."""
     if keras.backend.backend() == "jax":  # XLA's plan: no allocator statistics, region or first-step check
         return resolve_planned_micro_batch(model, x, y, batch_size, sample_weight)
-    data = x if probe.is_dataset(x) else (x, y, sample_weight)
-    sample = probe.sample_rows(data)
-    cap = _logical_batch_size(x, sample, batch_size)
+    data, sample, cap = _data_sample_and_cap(x, y, batch_size, sample_weight)
     budget = device_budget(model.memory_budget)
     key = cache_key(model, sample, budget, cap)
     cached = _read_cache().get(key)
@@ -147,6 +145,14 @@ def _cached_memory_model(entry):
     """The memory model of a cache entry's probe (`None` where it had none)."""
     found = entry.get("probe", {}).get("memory_model")
     return None if found is None else MemoryModel(**found)
+
+
+def _data_sample_and_cap(x, y, batch_size, sample_weight):
+    """What `fit` was given (a dataset, or `(x, y, sample_weight)`), its first rows and the
+    logical batch size (the largest micro-batch worth having)."""
+    data = x if probe.is_dataset(x) else (x, y, sample_weight)
+    sample = probe.sample_rows(data)
+    return data, sample, _logical_batch_size(x, sample, batch_size)
 
 
 def _logical_batch_size(x, sample, batch_size):
@@ -255,9 +261,7 @@ def resolve_planned_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: 
     so a cached size is not checked again on the first step."""
     from kadapt.batching.jax.probe import plan_budget  # JAX is optional
 
-    data = x if probe.is_dataset(x) else (x, y, sample_weight)
-    sample = probe.sample_rows(data)
-    cap = _logical_batch_size(x, sample, batch_size)
+    data, sample, cap = _data_sample_and_cap(x, y, batch_size, sample_weight)
     budget = plan_budget(model.memory_budget)
     key = plan_cache_key(model, sample, budget, cap)
     cached = _read_cache().get(key)
