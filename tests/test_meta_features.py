@@ -124,3 +124,19 @@ def test_rebaseline_after_a_rollback_accepts_the_restored_level():
     fire(trigger, [1.0, 0.1, 0.1])
     trigger.rebaseline(0.5)  # the restored state's loss
     assert trigger.update(0.5) is None
+
+
+@pytest.mark.parametrize("suggestion, learning_rate, gap, known", [
+    (1e-2, 1e-4, 0.5, 1.0),  # two decades too low: log10(100) / 4
+    (1e-3, 1e-1, -0.5, 1.0),
+    (1e3, 1e-3, 1.0, 1.0),  # six decades: clipped at four
+    (None, 1e-2, 0.0, 0.0),  # no range test ran
+    (float("nan"), 1e-2, 0.0, 0.0),
+])
+def test_range_test_gap_is_the_suggestion_over_the_live_rate(suggestion, learning_rate, gap, known):
+    history = FeatureHistory()
+    history.observe(Observation(step=1, loss=1.0, val_loss=None, learning_rate=learning_rate, momentum=0.9,
+                                weights=np.ones(2), budget_used=0.1, range_test_rate=suggestion))
+    row = history.window()[-1]
+    assert row[COLUMN["range_test_gap"]] == pytest.approx(gap, rel=1e-6)
+    assert row[COLUMN["range_test_known"]] == known

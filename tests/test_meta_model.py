@@ -18,6 +18,7 @@ from kadapt.meta.actions import ACTIONS
 from kadapt.meta.actions import KEEP
 from kadapt.meta.collect import Snapshot
 from kadapt.meta.collect import TaskRun
+from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import WINDOW
 from kadapt.meta.meta_model import MaskedScoreError
@@ -60,6 +61,23 @@ def test_a_branch_restores_the_snapshot_exactly():
     assert first["hyperparameters"]["learning_rate"] == rate  # recorded before the action
     assert first["continue_history"].window()[-1, FEATURE_NAMES.index("log_learning_rate")] == pytest.approx(
         math.log10(rate * 10) / 4, rel=1e-5)
+
+
+def test_a_range_tested_task_records_its_suggestion_against_the_live_rate():
+    task = tasks.make_task("iris", 0, learning_rate=1e-4, optimizer="sgd", schedule="constant")
+    run = TaskRun(task, CollectionConfig(total_epochs=8, horizon_epochs=1), np.random.default_rng(0))
+    reference = RangeTestStart(task.data[0], task.data[1], task.batch_size, seed=task.seed)
+    weights = run.model.get_weights()
+    suggestion = run.range_test()
+    for before, after in zip(weights, run.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(before, after)  # the test left the task's start as it was
+    assert suggestion == float(reference.run(run.model, reference.num_steps(run.total_steps)).suggestion)
+    run.range_test_rate = suggestion
+    run.train(run.observe_every, run.history)
+    row = run.history.window()[-1]
+    assert row[FEATURE_NAMES.index("range_test_known")] == 1.0
+    assert row[FEATURE_NAMES.index("range_test_gap")] == pytest.approx(
+        np.clip(math.log10(suggestion / 1e-4) / 4, -1, 1), rel=1e-5)
 
 
 def test_decision_data_groups_records_and_targets_score_differences_to_keep():

@@ -11,7 +11,7 @@ from kadapt.meta import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 
 LR_DOWN_10, LR_DOWN_3, LR_UP_3, LR_UP_10, MOMENTUM_HIGH = 0, 1, 3, 4, 6
-WINDOW = np.zeros((8, 13), "float32")
+WINDOW = np.zeros((8, 15), "float32")
 
 
 def predicting(best, gain=0.5):

@@ -10,6 +10,7 @@ from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
 from kadapt.meta import Trigger
 from kadapt.meta.actions import KEEP
+from kadapt.meta.features import FEATURE_NAMES
 from kadapt.range_test import curve
 from kadapt.range_test import find
 
@@ -47,6 +48,10 @@ def test_a_mis_set_rate_moves_to_the_suggestion_and_trains_as_if_started_there()
     suggestion = decision["range_test"]["suggestion"]
     assert decision["trigger"] == "range_test" and decision["range_test"]["steps_run"] == TEST_STEPS
     assert adjuster.get_state()["range_test_steps"] == TEST_STEPS  # a resume counts them, and does not test again
+    assert adjuster.get_state()["range_test_rate"] == suggestion  # and the meta-model keeps seeing it
+    gap = adjuster.history.window()[-1, FEATURE_NAMES.index("range_test_gap")]
+    assert adjuster.history.window()[-1, FEATURE_NAMES.index("range_test_known")] == 1.0
+    assert gap == pytest.approx(0.0, abs=1e-6)  # the live rate was moved onto the suggestion
     assert decision["action"] == f"range test: lr x{suggestion / 1e-5:.3g}"
     # The test's steps were charged: fit trained the rest of the 80 steps, the weights restored before.
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - TEST_STEPS

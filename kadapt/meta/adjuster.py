@@ -91,6 +91,9 @@ class MetaAdjuster(keras.callbacks.Callback):
     the live rate is more than the start's `factor` off the suggestion, the
     rate is set to it ("range test: lr x..."); otherwise, or where the curve
     gives no rate (it never fell), the rate is kept and the reason logged.
+    The suggestion then stays in every observation the meta-model sees (the
+    `range_test_gap` feature: how far the live rate is from it), so the
+    meta-model, trained on runs with and without a test, can act on it later.
     The test's steps are charged to the run: counted as steps trained, and
     `fit` ends once the two together reach `epochs x steps per epoch`.
 
@@ -187,6 +190,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._scheduled = []
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
+        self._range_test_rate = None  # the test's suggestion: a feature of every later observation
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / DECISIONS_FILE).touch()
@@ -280,6 +284,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._log_range_test("keep", {"why": str(error), "learning_rate": live})
             return
         self._charge(result.steps_run)
+        self._range_test_rate = float(result.suggestion)
         detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
         rate = self.range_test.choose(live, result.suggestion)
         if rate is None:
@@ -388,7 +393,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         observation = observe_model(self.model, self._step, loss, val_loss, self._budget_used(),
-                                    epochs * steps if epochs and steps else None)
+                                    epochs * steps if epochs and steps else None, self._range_test_rate)
         self._rates = observation.learning_rate, observation.momentum
         return observation
 
@@ -428,7 +433,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         return {"history": self.history.get_state(), "trigger": self.trigger.get_state(), "policy": state,
                 "last_good": rollback.to_state(self._last_good), "pending": rollback.to_state(self._pending),
                 "scheduled": list(self._scheduled), "initial_learning_rate": float(self._initial_learning_rate),
-                "range_test_steps": self._range_test_steps, "decisions": copy.deepcopy(self.decisions)}
+                "range_test_steps": self._range_test_steps, "range_test_rate": self._range_test_rate,
+                "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores what `get_state` returned, into the running `fit` of the same model.
@@ -445,6 +451,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._initial_learning_rate = float(state["initial_learning_rate"])
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
+        self._range_test_rate = state.get("range_test_rate")
         self.decisions = list(state["decisions"])
         if self.log_dir is not None:
             lines = "".join(json.dumps(decision) + "\n" for decision in self.decisions)

@@ -20,6 +20,12 @@ decision point comes at once and every branch starts from the last good state:
 the meta-model learns what to do after a rollback, which is what
 `MetaAdjuster` does on divergence.
 
+Two tasks in three start with a learning-rate range test from the initial
+state (`RangeTestStart`'s, seeded; the state is put back, the rate is not
+moved): its suggestion is a feature of every later observation
+(`range_test_gap`), so the records hold runs with and without a suggestion and
+show when following it pays.
+
 The score of a candidate is log(val_loss at the end / val_loss before),
 clipped to [-5, 5]; a diverged branch scores 5. Lower is better.
 """
@@ -48,6 +54,7 @@ from kadapt.meta.adjustment_record import AdjustmentRecord
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.observation import observe_model
+from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import checked_lease
@@ -57,6 +64,7 @@ if TYPE_CHECKING:
     from kadapt.meta.tasks import Task
 
 DIVERGED_SCORE = 5.0
+RANGE_TEST_SHARE = 2 / 3  # of the tasks start with a range test; the rest show runs without one
 _TINY_LOSS = 1e-8  # a validation loss can reach 0.0 in float32 on an easy task
 
 
@@ -256,18 +264,32 @@ class TaskRun:
         self.total_steps = config.total_epochs * self.observe_every
         self.model = task.build(self.total_steps)
         self.history = FeatureHistory()
+        self.range_test_rate = None
         self.step = 0
         self.last_good = None
         self.records = []
 
     def run(self):
         x_val, y_val = self.task.data[2], self.task.data[3]
+        if self.rng.random() < RANGE_TEST_SHARE:
+            self.range_test_rate = self.range_test()
         initial = float(self.model.evaluate(x_val, y_val, verbose=0))
         self.last_good = Snapshot.take(self.model, self.batches, 0, initial)
         self.train(self.observe_every * 2, self.history)
         while self.step + self.horizon <= self.total_steps and self.decide():
             pass
         return self.records
+
+    def range_test(self):
+        """The range test's suggestion from the initial state (left as it was); `None` without one."""
+        start = RangeTestStart(self.task.data[0], self.task.data[1], self.task.batch_size, seed=self.task.seed)
+        num_steps = start.num_steps(self.total_steps)
+        if num_steps is None:
+            return None
+        try:
+            return float(start.run(self.model, num_steps).suggestion)
+        except ValueError:  # a curve no rate can be read off
+            return None
 
     def decide(self):
         """Branches once; returns whether the main line can go on."""
@@ -337,7 +359,7 @@ class TaskRun:
         val_loss = float(self.model.test_on_batch(x_val, y_val))
         # The same observation as the MetaAdjuster's (kadapt.meta.observation): trainable weights.
         observation = observe_model(self.model, self.step, float(loss), val_loss,
-                                    min(self.step / self.total_steps, 1.0), self.total_steps)
+                                    min(self.step / self.total_steps, 1.0), self.total_steps, self.range_test_rate)
         history.observe(observation)
         finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(observation.weights)))
         if finite and history is self.history:
@@ -349,7 +371,7 @@ class TaskRun:
         return {"optimizer": self.task.optimizer, "batch_size": self.task.batch_size,
                 "schedule": self.task.schedule, "architecture": self.task.architecture,
                 "loss": self.task.loss, "learning_rate": applied_learning_rate(optimizer),
-                "momentum": current_momentum(optimizer)}
+                "momentum": current_momentum(optimizer), "range_test_rate": self.range_test_rate}
 
     def record(self, window, base, action_index, branch, before, rollback):
         after, short = branch["val_loss"], branch["short_val_loss"]

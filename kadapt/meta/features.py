@@ -24,6 +24,8 @@ V_t (L_t when there is none) and the run's first observation's L_0, V_0:
 | 10| `nonfinite`         | 1 when the loss or the weights are NaN/Inf          |
 | 11| `above_best`        | log(V_t / min V so far), clipped to [0, 10]         |
 | 12| `schedule_ahead`    | log10(scheduled rate a quarter budget ahead / now)/4|
+| 13| `range_test_gap`    | log10(range test's suggestion / applied rate)/4     |
+| 14| `range_test_known`  | 1 when a range test gave a suggestion, else 0       |
 
 `schedule_ahead` is 0 for a constant rate, negative while a schedule decays
 (a cosine near its end reaches -1, the clip) and positive in a warm-up; with
@@ -44,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 WINDOW = 8
 SLOPE_SPAN = 4
 FEATURE_NAMES = (
@@ -61,6 +63,8 @@ FEATURE_NAMES = (
     "nonfinite",
     "above_best",
     "schedule_ahead",
+    "range_test_gap",
+    "range_test_known",
 )
 FEATURE_SPEC = {"version": FEATURE_VERSION, "window": WINDOW, "names": list(FEATURE_NAMES)}
 _LOG_CLIP = 10.0
@@ -82,6 +86,9 @@ class Observation:
         schedule_ahead: Float >= 0. The scheduled learning rate a quarter of
             the budget ahead over the scheduled rate now (`schedule_ratio`);
             `1.0` for a constant rate. Defaults to `1.0`.
+        range_test_rate: Float or `None`. The rate a learning-rate range
+            test suggested for this run (`kadapt.find_learning_rate`);
+            `None` when none ran. Defaults to `None`.
     """
 
     step: int
@@ -92,6 +99,7 @@ class Observation:
     weights: np.ndarray
     budget_used: float
     schedule_ahead: float = 1.0
+    range_test_rate: float | None = None
 
 
 class FeatureHistory:
@@ -103,7 +111,7 @@ class FeatureHistory:
     history = FeatureHistory()
     history.observe(Observation(step=10, loss=2.3, val_loss=2.2, learning_rate=0.1,
                                 momentum=0.9, weights=flat_weights, budget_used=0.1))
-    window = history.window()  # float32, shape (8, 12)
+    window = history.window()  # float32, shape (8, 15)
     ```
     """
 
@@ -145,6 +153,7 @@ class FeatureHistory:
             0.0 if finite_losses and finite_weights else 1.0,
             _above_best(self._val),
             float(np.clip(_log10(observation.schedule_ahead) / 4.0, -1.0, 1.0)),
+            *_range_test_columns(observation.range_test_rate, observation.learning_rate),
         ]
         self._rows.append(np.nan_to_num(np.asarray(row, "float32"), nan=0.0, posinf=0.0, neginf=0.0))
 
@@ -202,6 +211,13 @@ def schedule_ratio(optimizer: Any, step: int, total_steps: int | None) -> float:
     now = float(keras.ops.convert_to_numpy(schedule(step)))
     later = float(keras.ops.convert_to_numpy(schedule(ahead)))
     return later / now if now > 0 and math.isfinite(later) else 1.0
+
+
+def _range_test_columns(suggestion, learning_rate):
+    """`range_test_gap` and `range_test_known`: (0, 0) without a usable suggestion or rate."""
+    if not (_finite(suggestion) and suggestion > 0 and _finite(learning_rate) and learning_rate > 0):
+        return 0.0, 0.0
+    return float(np.clip(math.log10(suggestion / learning_rate) / 4.0, -1.0, 1.0)), 1.0
 
 
 def _finite(value):

@@ -29,7 +29,8 @@ def trainable_weights(model: keras.Model) -> np.ndarray:
 
 
 def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | None,
-                  budget_used: float, total_steps: int | None) -> Observation:
+                  budget_used: float, total_steps: int | None,
+                  range_test_rate: float | None = None) -> Observation:
     """The `Observation` of `model` and its optimizer as they are now.
 
     Args:
@@ -39,6 +40,8 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
         val_loss: Float or `None`. The validation loss, when measured.
         budget_used: Float in [0, 1]. Fraction of the planned steps done.
         total_steps: Int or `None`. The planned steps, for `schedule_ahead`.
+        range_test_rate: Float or `None`. The range test's suggestion for
+            this run, when one ran. Defaults to `None`.
 
     Example:
 
@@ -53,4 +56,4 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
         step=int(step), loss=float(loss), val_loss=None if val_loss is None else float(val_loss),
         learning_rate=applied_learning_rate(optimizer), momentum=current_momentum(optimizer),
         weights=trainable_weights(model), budget_used=float(budget_used),
-        schedule_ahead=schedule_ratio(optimizer, step, total_steps))
+        schedule_ahead=schedule_ratio(optimizer, step, total_steps), range_test_rate=range_test_rate)
