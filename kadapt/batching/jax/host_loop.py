@@ -5,10 +5,10 @@ step's `lax.scan`) many times slower than outside one (JAX 0.10; no XLA flag
 changed it), and unrolling the scan lets XLA keep several micro-batches'
 activations alive at once. So on the CPU the same micro-step
 (`JaxAccumulation._micro_step`) is jitted alone and called once per
-micro-batch, then one jitted call applies the float32 sum (`_apply_once`,
+micro-batch, the last of them also applying the float32 sum (`_apply_once`,
 `_track_loss`): the same arithmetic in the same order as the fused step, one
 micro-batch's activations alive at a time (each call ends before the next),
-k + 1 dispatches per logical batch instead of one. Elsewhere (a GPU) the fused
+k dispatches per logical batch instead of one. Elsewhere (a GPU) the fused
 step runs, one dispatch.
 
 XLA's memory plan (`kadapt.batching.jax.memory_plan.step_plan`) is of the
@@ -45,6 +45,11 @@ class HostLoopStep:
     micro-steps looped on the host; `fused` (the jitted one-call step) where
     the batch is one micro-batch.
 
+    One dispatch per micro-batch: each call slices its rows out of the
+    logical batch inside the jitted step, the first also starts the float32
+    sum, and the last also applies it (no host-side slices or zeros, each of
+    which would be a dispatch of its own).
+
     Args:
         model: An accumulating model (`kadapt.AccumulatingTrainStep`) on JAX.
         fused: The jitted fused step for the model's micro-batch size.
@@ -52,41 +57,45 @@ class HostLoopStep:
 
     def __init__(self, model: keras.Model, fused: Any) -> None:
         self.model, self.fused = model, fused
-        self._micro_step = jax.jit(self._micro_step_of, static_argnames=("num_micro", "logical_rows"))
-        self._finish = jax.jit(self._finish_of, static_argnames=("logical_rows",))
+        self._step = jax.jit(self._step_of, static_argnames=("size", "first", "last", "num_micro", "logical_rows"))
 
     def __call__(self, state: tuple, data: Any) -> tuple[dict[str, Any], tuple]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         rows = _rows(x)
         micro = min(self.model.micro_batch_size, rows)
-        num_full, tail = divmod(rows, micro)
-        if num_full + (tail > 0) < 2:
+        starts = range(0, rows, micro)
+        if len(starts) < 2:
             return self.fused(state, data)
         trainable, non_trainable, optimizer_variables, metrics_variables = state
-        carry = ([jax.numpy.zeros(v.shape, "float32") for v in trainable], jax.numpy.zeros((), "float32"),
-                 non_trainable, metrics_variables)
-        step = functools.partial(self._micro_step, trainable=trainable, optimizer_variables=optimizer_variables,
-                                 sample_weight=sample_weight, num_micro=num_full + (tail > 0), logical_rows=rows)
-        for start in range(0, rows, micro):
-            carry = step(carry, _slice((x, y, sample_weight), start, start + micro))
-        return self._finish(carry, trainable, optimizer_variables, logical_rows=rows)
+        step = functools.partial(self._step, trainable=trainable, optimizer_variables=optimizer_variables,
+                                 batch=(x, y, sample_weight), num_micro=len(starts), logical_rows=rows)
+        carry = (non_trainable, metrics_variables)
+        for start in starts:
+            carry = step(carry, start=start, size=min(micro, rows - start), first=start == 0,
+                         last=start == starts[-1])
+        return carry
 
-    def _micro_step_of(self, carry, rows, trainable, optimizer_variables, sample_weight, num_micro, logical_rows):
+    def _step_of(self, carry, trainable, optimizer_variables, batch, start, size, first, last, num_micro,
+                 logical_rows):
+        """One micro-step on rows `start:start + size`; the first starts the sum
+        from `carry = (non_trainable, metrics)`, the last ends in the update."""
         model = self.model
+        if first:
+            carry = ([jax.numpy.zeros(v.shape, "float32") for v in trainable], jax.numpy.zeros((), "float32"),
+                     *carry)
+        rows = keras.tree.map_structure(
+            lambda t: None if t is None else jax.lax.dynamic_slice_in_dim(t, start, size), batch)
+        sample_weight = batch[2]
         context = (trainable, optimizer_variables, logical_batch_loss.LogicalTotals(sample_weight), logical_rows)
         with ghost_batch_norm.per_logical_step_momentum(ghost_batch_norm.batch_norm_layers(model), num_micro):
-            return model._micro_step(carry, rows, context)
-
-    def _finish_of(self, carry, trainable, optimizer_variables, logical_rows):
+            carry = model._micro_step(carry, rows, context)
+        if not last:
+            return carry
         gradients, loss, non_trainable, metrics_variables = carry
-        trainable, optimizer_variables = self.model._apply_once(gradients, trainable, optimizer_variables)
-        logs, metrics_variables = self.model._track_loss(loss, logical_rows, metrics_variables)
+        trainable, optimizer_variables = model._apply_once(gradients, trainable, optimizer_variables)
+        logs, metrics_variables = model._track_loss(loss, logical_rows, metrics_variables)
         return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
 
 
 def _rows(x):
     return next(t for t in keras.tree.flatten(x) if t is not None).shape[0]
-
-
-def _slice(batch, start, end):
-    return keras.tree.map_structure(lambda t: None if t is None else t[start:end], batch)
