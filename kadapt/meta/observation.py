@@ -18,13 +18,14 @@ import numpy as np
 
 from kadapt.meta.features import Observation
 from kadapt.meta.features import schedule_ratio
+from kadapt.meta.host_reads import read_to_host
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 
 
 def trainable_weights(model: keras.Model) -> np.ndarray:
     """The model's trainable weights, flattened into one float array (a host copy)."""
-    arrays = [np.ravel(v.numpy()) for v in model.trainable_variables]
+    arrays = [np.ravel(a) for a in read_to_host(model.trainable_variables)]
     return np.concatenate(arrays) if arrays else np.zeros(0, "float32")
 
 

@@ -17,6 +17,8 @@ import math
 import keras
 import numpy as np
 
+from kadapt.meta.host_reads import read_to_host
+
 # The live channels and the step count: not part of what a rollback undoes.
 NOT_ROLLED_BACK = frozenset({"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"})
 
@@ -48,9 +50,11 @@ def take(model: keras.Model, value: float = math.inf) -> RollbackPoint:
     restore(model, point)
     ```
     """
-    optimizer = [None if v.name in NOT_ROLLED_BACK else v.numpy()
-                 for v in model.optimizer.variables]
-    return RollbackPoint([v.numpy() for v in model.variables], optimizer, float(value))
+    slots = [v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK]
+    values = read_to_host([*model.variables, *slots])
+    weights, slot_values = values[:len(model.variables)], iter(values[len(model.variables):])
+    optimizer = [None if v.name in NOT_ROLLED_BACK else next(slot_values) for v in model.optimizer.variables]
+    return RollbackPoint(weights, optimizer, float(value))
 
 
 def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = False) -> None:
