@@ -1,5 +1,5 @@
 """The training problem of tests/test_multi_worker.py, shared by the workers and the oracle:
-39 rows (the last batch of 16 has 7, split 4/3 over two workers; micro-batches of 3 leave
+71 rows (the last batch of 16 has 7, split 4/3 over two workers; micro-batches of 3 leave
 ragged tails), reshuffled every epoch (seeded), SGD with momentum and a cosine schedule counted
 in logical steps."""
 
@@ -19,7 +19,7 @@ import postgres
 
 import kadapt
 
-ROWS, BATCH, MICRO, EPOCHS = 39, 16, 3, 3
+ROWS, BATCH, MICRO, EPOCHS = 71, 16, 3, 3
 NOISE_MICRO = 4  # each worker's 8 rows as 2 micro-batches: the same micro-batches as one process's 16 in 4
 STEPS = EPOCHS * -(-ROWS // BATCH)
 
