@@ -3,9 +3,12 @@
 ragged tails), reshuffled every epoch (seeded), SGD with momentum and a cosine schedule counted
 in logical steps."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -57,10 +60,35 @@ JOB = Path(__file__).with_name("multi_worker_job.py")
 ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1"}
 JOB_TIMEOUT_SECONDS = 300  # bound on one whole multi-worker job
 COLLECTIVE_TIMEOUT_SECONDS = 200  # a collective may wait this long for a slow peer
+LOST_PEER_TIMEOUT_SECONDS = 80  # the exactness job's: a killed peer is noticed within this
 
 
 def run_workers(count, output, *arguments):
     """Runs `count` workers of multi_worker_job.py on free 127.0.0.1 ports; ends them all."""
+    with _workers(count, output, arguments) as processes:
+        for process in processes:
+            process.wait(timeout=JOB_TIMEOUT_SECONDS)
+    codes = [process.returncode for process in processes]
+    assert codes == [0] * count, _logs(output, count)
+
+
+def run_workers_until_one_is_killed(output, scenario, lost_peer_seconds):
+    """Runs 2 workers; once worker 0 marks `worker-0.started`, kills worker 1 and waits at most
+    `lost_peer_seconds` for worker 0 to end: its exit code and the seconds it took."""
+    with _workers(2, output, [scenario]) as processes:
+        started, deadline = Path(output) / "worker-0.started", time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not started.exists() and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in processes), "a worker ended early\n" + _logs(output, 2)
+            time.sleep(0.1)
+        processes[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = processes[0].wait(timeout=lost_peer_seconds)
+        return code, time.monotonic() - killed_at
+
+
+@contextlib.contextmanager
+def _workers(count, output, arguments):
+    """`count` workers of multi_worker_job.py on free 127.0.0.1 ports, logging to `output`; all ended on exit."""
     ports = ",".join(str(postgres.free_port()) for _ in range(count))
     environment = {**os.environ, **ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     environment.pop("TF_CONFIG", None)
@@ -69,17 +97,18 @@ def run_workers(count, output, *arguments):
                                   env=environment, stdout=log, stderr=subprocess.STDOUT)
                  for index, log in enumerate(logs)]
     try:
-        for process in processes:
-            process.wait(timeout=JOB_TIMEOUT_SECONDS)
+        yield processes
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
-                process.wait()
+            process.wait()
         for log in logs:
             log.close()
-    codes = [process.returncode for process in processes]
-    assert codes == [0] * count, "\n".join((Path(output) / f"worker-{i}.log").read_text()[-3000:] for i in range(count))
+
+
+def _logs(output, count):
+    return "\n".join((Path(output) / f"worker-{i}.log").read_text()[-3000:] for i in range(count))
 
 
 def plain_keras_run():

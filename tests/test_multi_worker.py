@@ -3,29 +3,31 @@
 against one process training the whole batch with plain Keras (the oracle)."""
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import kadapt
 import multi_worker_oracle as oracle
-import postgres
 
-LOST_PEER_SECONDS = 90  # bound on how long a worker may take to notice that its peer is gone
+# Bound on how long a worker may take to notice that its peer is gone: its collective timeout, and
+# time to write the error and exit on a loaded machine.
+LOST_PEER_SECONDS = oracle.LOST_PEER_TIMEOUT_SECONDS + 40
 
 
 @pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
-    """The "exactness" job on two workers: its output directory."""
+def cluster(tmp_path_factory):
+    """The "exactness" job on two workers, worker 1 killed once it is done: its output directory,
+    and worker 0's exit code and the seconds it took to end after the kill."""
     output = tmp_path_factory.mktemp("two-workers")
-    oracle.run_workers(2, output, "exactness")
-    return output
+    code, waited = oracle.run_workers_until_one_is_killed(output, "exactness", LOST_PEER_SECONDS)
+    return output, code, waited
+
+
+@pytest.fixture(scope="module")
+def two_workers(cluster):
+    return cluster[0]
 
 
 @pytest.fixture(scope="module")
@@ -62,28 +64,11 @@ def test_the_noise_scale_counts_every_workers_micro_batches(two_workers):
         np.testing.assert_allclose(np.load(two_workers / f"noise-worker-{index}.npy"), expected, rtol=1e-4)
 
 
-def test_a_killed_worker_makes_the_other_exit_with_a_clear_error(tmp_path):
-    ports = ",".join(str(postgres.free_port()) for _ in range(2))
-    environment = {**os.environ, **oracle.ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    processes = [subprocess.Popen([sys.executable, str(oracle.JOB), str(index), ports, str(tmp_path), "killed"],
-                                  env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for index in range(2)]
-    try:
-        deadline = time.monotonic() + oracle.JOB_TIMEOUT_SECONDS
-        while not (tmp_path / "worker-0.started").exists() and time.monotonic() < deadline:
-            assert all(p.poll() is None for p in processes), "a worker ended before training"
-            time.sleep(0.1)
-        processes[1].send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        code = processes[0].wait(timeout=LOST_PEER_SECONDS)
-        waited = time.monotonic() - killed_at
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
+def test_a_killed_worker_makes_the_other_exit_with_a_clear_error(cluster):
+    # The cluster's workers train on after their checks until worker 1 is killed.
+    output, code, waited = cluster
     assert code == 3 and waited < LOST_PEER_SECONDS
-    error = (tmp_path / "worker-0.error").read_text()
+    error = (output / "worker-0.error").read_text()
     assert error.startswith("WorkerLostError: A worker of the multi-worker job stopped answering mid-run")
     assert "restart all of them" in error and "\n" not in error
 

@@ -40,7 +40,7 @@ def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as
     scratch.mkdir()
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(scratch)}
     environment.pop("TF_CONFIG", None)
-    command = [sys.executable, "-m", "kadapt.cli", "train", "--data", "tiny.npz", "--model", "small_cnn",
+    command = [sys.executable, "-m", "kadapt.cli", "train", "--data", "tiny.npz", "--model", "mlp",
                "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", str(EPOCHS),
                "--out", "runs/two", "--workers", "2"]
     run = tmp_path / "runs" / "two"
