@@ -23,7 +23,8 @@ def _cnn(jit_compile="auto", side=SIDE):
         [
             keras.Input((side, side, 1)),
             keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            # 1x1: the activations, so the peaks, of a 3x3 convolution at a ninth of its arithmetic.
+            keras.layers.Conv2D(32, 1, activation="relu"),
             keras.layers.GlobalAveragePooling2D(),
             keras.layers.Dense(10),
         ]

@@ -21,7 +21,8 @@ def _cnn(batch_norm=False, jit_compile="auto", side=SIDE):
     layers = [keras.Input((side, side, 1)), keras.layers.Conv2D(32, 3, padding="same", activation="relu")]
     if batch_norm:
         layers += [keras.layers.BatchNormalization(), keras.layers.Dropout(0.3)]
-    layers += [keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+    # 1x1: the activations, so the peaks, of a 3x3 convolution at a ninth of its arithmetic.
+    layers += [keras.layers.Conv2D(32, 1, activation="relu"),
                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
     model = keras.Sequential(layers)
     model.compile(
