@@ -211,7 +211,7 @@ def test_dataset_input_and_prefer_fastest():
 
 
 def test_budget_smaller_than_one_sample():
-    x = np.ones((8, 64), "float32")
+    x = np.ones((4, 64), "float32")  # trials of 4 rows, then 1
     with pytest.raises(ValueError, match=r"`memory_budget` is smaller than one sample's training step.*Received: memory_budget=1,000 bytes"):
         kadapt.probe_micro_batch(_dense(64), (x, x), memory_budget=1000)
 
