@@ -12,17 +12,17 @@ from helpers import OutOfMemoryOnReplicaAbove
 from helpers import max_relative_difference
 
 
-def _model(rows_that_fit, batch_norm=False, seed=0, replica=0, jit_compile="auto", allocates=False):
+def _model(rows_that_fit, batch_norm=False, seed=0, jit_compile="auto", allocates=False):
     """`allocates`: a real allocation fails, after TensorFlow's allocator has
-    retried it for 10 s; else the same error is raised at once in the step
-    (outside a strategy, the one replica is replica 0)."""
+    retried it for 10 s; else the same error is raised at once in the step by
+    replica 0 (outside a strategy, the one replica)."""
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((5,))]
     if batch_norm:
         layers.append(keras.layers.BatchNormalization())
     if rows_that_fit is not None:
         layers.append(OutOfMemoryAbove(rows_that_fit) if allocates
-                      else OutOfMemoryOnReplicaAbove(rows_that_fit, replica))
+                      else OutOfMemoryOnReplicaAbove(rows_that_fit, 0))
     layers += [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
     model = keras.Sequential(layers)
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"],
