@@ -13,13 +13,18 @@ from kadapt.batching import probe
 from kadapt.batching.memory_model import MemoryModel
 
 
-def _cnn(jit_compile="auto"):
+SIDE = 28  # pixels: a step of 128 rows peaks tens of MiB above what is resident
+SMALL_SIDE = 8  # pixels: where no peak is compared with a budget
+
+
+def _cnn(jit_compile="auto", side=SIDE):
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
-            keras.Input((28, 28, 1)),
+            keras.Input((side, side, 1)),
             keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            # 1x1: the activations, so the peaks, of a 3x3 convolution at a ninth of its arithmetic.
+            keras.layers.Conv2D(32, 1, activation="relu"),
             keras.layers.GlobalAveragePooling2D(),
             keras.layers.Dense(10),
         ]
@@ -34,9 +39,9 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KADAPT_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _data(rows=128):
+def _data(rows=128, side=SIDE):
     rng = np.random.default_rng(0)
-    return rng.random((rows, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, rows)
+    return rng.random((rows, side, side, 1), dtype=np.float32), rng.integers(0, 10, rows)
 
 
 def test_auto_probes_at_first_fit_then_reuses_the_cache(tmp_path, monkeypatch):
@@ -114,9 +119,9 @@ def test_the_cache_key_holds_what_a_peak_depends_on(monkeypatch):
 # XLA: as Keras runs the step on a GPU (`jit_compile="auto"` is True there).
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
 def test_auto_with_a_dataset_caps_at_its_batch(jit_compile):
-    x, y = _data(rows=32)
+    x, y = _data(rows=32, side=SMALL_SIDE)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    model = kadapt.accumulate(_cnn(jit_compile), "auto", memory_budget="1GiB")
+    model = kadapt.accumulate(_cnn(jit_compile, side=SMALL_SIDE), "auto", memory_budget="1GiB")
     model.fit(dataset, epochs=1, verbose=0)
     assert model.jit_compile == jit_compile
     assert model.micro_batch_size == 16

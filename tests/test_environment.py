@@ -137,12 +137,38 @@ def test_out_of_memory_recovery_without_statistics_shrinks_without_a_memory_mode
     assert without_statistics["steps"] == 2
 
 
-def test_kadapt_probe_configures_tensorflow_and_starts_quietly():
-    done = run_kadapt("probe", "--model", "mlp", "--input-shape", "8", "--batch-size", "32",
-                      "--memory-budget", "64MiB", env=clean_env())
+SEPARATOR = "-- kadapt train --"
+COMMANDS_SCRIPT = """
+    import sys
+    from kadapt.cli import main
+
+    probe = main(["probe", "--model", "mlp", "--input-shape", "8", "--batch-size", "32",
+                  "--memory-budget", "64MiB"])
+    for stream in (sys.stdout, sys.stderr):
+        print({separator!r}, file=stream, flush=True)
+    train = main(["train", "--data", {data!r}, "--model", "small_cnn", "--batch-size", "16",
+                  "--memory-budget", "256MiB", "--meta", "off", "--epochs", "1", "--out", {out!r}])
+    sys.exit(probe or train)
+"""
+
+
+@pytest.fixture(scope="module")
+def probe_then_train(tmp_path_factory):
+    """`kadapt probe`, then `kadapt train`, in one process started without TensorFlow's
+    settings: the first loads TensorFlow; a line between them splits their output."""
+    directory = tmp_path_factory.mktemp("commands")
+    data = write_tiny_npz(directory / "tiny.npz")
+    done = run_python(COMMANDS_SCRIPT.format(separator=SEPARATOR, data=str(data), out=str(directory / "run")),
+                      clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "chosen micro-batch:" in done.stdout
-    assert done.stderr == ""
+    stdout, stderr = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")
+    return {"probe": (stdout[0], stderr[0]), "train": (stdout[1], stderr[1]), "run": directory / "run"}
+
+
+def test_kadapt_probe_configures_tensorflow_and_starts_quietly(probe_then_train):
+    stdout, stderr = probe_then_train["probe"]
+    assert "chosen micro-batch:" in stdout
+    assert stderr == ""
 
 
 def test_kadapt_probe_fact_sheet_in_json_and_verbose_start_up_lines():
@@ -176,44 +202,51 @@ def test_a_log_level_the_user_set_shows_the_lines_it_lets_through():
     assert cpp_log_lines(done.stderr)
 
 
-def test_kadapt_train_probes_and_trains_in_an_unconfigured_environment(tmp_path):
-    write_tiny_npz(tmp_path / "tiny.npz")
-    done = run_kadapt("train", "--data", "tiny.npz", "--model", "small_cnn", "--batch-size", "16",
-                      "--memory-budget", "256MiB", "--meta", "off", "--epochs", "1", "--out", "run",
-                      env=clean_env(), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "run" / "probe.json").is_file()
-    assert done.stderr == ""
+def test_kadapt_train_probes_and_trains_quietly(probe_then_train):
+    stdout, stderr = probe_then_train["train"]
+    assert "trial micro-batch" in stdout
+    assert (probe_then_train["run"] / "probe.json").is_file()
+    assert stderr == ""
 
 
-def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used():
-    done = run_python("""
-        import sys
-        import kadapt
-        before = "tensorflow" in sys.modules
-        kadapt.plan_batch(10, 4)
-        print(before, "tensorflow" in sys.modules)
-    """, clean_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["False", "True"]
+FRESH_PROCESS_SCRIPT = """
+    import json
+    import sys
+    import kadapt
+
+    result = {{"before": "tensorflow" in sys.modules}}
+    kadapt.plan_batch(10, 4)
+    result["after"] = "tensorflow" in sys.modules
+    model = kadapt.load_model({path!r})
+    result["loaded"] = [type(model).__name__, type(model.optimizer).__name__,
+                        model.optimizer.get_config()["learning_rate"]["class_name"]]
+    print(json.dumps(result))
+"""
 
 
-def test_load_model_knows_kadapts_objects_in_a_fresh_process(tmp_path):
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory):
+    """One fresh process for what needs no particular configuration: kadapt's import first,
+    then a model saved here, loaded there."""
     import keras
 
     import kadapt
 
+    path = tmp_path_factory.mktemp("fresh") / "model.keras"
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     schedule = kadapt.CosineAnnealing(0.1, 0.001, total_steps=10)
     model.compile(optimizer=kadapt.optimizers.SGD(schedule, momentum=0.9), loss="mse")
     trainer = kadapt.accumulate(model, 4)
     trainer(np.zeros((1, 3), "float32"))
-    trainer.save(tmp_path / "model.keras")
-    done = run_python(f"""
-        import kadapt
-        model = kadapt.load_model({str(tmp_path / "model.keras")!r})
-        print(type(model).__name__, type(model.optimizer).__name__,
-              model.optimizer.get_config()["learning_rate"]["class_name"])
-    """, clean_env(**{environment.LOG_LEVEL: "2"}))
+    trainer.save(path)
+    done = run_python(FRESH_PROCESS_SCRIPT.format(path=str(path)), clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-3:] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used(fresh_process):
+    assert (fresh_process["before"], fresh_process["after"]) == (False, True)
+
+
+def test_load_model_knows_kadapts_objects_in_a_fresh_process(fresh_process):
+    assert fresh_process["loaded"] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]

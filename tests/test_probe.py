@@ -8,18 +8,21 @@ import pytest
 import tensorflow as tf
 
 import kadapt
-from helpers import OutOfMemoryAbove
+from helpers import OutOfMemoryOnReplicaAbove
 from kadapt.batching import probe as probe_module
 
 ROWS = 256
+SIDE = 28  # pixels: a row's activations outweigh the allocator's noise in a peak
+SMALL_SIDE = 8  # pixels: where no peak is compared with another
 
 
-def _cnn(batch_norm=False, jit_compile="auto"):
+def _cnn(batch_norm=False, jit_compile="auto", side=SIDE):
     keras.utils.set_random_seed(0)
-    layers = [keras.Input((28, 28, 1)), keras.layers.Conv2D(32, 3, padding="same", activation="relu")]
+    layers = [keras.Input((side, side, 1)), keras.layers.Conv2D(32, 3, padding="same", activation="relu")]
     if batch_norm:
         layers += [keras.layers.BatchNormalization(), keras.layers.Dropout(0.3)]
-    layers += [keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+    # 1x1: the activations, so the peaks, of a 3x3 convolution at a ninth of its arithmetic.
+    layers += [keras.layers.Conv2D(32, 1, activation="relu"),
                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
     model = keras.Sequential(layers)
     model.compile(
@@ -31,9 +34,9 @@ def _cnn(batch_norm=False, jit_compile="auto"):
     return model
 
 
-def _data(rows=ROWS):
+def _data(rows=ROWS, side=SIDE):
     rng = np.random.default_rng(0)
-    return rng.random((rows, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, rows)
+    return rng.random((rows, side, side, 1), dtype=np.float32), rng.integers(0, 10, rows)
 
 
 def test_real_trials_choose_a_size_that_fits_near_a_known_fitting_one():
@@ -151,8 +154,8 @@ def test_search_returns_the_cap_when_it_fits():
 
 
 def test_trials_leave_no_trace():
-    model = _cnn(batch_norm=True)
-    x, y = _data()
+    model = _cnn(batch_norm=True, side=SMALL_SIDE)
+    x, y = _data(side=SMALL_SIDE)
     model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
     before = [v.numpy().copy() for v in model.variables + model.optimizer.variables + model.metrics_variables]
     kadapt.probe_micro_batch(model, (x, y), memory_budget="1GiB", max_micro_batch_size=64)
@@ -176,7 +179,10 @@ def test_cap_reached_in_one_trial_when_everything_fits(jit_compile):
 
 def test_out_of_memory_during_a_trial_counts_as_not_fitting():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((5,)), OutOfMemoryAbove(47), keras.layers.Dense(3)])
+    # ResourceExhaustedError raised in the traced step, as a real allocation
+    # raises it after 10 s of the allocator's retries (outside a strategy, the
+    # one replica is replica 0).
+    model = keras.Sequential([keras.Input((5,)), OutOfMemoryOnReplicaAbove(47, 0), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss="mse")
     x = np.ones((48, 5), "float32")
     trials = []
@@ -193,9 +199,10 @@ def test_out_of_memory_during_a_trial_counts_as_not_fitting():
 
 
 def test_dataset_input_and_prefer_fastest():
-    model = _cnn()
-    x, y = _data(rows=128)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
+    # Everything fits: trials of 16 and the cap (64), then the powers of two between (32).
+    model = _cnn(side=SMALL_SIDE)
+    x, y = _data(rows=64, side=SMALL_SIDE)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
     result = kadapt.probe_micro_batch(model, dataset, memory_budget="4GiB", prefer="fastest")
     fitting = [t for t in result.trials if t.fits]
     fastest = max(fitting, key=lambda t: t.samples_per_second)
@@ -204,7 +211,7 @@ def test_dataset_input_and_prefer_fastest():
 
 
 def test_budget_smaller_than_one_sample():
-    x = np.ones((8, 64), "float32")
+    x = np.ones((4, 64), "float32")  # trials of 4 rows, then 1
     with pytest.raises(ValueError, match=r"`memory_budget` is smaller than one sample's training step.*Received: memory_budget=1,000 bytes"):
         kadapt.probe_micro_batch(_dense(64), (x, x), memory_budget=1000)
 
