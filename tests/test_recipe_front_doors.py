@@ -13,7 +13,8 @@ from kadapt import cli
 from kadapt.recipes import FastFitConfig
 from kadapt.recipes import fast_fit
 
-ROWS, VALIDATION, BATCH, EPOCHS, SEED = 48, 12, 16, 2, 3
+# 48 training rows: whole batches, so each door traces one training step, not a second for a short batch.
+ROWS, VALIDATION, BATCH, EPOCHS, SEED = 64, 16, 16, 2, 3
 # Narrow stages: the same network, its recipe and both doors' code paths, at a fraction of the convolutions.
 WIDTHS = (8, 8, 16)
 CONFIG = FastFitConfig(flip=False, widths=WIDTHS)
