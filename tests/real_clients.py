@@ -7,7 +7,7 @@ by `fit`, a model whose loss is an `add_loss` endpoint, a Transformer block,
 and a timeseries regression fed by `timeseries_dataset_from_array` with
 sample weights. `test_real_clients.py` checks every one against plain Keras on
 the full batch (same weights, same batches; the logical batch of 12 rows is
-split 5 + 5 + 2), before and after a `.keras` round trip; `test_real_clients_auto.py` with
+split 5 + 5 + 2) and through a `.keras` file; `test_real_clients_auto.py` with
 `"auto"` and the MetaAdjuster.
 
 The Transformer runs without dropout: dropout draws one mask per micro-batch,
@@ -207,21 +207,11 @@ def fit_client(model, data, **kwargs):
     return model.fit(x, y, sample_weight=sample_weight, batch_size=BATCH, shuffle=False, verbose=0, **kwargs)
 
 
-class _EpochWeights(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.weights = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.weights.append(self.model.get_weights())
-
-
-def plain_weights(name, epochs, reorder=False):
-    """Plain Keras' weights after each of `epochs` epochs."""
+def plain_weights(name, reorder=False):
     model, compile_arguments, data = client(name)
     model.compile(**compile_arguments)
-    seen = _EpochWeights()
-    fit_client(model, reversed_batches(data) if reorder else data, epochs=epochs, callbacks=[seen])
-    return seen.weights
+    fit_client(model, reversed_batches(data) if reorder else data)
+    return model.get_weights()
 
 
 def reversed_batches(data):
@@ -236,21 +226,19 @@ def reversed_batches(data):
     return tuple(None if part is None else tf.nest.map_structure(reverse, part) for part in data)
 
 
-def assert_equals_plain_keras(name, weights_by_epoch):
-    """After each epoch, each tensor within 1e-5 of plain Keras' (relative to
-    the tensor's scale), or as close as plain Keras is to itself with each
-    batch's rows reordered (10x that float noise): a tensor whose true
-    gradient is zero, such as an attention key bias, is all noise, which Adam
-    scales up to its step size."""
-    epochs = len(weights_by_epoch)
-    reference, reordered = plain_weights(name, epochs), None
-    for epoch, weights in enumerate(weights_by_epoch):
-        for index, (ours, theirs) in enumerate(zip(weights, reference[epoch], strict=True)):
-            difference = float(np.max(np.abs(ours - theirs)))
-            if difference <= 1e-5 * max(float(np.max(np.abs(theirs))), 1e-12):
-                continue
-            reordered = reordered or plain_weights(name, epochs, reorder=True)
-            assert difference <= 10 * float(np.max(np.abs(reordered[epoch][index] - theirs)))
+def assert_equals_plain_keras(name, weights):
+    """Each tensor within 1e-5 of plain Keras' (relative to the tensor's
+    scale), or as close as plain Keras is to itself with each batch's rows
+    reordered (10x that float noise): a tensor whose true gradient is zero,
+    such as an attention key bias, is all noise, which Adam scales up to its
+    step size."""
+    reference, reordered = plain_weights(name), None
+    for index, (ours, theirs) in enumerate(zip(weights, reference, strict=True)):
+        difference = float(np.max(np.abs(ours - theirs)))
+        if difference <= 1e-5 * max(float(np.max(np.abs(theirs))), 1e-12):
+            continue
+        reordered = reordered or plain_weights(name, reorder=True)
+        assert difference <= 10 * float(np.max(np.abs(reordered[index] - theirs)))
 
 
 def accumulated(name, micro_batch_size=MICRO, **kwargs):
