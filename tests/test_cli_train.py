@@ -304,13 +304,14 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
 
 
 def test_expand_appends_generated_samples_before_training(tmp_path):
-    path = str(write_tiny_npz(tmp_path / "tiny.npz"))
+    # 32 training rows (3 of 35 held out) and 16 generated: whole batches, one step trace.
+    path = str(write_tiny_npz(tmp_path / "tiny.npz", train_rows=35))
     out = tmp_path / "expanded"
     assert cli.main(["train", "--data", path, *TINY, "--epochs", "1", "--expand", "0.5",
                      "--expand-method", "cutmix", "--out", str(out)]) == 0
     resolved = json.loads((out / "config.json").read_text())["resolved"]
-    assert resolved["train_rows"] == 58 + 29  # 58 training rows and round(0.5 * 58) generated
-    assert resolved["total_steps"] == 6 == json.loads((out / "run.json").read_text())["steps_completed"]
+    assert resolved["train_rows"] == 32 + 16  # 32 training rows and round(0.5 * 32) generated
+    assert resolved["total_steps"] == 3 == json.loads((out / "run.json").read_text())["steps_completed"]
     assert "expanded by 0.5 x the rows (cutmix)" in resolved["augmentation"]
 
 
