@@ -1,7 +1,10 @@
-"""`kadapt train`, `report` and `predict` driven as a user drives them: in a
-subprocess, on a tiny `.npz`, a few steps; bad input in-process (one line,
-no traceback). One trained run directory is shared by the module."""
+"""`kadapt train`, `report` and `predict` driven as a user drives them, on a
+tiny `.npz`, a few steps: Ctrl-C in a subprocess, the rest in-process (each
+subprocess pays a TensorFlow import); bad input ends in one line, no
+traceback. One trained run directory is shared by the module."""
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -25,16 +28,14 @@ TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl|
 TINY = ["--model", "small_cnn", "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off"]
 
 
-def kadapt(*args, cwd, wait=True):
+def start_kadapt(*args, cwd):
     command = [sys.executable, "-m", "kadapt.cli", *map(str, args)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    if not wait:
-        # A shell without job control starts background jobs with SIGINT ignored, and children
-        # inherit that: give the child the default disposition, as in a terminal.
-        return subprocess.Popen(command, cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    return subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=240)
+    # A shell without job control starts background jobs with SIGINT ignored, and children
+    # inherit that: give the child the default disposition, as in a terminal.
+    return subprocess.Popen(command, cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def user_lines(stderr):
@@ -59,11 +60,14 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(workdir):
-    """A 2-epoch run: 58 training rows (6 held out), batches of 16 -> 8 steps."""
-    result = kadapt("train", "--data", "tiny.npz", *TINY, "--augment", "on", "--epochs", "2", "--out", "runs/tiny",
-                    cwd=workdir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, workdir / "runs" / "tiny"
+    """A 2-epoch run: 58 training rows (6 held out), batches of 16 -> 8 steps. In-process, its
+    stdout a pipe-like stream (no terminal): the Ctrl-C test starts the command as a subprocess."""
+    output = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(output):
+        patch.chdir(workdir)
+        assert cli.main(["train", "--data", "tiny.npz", *TINY, "--augment", "on", "--epochs", "2",
+                         "--out", "runs/tiny"]) == 0
+    return output.getvalue(), workdir / "runs" / "tiny"
 
 
 def test_train_writes_every_file_of_the_run_directory(trained):
@@ -127,18 +131,18 @@ def test_plots_are_valid_png_images(trained):
 
 
 def test_train_prints_probe_trials_progress_and_the_result(trained):
-    result, _ = trained
-    assert re.search(r"trial micro-batch +\d+: .*fits", result.stdout)
-    assert "plan: logical batch 16" in result.stdout
-    assert "Epoch 2/2" in result.stdout
-    assert re.search(r"test accuracy \d\.\d{4}", result.stdout)
-    assert "training.png" in result.stdout and "probe.png" in result.stdout
+    stdout, _ = trained
+    assert re.search(r"trial micro-batch +\d+: .*fits", stdout)
+    assert "plan: logical batch 16" in stdout
+    assert "Epoch 2/2" in stdout
+    assert re.search(r"test accuracy \d\.\d{4}", stdout)
+    assert "training.png" in stdout and "probe.png" in stdout
 
 
 def test_training_output_into_a_pipe_has_one_line_per_epoch_and_no_escape_codes(trained):
-    result, _ = trained
-    assert "\x1b" not in result.stdout and "\r" not in result.stdout
-    assert len(re.findall(r"^\d+/\d+ - .* - val_loss: ", result.stdout, re.MULTILINE)) == 2
+    stdout, _ = trained
+    assert "\x1b" not in stdout and "\r" not in stdout
+    assert len(re.findall(r"^\d+/\d+ - .* - val_loss: ", stdout, re.MULTILINE)) == 2
 
 
 def test_the_run_directory_names_the_meta_adjusters_decision_file():
@@ -247,11 +251,13 @@ def test_an_existing_run_directory_is_refused_in_one_line(trained, monkeypatch):
 def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch):
     epochs = 6
     run = workdir / "runs" / "interrupted"
+    # 64 training rows (7 of 71 held out): whole batches, so each of the three runs traces one step.
+    write_tiny_npz(workdir / "whole_batches.npz", train_rows=71)
     # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
     # Augmented on the fly (shifts, cutout): the resumed run must draw what the uninterrupted one drew.
-    args = ["--data", "tiny.npz", *TINY, "--schedule", "cosine", "--cutout", "0.5",
+    args = ["--data", "whole_batches.npz", *TINY, "--schedule", "cosine", "--cutout", "0.5",
             "--epochs", str(epochs), "--out", run]
-    process = kadapt("train", *args, cwd=workdir, wait=False)
+    process = start_kadapt("train", *args, cwd=workdir)
     deadline = time.time() + 120
     while time.time() < deadline and not epochs_done(run):
         time.sleep(0.2)
@@ -298,13 +304,14 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
 
 
 def test_expand_appends_generated_samples_before_training(tmp_path):
-    path = str(write_tiny_npz(tmp_path / "tiny.npz"))
+    # 32 training rows (3 of 35 held out) and 16 generated: whole batches, one step trace.
+    path = str(write_tiny_npz(tmp_path / "tiny.npz", train_rows=35))
     out = tmp_path / "expanded"
     assert cli.main(["train", "--data", path, *TINY, "--epochs", "1", "--expand", "0.5",
                      "--expand-method", "cutmix", "--out", str(out)]) == 0
     resolved = json.loads((out / "config.json").read_text())["resolved"]
-    assert resolved["train_rows"] == 58 + 29  # 58 training rows and round(0.5 * 58) generated
-    assert resolved["total_steps"] == 6 == json.loads((out / "run.json").read_text())["steps_completed"]
+    assert resolved["train_rows"] == 32 + 16  # 32 training rows and round(0.5 * 32) generated
+    assert resolved["total_steps"] == 3 == json.loads((out / "run.json").read_text())["steps_completed"]
     assert "expanded by 0.5 x the rows (cutmix)" in resolved["augmentation"]
 
 
