@@ -21,6 +21,7 @@ beside it.
     .venv/bin/python benchmarks/meta_adjust.py                 # ~25 min on 2 idle cores (old arms)
     .venv/bin/python benchmarks/meta_adjust.py --seeds 3 4 5 --overhead-rounds 0   # 52 min, 2 shared cores
     .venv/bin/python benchmarks/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
+    .venv/bin/python benchmarks/meta_adjust.py --merge a.json b.json   # one table of two processes' families
 """
 
 import argparse
@@ -148,7 +149,12 @@ def main():
                         help="check_every values of the step-mode overhead arms")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {evaluation.QUICK}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS",
+                        help="no runs: the table of these results files' runs together (e.g. two processes' "
+                             "halves of the families), written to --out")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
     if args.quick:
         args.families, args.seeds, args.epochs = (list(v) if isinstance(v, tuple) else v for v in evaluation.QUICK.values())
     started = time.perf_counter()
@@ -168,6 +174,26 @@ def main():
     results = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "summary": evaluation.summarize(runs), "runs": runs, "overhead": overhead, "seconds": seconds}
     args.out.write_text(json.dumps(_jsonable(results), indent=1))
+
+
+def merge(paths, out):
+    """One table and results file from several runs' results (the same arms, other task-seeds)."""
+    parts = [json.loads(Path(path).read_text()) for path in paths]
+    runs = [_restored(run) for part in parts for run in part["runs"]]
+    print(evaluation.table(runs))
+    results = {"config": {"merged": [str(p) for p in paths]}, "summary": evaluation.summarize(runs), "runs": runs,
+               "overhead": next((p["overhead"] for p in parts if p["overhead"]), None),
+               "seconds": sum(p["seconds"] for p in parts)}
+    out.write_text(json.dumps(_jsonable(results), indent=1))
+
+
+def _restored(value):
+    """A results file's value as the runs had it: a loss written as null (diverged) back to NaN."""
+    if isinstance(value, dict):
+        return {k: math.nan if v is None and str(k).endswith("loss") else _restored(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restored(v) for v in value]
+    return value
 
 
 def _jsonable(value):
