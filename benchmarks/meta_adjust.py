@@ -1,4 +1,4 @@
-"""The MetaAdjuster (the default meta-model) on held-out tasks: `kadapt.meta.evaluation`'s arms and targets, and its overhead.
+"""The MetaAdjuster (default meta-model) on held-out tasks: `kadapt.meta.evaluation`'s arms, targets, overhead.
 
 The task-seeds, arms and targets are those of `kadapt.meta.evaluation` (the
 same code as `kadapt meta eval MODEL.keras`): six held-out families x 3 seeds,
