@@ -187,10 +187,13 @@ def merge(paths, out):
     out.write_text(json.dumps(_jsonable(results), indent=1))
 
 
+_NAN_KEYS = ("val_loss", "loss", "learning_rate")
+
+
 def _restored(value):
-    """A results file's value as the runs had it: a loss written as null (diverged) back to NaN."""
+    """A results file's value as the runs had it: a loss (diverged) or rate (none found) written as null, NaN."""
     if isinstance(value, dict):
-        return {k: math.nan if v is None and str(k).endswith("loss") else _restored(v) for k, v in value.items()}
+        return {k: math.nan if v is None and k in _NAN_KEYS else _restored(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_restored(v) for v in value]
     return value
