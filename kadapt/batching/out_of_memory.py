@@ -15,6 +15,8 @@ _TERMINAL_STYLE = re.compile(r"\x1b\[[0-9;]*m")
 _TELLING = ("Dst tensor is not initialized", "Failed to get convolution", "without BLAS support",
             "RESOURCE_EXHAUSTED", "Resource exhausted", "OOM when allocating", "Out of memory",
             "CUDA_ERROR_OUT_OF_MEMORY", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+# cuDNN's and cuBLAS's start-up failures: memory outside TensorFlow's pool, or a library that does
+# not match CUDA; the message cannot tell which.
 LIBRARY_START_FAILURES = ("Failed to get convolution algorithm", "Failed to get convolution execution plan",
                           "without BLAS support")
 

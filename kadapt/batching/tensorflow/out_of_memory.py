@@ -25,10 +25,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-# cuDNN's and cuBLAS's start-up failures: memory outside TensorFlow's pool, or a library that does
-# not match CUDA; the message cannot tell which.
-LIBRARY_START_FAILURES = ("Failed to get convolution algorithm", "Failed to get convolution execution plan",
-                          "without BLAS support")
 # (class, phrase): an error of that class whose message contains the phrase.
 MESSAGE_FORMS = (
     (tf.errors.InternalError, "Dst tensor is not initialized"),
