@@ -6,16 +6,22 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
 .PHONY: demo test install install-test data postgres benchmarks clean
 
+UV := $(VENV)/bin/uv
+
+# uv installs the packages: parallel downloads, no byte-compiling of all of TensorFlow (measured on a
+# fresh clone, every package downloaded, the host shared: 37 s against pip's 129 s); pip installs uv.
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[all]"
+$(UV): $(PY)
+	$(PY) -m pip install --quiet uv
+
+$(VENV)/.installed: $(UV) pyproject.toml
+	$(UV) pip install --quiet --python $(PY) -e ".[all]"
 	touch $@
 
-$(VENV)/.installed-test: $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[all,test]"
+$(VENV)/.installed-test: $(UV) pyproject.toml
+	$(UV) pip install --quiet --python $(PY) -e ".[all,test]"
 	touch $@
 
 install: $(VENV)/.installed
