@@ -70,10 +70,19 @@ def test_tensorflow_log_lines_are_told_from_others(line, expected):
 
 NO_STATISTICS_SCRIPT = """
     import json
-    import keras, numpy as np, tensorflow as tf  # TensorFlow first, unconfigured
+    import sys
     import kadapt
 
-    result = {"statistics": kadapt.environment.allocator_statistics_available("CPU:0")}
+    # TensorFlow loads with kadapt's first name used, unconfigured, as in a user's script.
+    result = {{"before": "tensorflow" in sys.modules}}
+    kadapt.plan_batch(10, 4)
+    result["after"] = "tensorflow" in sys.modules
+    import keras, numpy as np, tensorflow as tf
+
+    model = kadapt.load_model({path!r})
+    result["loaded"] = [type(model).__name__, type(model.optimizer).__name__,
+                        model.optimizer.get_config()["learning_rate"]["class_name"]]
+    result["statistics"] = kadapt.environment.allocator_statistics_available("CPU:0")
     keras.utils.set_random_seed(0)
     x = np.random.default_rng(0).random((64, 4), dtype=np.float32)
     y = np.zeros(64, dtype=np.int64)
@@ -110,10 +119,28 @@ NO_STATISTICS_SCRIPT = """
 """
 
 
+def saved_kadapt_model(path):
+    """A model of kadapt's wrapper, optimizer and schedule, saved to `path` by this process."""
+    import keras
+
+    import kadapt
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    schedule = kadapt.CosineAnnealing(0.1, 0.001, total_steps=10)
+    model.compile(optimizer=kadapt.optimizers.SGD(schedule, momentum=0.9), loss="mse")
+    trainer = kadapt.accumulate(model, 4)
+    trainer(np.zeros((1, 3), "float32"))
+    trainer.save(path)
+    return path
+
+
 @pytest.fixture(scope="module")
-def without_statistics():
-    done = run_python(NO_STATISTICS_SCRIPT, clean_env(**{environment.ONEDNN: "0",
-                                                         environment.LOG_LEVEL: "2"}))
+def without_statistics(tmp_path_factory):
+    """One fresh process, oneDNN off: kadapt imported first, a model saved here loaded there,
+    then the library's calls that need allocator statistics."""
+    path = saved_kadapt_model(tmp_path_factory.mktemp("fresh") / "model.keras")
+    done = run_python(NO_STATISTICS_SCRIPT.format(path=str(path)),
+                      clean_env(**{environment.ONEDNN: "0", environment.LOG_LEVEL: "2"}))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -209,44 +236,9 @@ def test_kadapt_train_probes_and_trains_quietly(probe_then_train):
     assert stderr == ""
 
 
-FRESH_PROCESS_SCRIPT = """
-    import json
-    import sys
-    import kadapt
-
-    result = {{"before": "tensorflow" in sys.modules}}
-    kadapt.plan_batch(10, 4)
-    result["after"] = "tensorflow" in sys.modules
-    model = kadapt.load_model({path!r})
-    result["loaded"] = [type(model).__name__, type(model.optimizer).__name__,
-                        model.optimizer.get_config()["learning_rate"]["class_name"]]
-    print(json.dumps(result))
-"""
+def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used(without_statistics):
+    assert (without_statistics["before"], without_statistics["after"]) == (False, True)
 
 
-@pytest.fixture(scope="module")
-def fresh_process(tmp_path_factory):
-    """One fresh process for what needs no particular configuration: kadapt's import first,
-    then a model saved here, loaded there."""
-    import keras
-
-    import kadapt
-
-    path = tmp_path_factory.mktemp("fresh") / "model.keras"
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    schedule = kadapt.CosineAnnealing(0.1, 0.001, total_steps=10)
-    model.compile(optimizer=kadapt.optimizers.SGD(schedule, momentum=0.9), loss="mse")
-    trainer = kadapt.accumulate(model, 4)
-    trainer(np.zeros((1, 3), "float32"))
-    trainer.save(path)
-    done = run_python(FRESH_PROCESS_SCRIPT.format(path=str(path)), clean_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used(fresh_process):
-    assert (fresh_process["before"], fresh_process["after"]) == (False, True)
-
-
-def test_load_model_knows_kadapts_objects_in_a_fresh_process(fresh_process):
-    assert fresh_process["loaded"] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]
+def test_load_model_knows_kadapts_objects_in_a_fresh_process(without_statistics):
+    assert without_statistics["loaded"] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]
