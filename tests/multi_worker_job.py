@@ -84,9 +84,10 @@ for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both,
         else:
             network = oracle.network()
             model = kadapt.AccumulatingModel(network.inputs, network.outputs, micro_batch_size=oracle.MICRO)
-        oracle.compile_model(model)
+        oracle.compile_model(model, oracle.EXACTNESS_EPOCHS)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(oracle.BATCH)
-    history = model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, validation_data=dataset, verbose=0)
+    history = model.fit(oracle.training_batches(x, y), epochs=oracle.EXACTNESS_EPOCHS, validation_data=dataset,
+                        verbose=0)
     evaluation = model.evaluate(dataset, verbose=0)
     predictions = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(oracle.BATCH), verbose=0)
     np.savez(os.path.join(output, f"{kind}-worker-{index}.npz"),
@@ -94,16 +95,14 @@ for kind in ("accumulate", "accumulating_model"):  # scenario "exactness": both,
              history=json.dumps(history.history), evaluation=np.array(evaluation), predictions=predictions)
 with strategy.scope():  # the gradient noise scale over both workers' micro-batches
     model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.NOISE_MICRO, measure_noise=True)
-    oracle.compile_model(model)
-model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, verbose=0)
+    oracle.compile_model(model, oracle.NOISE_EPOCHS)
+model.fit(oracle.training_batches(x, y), epochs=oracle.NOISE_EPOCHS, verbose=0)
 np.save(os.path.join(output, f"noise-worker-{index}.npy"), oracle.noise_statistics(model))
 
 
-def train_until_a_peer_is_lost():
-    """Trains until a peer is killed; writes the error that ends the run and exits with 3."""
-    with strategy.scope():
-        model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.MICRO)
-        oracle.compile_model(model)
+def train_until_a_peer_is_lost(model):
+    """Trains `model` on until a peer is killed (its step already traced: no new model to build and
+    trace); writes the error that ends the run and exits with 3."""
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(oracle.BATCH).repeat()
 
     class Started(keras.callbacks.Callback):
@@ -120,4 +119,4 @@ def train_until_a_peer_is_lost():
     sys.exit(0)
 
 
-train_until_a_peer_is_lost()
+train_until_a_peer_is_lost(model)

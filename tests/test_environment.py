@@ -68,12 +68,30 @@ def test_tensorflow_log_lines_are_told_from_others(line, expected):
     assert environment.is_tensorflow_log_line(line) is expected
 
 
+SEPARATOR = "-- the next command --"
 NO_STATISTICS_SCRIPT = """
     import json
-    import keras, numpy as np, tensorflow as tf  # TensorFlow first, unconfigured
+    import sys
     import kadapt
 
-    result = {"statistics": kadapt.environment.allocator_statistics_available("CPU:0")}
+    result = {{"before": "tensorflow" in sys.modules}}
+    from kadapt.cli import main
+
+    # The kadapt command first, which loads TensorFlow; a line on each stream ends its output.
+    try:
+        result["command"] = [main(["probe", "--model", "mlp", "--input-shape", "8", "--batch-size", "32",
+                                   "--memory-budget", "64MiB"]), None]
+    except SystemExit as stopped:  # Python would print the message and exit with status 1
+        result["command"] = [1, str(stopped.code)]
+    for stream in (sys.stdout, sys.stderr):
+        print({separator!r}, file=stream, flush=True)
+    result["after"] = "tensorflow" in sys.modules
+    import keras, numpy as np, tensorflow as tf
+
+    model = kadapt.load_model({path!r})
+    result["loaded"] = [type(model).__name__, type(model.optimizer).__name__,
+                        model.optimizer.get_config()["learning_rate"]["class_name"]]
+    result["statistics"] = kadapt.environment.allocator_statistics_available("CPU:0")
     keras.utils.set_random_seed(0)
     x = np.random.default_rng(0).random((64, 4), dtype=np.float32)
     y = np.zeros(64, dtype=np.int64)
@@ -110,12 +128,31 @@ NO_STATISTICS_SCRIPT = """
 """
 
 
+def saved_kadapt_model(path):
+    """A model of kadapt's wrapper, optimizer and schedule, saved to `path` by this process."""
+    import keras
+
+    import kadapt
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    schedule = kadapt.CosineAnnealing(0.1, 0.001, total_steps=10)
+    model.compile(optimizer=kadapt.optimizers.SGD(schedule, momentum=0.9), loss="mse")
+    trainer = kadapt.accumulate(model, 4)
+    trainer(np.zeros((1, 3), "float32"))
+    trainer.save(path)
+    return path
+
+
 @pytest.fixture(scope="module")
-def without_statistics():
-    done = run_python(NO_STATISTICS_SCRIPT, clean_env(**{environment.ONEDNN: "0",
-                                                         environment.LOG_LEVEL: "2"}))
+def without_statistics(tmp_path_factory):
+    """One fresh process whose user set oneDNN off: kadapt imported first, `kadapt probe`, a model
+    saved here loaded there, then the library's calls that need allocator statistics."""
+    path = saved_kadapt_model(tmp_path_factory.mktemp("fresh") / "model.keras")
+    done = run_python(NO_STATISTICS_SCRIPT.format(path=str(path), separator=SEPARATOR),
+                      clean_env(**{environment.ONEDNN: "0"}))
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    (stdout, rest), stderr = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")[0]
+    return {**json.loads(rest.strip().splitlines()[-1]), "command_output": (stdout, stderr)}
 
 
 def test_the_configuration_without_statistics_has_none(without_statistics):
@@ -137,7 +174,6 @@ def test_out_of_memory_recovery_without_statistics_shrinks_without_a_memory_mode
     assert without_statistics["steps"] == 2
 
 
-SEPARATOR = "-- kadapt train --"
 COMMANDS_SCRIPT = """
     import sys
     from kadapt.cli import main
@@ -184,16 +220,15 @@ def test_kadapt_probe_fact_sheet_in_json_and_verbose_start_up_lines():
     assert any("oneDNN custom operations are on" in line for line in cpp_log_lines(done.stderr))
 
 
-def test_a_users_setting_is_respected_shown_and_the_probe_says_what_to_change():
-    done = run_kadapt("probe", "--model", "mlp", "--input-shape", "8", "--batch-size", "32",
-                      "--memory-budget", "64MiB", env=clean_env(**{environment.ONEDNN: "0"}))
-    cpu_line = next(line for line in done.stdout.splitlines() if line.startswith("CPU:0"))
+def test_a_users_setting_is_respected_shown_and_the_probe_says_what_to_change(without_statistics):
+    stdout, stderr = without_statistics["command_output"]
+    cpu_line = next(line for line in stdout.splitlines() if line.startswith("CPU:0"))
     assert "  no  " in cpu_line  # the fact sheet: no statistics with oneDNN off
-    assert "oneDNN CPU kernels: off (TF_ENABLE_ONEDNN_OPTS=0)" in done.stdout
-    assert done.returncode == 1
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kadapt: error: TensorFlow keeps no allocator")
-    assert "TF_ENABLE_ONEDNN_OPTS=1" in lines[0]
+    assert "oneDNN CPU kernels: off (TF_ENABLE_ONEDNN_OPTS=0)" in stdout
+    status, message = without_statistics["command"]
+    assert status == 1 and stderr == ""  # the exit message is its one line
+    assert message.startswith("kadapt: error: TensorFlow keeps no allocator") and "\n" not in message
+    assert "TF_ENABLE_ONEDNN_OPTS=1" in message
 
 
 def test_a_log_level_the_user_set_shows_the_lines_it_lets_through():
@@ -209,44 +244,9 @@ def test_kadapt_train_probes_and_trains_quietly(probe_then_train):
     assert stderr == ""
 
 
-FRESH_PROCESS_SCRIPT = """
-    import json
-    import sys
-    import kadapt
-
-    result = {{"before": "tensorflow" in sys.modules}}
-    kadapt.plan_batch(10, 4)
-    result["after"] = "tensorflow" in sys.modules
-    model = kadapt.load_model({path!r})
-    result["loaded"] = [type(model).__name__, type(model.optimizer).__name__,
-                        model.optimizer.get_config()["learning_rate"]["class_name"]]
-    print(json.dumps(result))
-"""
+def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used(without_statistics):
+    assert (without_statistics["before"], without_statistics["after"]) == (False, True)
 
 
-@pytest.fixture(scope="module")
-def fresh_process(tmp_path_factory):
-    """One fresh process for what needs no particular configuration: kadapt's import first,
-    then a model saved here, loaded there."""
-    import keras
-
-    import kadapt
-
-    path = tmp_path_factory.mktemp("fresh") / "model.keras"
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    schedule = kadapt.CosineAnnealing(0.1, 0.001, total_steps=10)
-    model.compile(optimizer=kadapt.optimizers.SGD(schedule, momentum=0.9), loss="mse")
-    trainer = kadapt.accumulate(model, 4)
-    trainer(np.zeros((1, 3), "float32"))
-    trainer.save(path)
-    done = run_python(FRESH_PROCESS_SCRIPT.format(path=str(path)), clean_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_import_kadapt_leaves_tensorflow_unloaded_until_a_name_is_used(fresh_process):
-    assert (fresh_process["before"], fresh_process["after"]) == (False, True)
-
-
-def test_load_model_knows_kadapts_objects_in_a_fresh_process(fresh_process):
-    assert fresh_process["loaded"] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]
+def test_load_model_knows_kadapts_objects_in_a_fresh_process(without_statistics):
+    assert without_statistics["loaded"] == ["AccumulatingWrapper", "SGD", "CosineAnnealing"]

@@ -32,7 +32,7 @@ def two_workers(cluster):
 
 @pytest.fixture(scope="module")
 def single_process():
-    return oracle.plain_keras_run()
+    return oracle.plain_keras_run(oracle.EXACTNESS_EPOCHS)
 
 
 @pytest.mark.parametrize("kind", ["accumulate", "accumulating_model"])
@@ -40,7 +40,8 @@ def test_two_workers_train_as_one_process_with_whole_batches(kind, single_proces
     results = [np.load(two_workers / f"{kind}-worker-{index}.npz") for index in range(2)]
     expected = single_process
     for result in results:
-        assert int(result["iterations"]) == oracle.STEPS  # one step per logical batch across workers
+        # One step per logical batch across workers.
+        assert int(result["iterations"]) == oracle.EXACTNESS_EPOCHS * oracle.STEPS_PER_EPOCH
         for got, want in zip(oracle.saved_weights(result), expected["weights"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         history = json.loads(str(result["history"]))
@@ -56,8 +57,8 @@ def test_the_noise_scale_counts_every_workers_micro_batches(two_workers):
     # One process with micro-batches of 4 sees the same micro-batches as two workers with 8 rows each.
     x, y = oracle.data()
     model = kadapt.accumulate(oracle.network(), micro_batch_size=oracle.NOISE_MICRO, measure_noise=True)
-    oracle.compile_model(model)
-    model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, verbose=0)
+    oracle.compile_model(model, oracle.NOISE_EPOCHS)
+    model.fit(oracle.training_batches(x, y), epochs=oracle.NOISE_EPOCHS, verbose=0)
     expected = oracle.noise_statistics(model)
     assert expected[3] > 0 and expected[0] != 0  # steps were measured (the estimate itself may be negative)
     for index in range(2):
