@@ -2,11 +2,11 @@
 serving the gRPC oracle and 2 workers, for `kadapt meta train` and for an
 `AccumulatingHyperModel` search; the settings it refuses, in-process.
 
-Each chief starts first and its workers once it listens, so both workers
-connect at once and have trials to run. The two searches run side by side:
-KerasTuner's chief checks every 20 s whether the last worker has finished,
-and the two waits overlap. Every process has a deadline and is killed when
-the searches end, also on failure."""
+The chief starts first and the workers once it listens, so both workers
+connect at once and have trials to run. The two searches run one after the
+other in the same three processes (tests/distributed_searches.py): each
+process pays TensorFlow's import once. Every process has a deadline and is
+killed when the searches end, also on failure."""
 
 import collections
 import contextlib
@@ -24,9 +24,9 @@ import pytest
 import postgres
 
 import kadapt
-from distributed_accumulating_search import MICRO_BATCH_SIZE
-from distributed_accumulating_search import VALIDATION_SPLIT
-from distributed_accumulating_search import data as accumulating_search_data
+from distributed_searches import MICRO_BATCH_SIZE
+from distributed_searches import VALIDATION_SPLIT
+from distributed_searches import data as accumulating_search_data
 from kadapt import cli
 from kadapt.meta import AdjustmentRecord
 from kadapt.meta import RecordStore
@@ -41,9 +41,8 @@ from kadapt.tuning import distributed_search
 TIMEOUT_SECONDS = 240  # every process of both searches, start to exit
 WORKERS = ("tuner0", "tuner1")
 MAX_TRIALS = 3  # one worker runs 2 trials, the other 1
-SCRIPT = Path(__file__).with_name("distributed_accumulating_search.py")
-# Six processes share the cores. With thread pools as wide as the cores the
-# searches took 108 s on 2 cores, with one thread each 86 s (4 trials each).
+SCRIPT = Path(__file__).with_name("distributed_searches.py")
+# Three processes share the cores with the other tests: one thread each spares them the contention.
 ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -55,39 +54,34 @@ def free_ports(count):
         return [probe.getsockname()[1] for probe in probes]
 
 
-def run_searches(commands, logs):
-    """Runs each command as a chief, then, once that chief listens, as both
-    workers; returns `{search: {tuner_id: (returncode, output)}}`."""
+def run_search(command, port, logs):
+    """Runs `command` as the chief, then, once it listens on `port`, as both
+    workers; returns `{tuner_id: (returncode, output)}`."""
     deadline = time.monotonic() + TIMEOUT_SECONDS
-    ports = dict(zip(commands, free_ports(len(commands)), strict=True))
     processes = {}
     try:
-        for search, command in commands.items():
-            processes[search, "chief"] = _start(command, "chief", ports[search], logs / search)
-        for search, command in commands.items():
-            _wait_until_listening(ports[search], processes[search, "chief"], deadline)
-            for tuner_id in WORKERS:
-                processes[search, tuner_id] = _start(command, tuner_id, ports[search], logs / search)
-        for (search, tuner_id), process in processes.items():
+        processes["chief"] = _start(command, "chief", logs)
+        _wait_until_listening(port, processes["chief"], deadline)
+        for tuner_id in WORKERS:
+            processes[tuner_id] = _start(command, tuner_id, logs)
+        for tuner_id, process in processes.items():
             try:
                 process.wait(timeout=max(deadline - time.monotonic(), 1))
             except subprocess.TimeoutExpired:
-                pytest.fail(f"{search} {tuner_id} still ran after {TIMEOUT_SECONDS} s; its output: "
-                            f"{(logs / search / f'{tuner_id}.log').read_text()[-3000:]}")
+                pytest.fail(f"{tuner_id} still ran after {TIMEOUT_SECONDS} s; its output: "
+                            f"{(logs / f'{tuner_id}.log').read_text()[-3000:]}")
     finally:
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return {search: {tuner_id: (processes[search, tuner_id].returncode,
-                                (logs / search / f"{tuner_id}.log").read_text())
-                     for tuner_id in ("chief", *WORKERS)} for search in commands}
+    return {tuner_id: (process.returncode, (logs / f"{tuner_id}.log").read_text())
+            for tuner_id, process in processes.items()}
 
 
-def _start(command, tuner_id, port, logs):
+def _start(command, tuner_id, logs):
     env = {**os.environ, **ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONUNBUFFERED": "1", "KERASTUNER_TUNER_ID": tuner_id,
-           "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(port)}
+           "PYTHONUNBUFFERED": "1", "KERASTUNER_TUNER_ID": tuner_id, "KERASTUNER_ORACLE_IP": "127.0.0.1"}
     logs.mkdir(exist_ok=True)
     with open(logs / f"{tuner_id}.log", "w") as log:
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -100,8 +94,8 @@ def _wait_until_listening(port, chief, deadline):
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
-        assert chief.poll() is None, f"a chief exited with {chief.returncode} before serving"
-        assert time.monotonic() < deadline, "a chief did not serve in time"
+        assert chief.poll() is None, f"the chief exited with {chief.returncode} before serving"
+        assert time.monotonic() < deadline, "the chief did not serve in time"
         time.sleep(0.2)
 
 
@@ -121,16 +115,17 @@ def meta_records(runs=40):
 
 @pytest.fixture(scope="module")
 def searches(tmp_path_factory, server):
+    """Both searches' folder and `{tuner_id: (returncode, output)}` of their processes."""
     folder = tmp_path_factory.mktemp("distributed")
     url = postgres.create_database(*server, f"search_{os.getpid()}")  # every process reads the server
     with RecordStore(url) as store:
         store.append_many(meta_records())
-    meta = [sys.executable, "-m", "kadapt.cli", "meta", "train", "--store", url,
-            "--output", str(folder / "meta" / "out" / "meta.keras"), "--max-trials", str(MAX_TRIALS),
-            "--epochs", "1"]
-    accumulating = [sys.executable, str(SCRIPT), str(folder / "accumulating"), str(MAX_TRIALS)]
-    results = run_searches({"meta": meta, "accumulating": accumulating}, folder)
-    return folder, results
+    meta_port, port = free_ports(2)
+    meta = ["meta", "train", "--store", url, "--output", str(folder / "meta" / "out" / "meta.keras"),
+            "--max-trials", str(MAX_TRIALS), "--epochs", "1"]
+    command = [sys.executable, str(SCRIPT), str(folder / "accumulating"), str(MAX_TRIALS),
+               str(meta_port), str(port), *meta]
+    return folder, run_search(command, meta_port, folder / "logs")
 
 
 def completed_trials(project):
@@ -144,7 +139,7 @@ def completed_trials(project):
 
 def test_meta_train_with_a_chief_and_two_workers(searches):
     folder, results = searches
-    results, output = results["meta"], folder / "meta" / "out" / "meta.keras"
+    output = folder / "meta" / "out" / "meta.keras"
     assert all(code == 0 for code, _ in results.values()), results
     for tuner_id in WORKERS:
         assert f"worker {tuner_id}: its trials are done; the chief saves {output}" in results[tuner_id][1]
@@ -162,7 +157,7 @@ def test_meta_train_with_a_chief_and_two_workers(searches):
 def test_accumulating_hyper_model_search_with_a_chief_and_two_workers(searches):
     folder, results = searches
     directory = folder / "accumulating"
-    assert all(code == 0 for code, _ in results["accumulating"].values()), results["accumulating"]
+    assert all(code == 0 for code, _ in results.values()), results
     marks = [path.name.split(".") for path in (directory / "ran").iterdir()]
     assert collections.Counter(trial for trial, _ in marks) == {str(i): 1 for i in range(MAX_TRIALS)}
     assert {tuner for _, tuner in marks} == set(WORKERS)  # the chief runs no trial
