@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.verbose, args.argv = verbose, argv
     try:
-        if getattr(args, "tensorflow", True):
+        # A `--workers` launcher trains nothing: its workers load TensorFlow, it only counts GPUs.
+        if getattr(args, "tensorflow", True) and getattr(args, "workers", 1) == 1:
             environment.load_tensorflow(verbose=verbose)
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
