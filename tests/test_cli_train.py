@@ -1,18 +1,14 @@
 """`kadapt train`, `report` and `predict` driven as a user drives them, on a
-tiny `.npz`, a few steps: Ctrl-C in a subprocess, the rest in-process (each
-subprocess pays a TensorFlow import); bad input ends in one line, no
-traceback. One trained run directory is shared by the module."""
+tiny `.npz`, a few steps, in-process (a subprocess pays a TensorFlow import);
+bad input ends in one line, no traceback. One trained run directory is
+shared by the module."""
 
 import contextlib
 import io
 import json
 import math
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,21 +17,12 @@ from matplotlib import image
 from helpers import epochs_done
 from helpers import write_tiny_npz
 from kadapt import cli
+from kadapt.run.step_logger import StepLogger
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# TensorFlow's C++ logging writes these to stderr at import, whatever the log level.
+# TensorFlow's C++ logging writes these to stderr, whatever the log level.
 TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl|To enable the following)")
 TINY = ["--model", "small_cnn", "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off"]
-
-
-def start_kadapt(*args, cwd):
-    command = [sys.executable, "-m", "kadapt.cli", *map(str, args)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    # A shell without job control starts background jobs with SIGINT ignored, and children
-    # inherit that: give the child the default disposition, as in a terminal.
-    return subprocess.Popen(command, cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def user_lines(stderr):
@@ -248,32 +235,49 @@ def test_an_existing_run_directory_is_refused_in_one_line(trained, monkeypatch):
     assert json.loads((run / "run.json").read_text())["status"] == "completed"  # untouched
 
 
-def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch):
-    epochs = 6
+@contextlib.contextmanager
+def ctrl_c_after(steps):
+    """Ctrl-C as a terminal sends it, SIGINT to this process, once `steps` training steps are logged:
+    between two steps, where a real one mostly lands, but at a known step rather than on a timer's
+    race with the run (a signal that lands after the run would stop the test session instead)."""
+    real, logged = StepLogger.on_train_batch_end, []
+
+    def on_train_batch_end(logger, batch, logs=None):
+        real(logger, batch, logs)
+        logged.append(batch)
+        if len(logged) == steps:
+            signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(StepLogger, "on_train_batch_end", on_train_batch_end)
+            yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch, capfd):
+    epochs = 3
     run = workdir / "runs" / "interrupted"
     # 64 training rows (7 of 71 held out): whole batches, so each of the three runs traces one step.
     write_tiny_npz(workdir / "whole_batches.npz", train_rows=71)
-    # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
     # Augmented on the fly (shifts, cutout): the resumed run must draw what the uninterrupted one drew.
     args = ["--data", "whole_batches.npz", *TINY, "--schedule", "cosine", "--cutout", "0.5",
-            "--epochs", str(epochs), "--out", run]
-    process = start_kadapt("train", *args, cwd=workdir)
-    deadline = time.time() + 120
-    while time.time() < deadline and not epochs_done(run):
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr[-3000:]
+            "--epochs", str(epochs), "--out", str(run)]
+    monkeypatch.chdir(workdir)
+    # Half-way through the second epoch: the two steps logged after the checkpoint must not count.
+    with ctrl_c_after(6):
+        assert cli.main(["train", *args]) == 130
+    stderr = capfd.readouterr().err
     assert user_lines(stderr)[-1].startswith("kadapt: interrupted: ")
     assert "Traceback" not in stderr
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert (run / "config.json").is_file() and (run / "backup").is_dir()
-    done = epochs_done(run)
-    assert done == list(range(len(done))) and len(done) < epochs
-    read_jsonl(run / "steps.jsonl")  # every line whole
+    assert epochs_done(run) == [0]
+    assert [s["step"] for s in read_jsonl(run / "steps.jsonl")] == list(range(6))  # every line whole
 
-    monkeypatch.chdir(workdir)
-    assert cli.main(["train", "--resume", "--out", str(run)]) == 0  # in-process: one TensorFlow start fewer
+    assert cli.main(["train", "--resume", "--out", str(run)]) == 0
     assert epochs_done(run) == list(range(epochs))
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(4 * epochs))  # 4 steps per epoch, none twice
@@ -292,7 +296,7 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
     from kadapt import load_model
 
     whole = workdir / "runs" / "uninterrupted"
-    assert cli.main(["train", *map(str, args[:-1]), str(whole)]) == 0
+    assert cli.main(["train", *args[:-1], str(whole)]) == 0
     histories = [json.loads((path / "history.json").read_text()) for path in (run, whole)]
     assert histories[0]["epoch"] == histories[1]["epoch"] == list(range(epochs))
     for key in ("loss", "val_loss", "accuracy"):
