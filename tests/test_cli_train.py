@@ -1,18 +1,14 @@
 """`kadapt train`, `report` and `predict` driven as a user drives them, on a
-tiny `.npz`, a few steps: Ctrl-C in a subprocess, the rest in-process (each
-subprocess pays a TensorFlow import); bad input ends in one line, no
-traceback. One trained run directory is shared by the module."""
+tiny `.npz`, a few steps, in-process (a subprocess pays a TensorFlow import);
+bad input ends in one line, no traceback. One trained run directory is
+shared by the module."""
 
 import contextlib
 import io
 import json
 import math
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,21 +17,12 @@ from matplotlib import image
 from helpers import epochs_done
 from helpers import write_tiny_npz
 from kadapt import cli
+from kadapt.run.step_logger import StepLogger
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# TensorFlow's C++ logging writes these to stderr at import, whatever the log level.
+# TensorFlow's C++ logging writes these to stderr, whatever the log level.
 TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl|To enable the following)")
 TINY = ["--model", "small_cnn", "--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off"]
-
-
-def start_kadapt(*args, cwd):
-    command = [sys.executable, "-m", "kadapt.cli", *map(str, args)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    # A shell without job control starts background jobs with SIGINT ignored, and children
-    # inherit that: give the child the default disposition, as in a terminal.
-    return subprocess.Popen(command, cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def user_lines(stderr):
@@ -248,32 +235,49 @@ def test_an_existing_run_directory_is_refused_in_one_line(trained, monkeypatch):
     assert json.loads((run / "run.json").read_text())["status"] == "completed"  # untouched
 
 
-def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch):
-    epochs = 6
+@contextlib.contextmanager
+def ctrl_c_after(steps):
+    """Ctrl-C as a terminal sends it, SIGINT to this process, once `steps` training steps are logged:
+    between two steps, where a real one mostly lands, but at a known step rather than on a timer's
+    race with the run (a signal that lands after the run would stop the test session instead)."""
+    real, logged = StepLogger.on_train_batch_end, []
+
+    def on_train_batch_end(logger, batch, logs=None):
+        real(logger, batch, logs)
+        logged.append(batch)
+        if len(logged) == steps:
+            signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(StepLogger, "on_train_batch_end", on_train_batch_end)
+            yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir, monkeypatch, capfd):
+    epochs = 3
     run = workdir / "runs" / "interrupted"
     # 64 training rows (7 of 71 held out): whole batches, so each of the three runs traces one step.
     write_tiny_npz(workdir / "whole_batches.npz", train_rows=71)
-    # Enough epochs that the run is still training when the signal lands, even on a loaded machine.
     # Augmented on the fly (shifts, cutout): the resumed run must draw what the uninterrupted one drew.
     args = ["--data", "whole_batches.npz", *TINY, "--schedule", "cosine", "--cutout", "0.5",
-            "--epochs", str(epochs), "--out", run]
-    process = start_kadapt("train", *args, cwd=workdir)
-    deadline = time.time() + 120
-    while time.time() < deadline and not epochs_done(run):
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr[-3000:]
+            "--epochs", str(epochs), "--out", str(run)]
+    monkeypatch.chdir(workdir)
+    # Half-way through the second epoch: the two steps logged after the checkpoint must not count.
+    with ctrl_c_after(6):
+        assert cli.main(["train", *args]) == 130
+    stderr = capfd.readouterr().err
     assert user_lines(stderr)[-1].startswith("kadapt: interrupted: ")
     assert "Traceback" not in stderr
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert (run / "config.json").is_file() and (run / "backup").is_dir()
-    done = epochs_done(run)
-    assert done == list(range(len(done))) and len(done) < epochs
-    read_jsonl(run / "steps.jsonl")  # every line whole
+    assert epochs_done(run) == [0]
+    assert [s["step"] for s in read_jsonl(run / "steps.jsonl")] == list(range(6))  # every line whole
 
-    monkeypatch.chdir(workdir)
-    assert cli.main(["train", "--resume", "--out", str(run)]) == 0  # in-process: one TensorFlow start fewer
+    assert cli.main(["train", "--resume", "--out", str(run)]) == 0
     assert epochs_done(run) == list(range(epochs))
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(4 * epochs))  # 4 steps per epoch, none twice
@@ -292,7 +296,7 @@ def test_ctrl_c_leaves_a_consistent_run_that_resumes_as_if_uninterrupted(workdir
     from kadapt import load_model
 
     whole = workdir / "runs" / "uninterrupted"
-    assert cli.main(["train", *map(str, args[:-1]), str(whole)]) == 0
+    assert cli.main(["train", *args[:-1], str(whole)]) == 0
     histories = [json.loads((path / "history.json").read_text()) for path in (run, whole)]
     assert histories[0]["epoch"] == histories[1]["epoch"] == list(range(epochs))
     for key in ("loss", "val_loss", "accuracy"):
@@ -315,10 +319,36 @@ def test_expand_appends_generated_samples_before_training(tmp_path):
     assert "expanded by 0.5 x the rows (cutmix)" in resolved["augmentation"]
 
 
-def test_digits_with_an_mlp_max_steps_and_the_learning_rate_found(tmp_path):
-    out = tmp_path / "digits"
-    assert cli.main(["train", "--data", "digits", "--model", "mlp", "--batch-size", "64",
-                     "--max-steps", "3", "--learning-rate", "auto", "--out", str(out)]) == 0
+@pytest.fixture(scope="module")
+def rerun(tmp_path_factory):
+    """A digits run through an MLP that failed before its first step (--memory-budget 1KiB), rerun
+    in the same directory with corrected options: 3 steps, the learning rate found by the range test.
+    Returns the failure's message, its run.json and the run directory."""
+    out = tmp_path_factory.mktemp("rerun") / "digits"
+    command = ["train", "--data", "digits", "--model", "mlp", "--meta", "off", "--out", str(out)]
+    with pytest.raises(SystemExit) as raised:
+        cli.main([*command, "--memory-budget", "1KiB"])
+    failed = json.loads((out / "run.json").read_text())
+    assert cli.main([*command, "--memory-budget", "256MiB", "--batch-size", "64", "--max-steps", "3",
+                     "--learning-rate", "auto"]) == 0
+    return str(raised.value), failed, out
+
+
+def test_a_memory_budget_below_one_row_ends_in_one_line(rerun):
+    message, _, _ = rerun
+    assert message.startswith("kadapt: error: --memory-budget 1KiB is too small for this model: "
+                              "it is smaller than one sample") and "\n" not in message
+
+
+def test_a_run_that_failed_before_its_first_step_reruns_with_corrected_options(rerun):
+    _, failed, out = rerun
+    assert failed["status"] == "failed"
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "completed" and "error" not in record
+
+
+def test_digits_with_an_mlp_max_steps_and_the_learning_rate_found(rerun):
+    _, _, out = rerun
     config = json.loads((out / "config.json").read_text())
     assert config["resolved"]["data"]["input_shape"] == [8, 8, 1]
     assert config["resolved"]["total_steps"] == 3
@@ -382,9 +412,8 @@ def test_bad_arguments_end_in_one_line(argv, message, tmp_path, monkeypatch):
         (["--mixup", "0.2", "--cutmix", "1.0"], "--cutmix, --mixup augment images"),
         (["--augment", "on"], "--augment on needs image data"),
         (["--expand", "0.5"], "--expand augment images; the rows of --data"),
-        (["--memory-budget", "1KiB"], "--memory-budget 1KiB is too small for this model: it is smaller than one sample"),
     ],
-    ids=["fast_resnet", "cutout", "mixing", "augment on", "expand", "budget below one row"],
+    ids=["fast_resnet", "cutout", "mixing", "augment on", "expand"],
 )
 def test_recipe_flags_that_cannot_apply_to_vectors_end_in_one_line(argv, message, tmp_path):
     path = _npz(tmp_path, "vectors.npz", x_train=np.zeros((8, 3), "float32"), y_train=np.arange(8) % 2,
@@ -454,17 +483,6 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(SystemExit, match="it is not a kadapt run directory, so --overwrite will not delete it"):
         cli.main(["train", "--data", "digits", "--model", "mlp", "--out", str(tmp_path), "--overwrite"])
     assert (tmp_path / "precious.txt").read_text() == "keep me"
-
-
-def test_a_run_that_failed_before_its_first_step_reruns_with_corrected_options(tmp_path):
-    out = str(tmp_path / "run")
-    command = ["train", "--data", "digits", "--model", "mlp", "--meta", "off", "--out", out]
-    with pytest.raises(SystemExit, match="--memory-budget 1KiB is too small"):
-        cli.main([*command, "--memory-budget", "1KiB"])
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
-    assert cli.main([*command, "--memory-budget", "256MiB", "--batch-size", "64", "--max-steps", "1"]) == 0
-    record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["status"] == "completed" and "error" not in record
 
 
 def test_resume_refuses_changed_options(tmp_path):

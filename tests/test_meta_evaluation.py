@@ -41,14 +41,20 @@ def test_summary_figures_by_hand():
     assert "| harm | 0.20 | <= 0 | NO |" in table and "| rescue | 0.50 | >= 1 | NO |" in table
 
 
-def test_kadapt_meta_eval_runs_every_arm_on_a_held_out_task(tmp_path, capsys):
+def test_kadapt_meta_eval_runs_every_arm_on_a_held_out_task(tmp_path, capsys, monkeypatch):
+    # The grid's ends and the rate between them that wins on iris, and a diverging search past one
+    # finite rate: every setting and arm in 17 trainings instead of 25 (the grid's rules are
+    # tested on fake runs below).
+    monkeypatch.setattr(evaluation, "GRID", (evaluation.GRID[0], evaluation.GRID[-2], evaluation.GRID[-1]))
+    monkeypatch.setattr(evaluation, "DIVERGING_LIMIT", (300.0, 1000.0))
     path = tmp_path / "keep.keras"
     constant_meta_model(KEEP).save(path)
     assert cli.main(["meta", "eval", str(path), "--families", "iris", "--seeds", "0", "--epochs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "iris/0 grid best lr=" in out and "| near_grid_best |" in out and "| cosine_no_harm |" in out
+    assert "iris/0 grid best lr=0.72 " in out and "| near_grid_best |" in out and "| cosine_no_harm |" in out
     row = next(line for line in out.splitlines() if line.startswith("| iris | 0 |"))
     assert "too_low 0.0001:" in row  # the grid's lowest rate is "too low" on iris in 2 epochs
+    assert "too_high 3.16:" in row and "diverging 1000:" in row  # 300 ends finite, 1000 does not
 
 
 @pytest.mark.parametrize("argv, message", [

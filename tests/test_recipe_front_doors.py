@@ -25,6 +25,15 @@ def _images(rows, seed):
     return rng.integers(0, 256, size=(rows, 16, 16)).astype("uint8"), rng.integers(0, 3, size=rows)
 
 
+class EpochWeights(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights, self.val_loss = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append(self.model.get_weights())
+        self.val_loss.append(logs["val_loss"])
+
+
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("front_doors")
@@ -44,16 +53,16 @@ def test_kadapt_train_and_fast_fit_train_the_same_model(cli_run):
     micro = json.loads((out / "probe.json").read_text())["micro_batch_size"]
     pixels = x.astype("float32") / 255.0  # as `kadapt train` prepares uint8 images
     cut = ROWS - VALIDATION
+    seen = EpochWeights()
     model = fast_fit(pixels[:cut], y[:cut], validation_data=(pixels[cut:], y[cut:]), epochs=EPOCHS,
-                     batch_size=BATCH, config=CONFIG, seed=SEED, micro_batch_size=micro)
+                     batch_size=BATCH, config=CONFIG, seed=SEED, micro_batch_size=micro, callbacks=[seen])
     saved = keras.saving.load_model(out / "model.keras")
     assert len(saved.weights) == len(model.weights)
     for ours, theirs in zip(saved.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
-    # The oracle can fail: a third seed trains another model.
-    other = fast_fit(pixels[:cut], y[:cut], validation_data=(pixels[cut:], y[cut:]), epochs=EPOCHS,
-                     batch_size=BATCH, config=CONFIG, seed=SEED + 1, micro_batch_size=micro)
-    assert max_relative_difference(other.get_weights(), model.get_weights()) > 1e-2
+    # The oracle can fail: models of the same seed one epoch (3 steps) apart differ far beyond the tolerance,
+    # a nearer miss than a model of another seed, and one no third training run is needed to show.
+    assert max_relative_difference(seen.weights[0], seen.weights[1]) > 1e-2
 
 
 def test_the_run_directory_says_which_epochs_weights_it_saved(cli_run):
@@ -63,15 +72,6 @@ def test_the_run_directory_says_which_epochs_weights_it_saved(cli_run):
     assert weights["restored"] and weights["monitor"] == "val_loss"
     assert weights["epoch"] == int(np.argmin(val_loss)) + 1
     assert weights["value"] == pytest.approx(min(val_loss))
-
-
-class EpochWeights(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.weights, self.val_loss = [], []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.weights.append(self.model.get_weights())
-        self.val_loss.append(logs["val_loss"])
 
 
 # XLA as Keras runs it on a GPU: there `jit_compile="auto"` (the recipe's) resolves to True.

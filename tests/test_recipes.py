@@ -105,18 +105,6 @@ def test_fast_fit_from_a_dataset_with_the_triangular_schedule():
     assert model.optimizer.use_ema and model.output_shape == (None, 3)
 
 
-def test_fast_fit_with_a_single_step_starts_the_triangle_at_the_peak():
-    # Too few steps for a warmup step: the rate starts at the peak (as the
-    # cosine schedule does) instead of building an invalid [0, 1, 1] schedule.
-    x, y = _data(BATCH)
-    config = FastFitConfig(**{**TINY.__dict__, "schedule": "triangular", "whitening": False})
-    model = fast_fit(x, y, epochs=1, batch_size=BATCH, config=config, seed=0)
-    assert int(model.optimizer.iterations.numpy()) == 1
-    schedule = model.optimizer._learning_rate
-    assert float(schedule(0)) == pytest.approx(config.learning_rate)
-    assert float(schedule(1)) == 0.0
-
-
 @pytest.mark.parametrize(
     "arguments, message",
     [
@@ -138,11 +126,25 @@ def test_config_rejects_an_unknown_schedule():
         FastFitConfig(schedule="linear")
 
 
-def test_fast_fit_expands_the_training_rows_before_the_schedule_counts_them():
+@pytest.fixture(scope="module")
+def expanded():
+    """32 rows and round(0.5 x 32) mixed up, in batches of 16: 3 steps, too few for a warmup step
+    (int(0.25 x 3) = 0) under the triangular schedule."""
     x, y = _data()
-    config = FastFitConfig(**{**TINY.__dict__, "expand": 0.5, "expand_method": "mixup"})
-    model = fast_fit(x, y, epochs=1, batch_size=BATCH, config=config, seed=0)
-    assert int(model.optimizer.iterations.numpy()) == 3  # ceil((32 + 16) / 16)
+    config = FastFitConfig(**{**TINY.__dict__, "schedule": "triangular", "expand": 0.5, "expand_method": "mixup"})
+    return fast_fit(x, y, epochs=1, batch_size=BATCH, config=config, seed=0)
+
+
+def test_fast_fit_expands_the_training_rows_before_the_schedule_counts_them(expanded):
+    assert int(expanded.optimizer.iterations.numpy()) == 3  # ceil((32 + 16) / 16)
+    schedule = expanded.optimizer._learning_rate  # a 2-step triangle would be 0 at step 2
+    assert float(schedule(2)) == pytest.approx(TINY.learning_rate / 3) and float(schedule(3)) == 0.0
+
+
+def test_fast_fit_with_fewer_steps_than_a_warmup_step_starts_the_triangle_at_the_peak(expanded):
+    # The rate starts at the peak (as the cosine schedule does) instead of
+    # building an invalid [0, 1, 1] schedule.
+    assert float(expanded.optimizer._learning_rate(0)) == pytest.approx(TINY.learning_rate)
 
 
 def test_fast_fit_refuses_expand_with_a_dataset():
