@@ -50,7 +50,7 @@ postgres:
 	fi
 
 test: install-test data postgres
-	$(PY) -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=12 tests  # four workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures); conftest's order
+	$(PY) -m pytest -n 4 --dist loadfile --durations=12 tests  # four workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures)
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 --durations=6 tests  # the modules marked `backends(..., "jax")` (tests/conftest.py)
 
 benchmarks: install data

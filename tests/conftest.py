@@ -13,11 +13,6 @@ import postgres  # noqa: E402
 
 BACKEND = keras.backend.backend()
 DEFAULT_BACKENDS = ("tensorflow",)
-# Their tests mostly wait on worker processes (KerasTuner's chief sleeps 20 s between checks, a lost
-# peer is noticed by a timeout): run first, under `--dist loadfile --no-loadscope-reorder` (Makefile),
-# they overlap the CPU-bound modules instead of being the last to start and the last to end.
-START_FIRST = ("test_distributed_search.py", "test_multi_worker.py", "test_multi_worker_train.py",
-               "test_multi_worker_adaptive.py", "test_collect_workers.py", "test_environment.py")
 
 if BACKEND == "tensorflow":
     import tensorflow as tf
@@ -52,7 +47,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselects what does not run on this process's Keras backend; `START_FIRST` leads."""
+    """Deselects what does not run on this process's Keras backend."""
     kept, dropped = [], []
     for item in items:
         marker = item.get_closest_marker("backends")
@@ -60,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
         (kept if BACKEND in backends else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = sorted(kept, key=lambda item: item.path.name not in START_FIRST)  # stable: modules stay whole
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
