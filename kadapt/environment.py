@@ -39,7 +39,6 @@ from kadapt.extras import require
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Chosen by benchmarks/cpu_allocator.py: statistics on every CPU and the fast
 # kernels, with peaks that repeat run to run.
 SETTINGS = {ONEDNN: "1"}
@@ -148,21 +147,6 @@ def _write_back(text, keep_all):
 def is_tensorflow_log_line(line: str) -> bool:
     """Whether `line` is one of TensorFlow's C++ (absl) log lines."""
     return bool(_CPP_LOG_LINE.match(line)) or line.startswith(_ABSL_PREAMBLE)
-
-
-def visible_device_entry(index: int, visible: str | None) -> str:
-    """Entry `index` of `CUDA_VISIBLE_DEVICES` (`visible`): a board index or a UUID.
-    Without the variable, TensorFlow's GPU i is board i."""
-    if not visible:
-        return str(index)
-    entries = [entry.strip() for entry in visible.split(",")]
-    return entries[index] if index < len(entries) else str(index)
-
-
-def gpus_hidden() -> bool:
-    """Whether `CUDA_VISIBLE_DEVICES` shows CUDA no GPU at all ("" or "-1"):
-    then no library needs to start to know there are none."""
-    return os.environ.get(VISIBLE_DEVICES, "0").strip() in ("", "-1")
 
 
 def thread_share(processes: int) -> int:

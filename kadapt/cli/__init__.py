@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.verbose, args.argv = verbose, argv
     try:
-        # A `--workers` launcher trains nothing: its workers load TensorFlow, it only counts GPUs.
-        if getattr(args, "tensorflow", True) and getattr(args, "workers", 1) == 1:
+        if getattr(args, "tensorflow", True):
             environment.load_tensorflow(verbose=verbose)
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit

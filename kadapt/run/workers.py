@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from kadapt import environment
-from kadapt.environment import VISIBLE_DEVICES
-from kadapt.environment import visible_device_entry
+from kadapt.batching.gpu_memory import VISIBLE_DEVICES
+from kadapt.batching.gpu_memory import visible_device_entry
 from kadapt.extras import require_tensorflow
 from kadapt.run.errors import UsageError
 
@@ -151,13 +151,10 @@ def worker_gpus(count: int, gpu_count: int, visible: str | None) -> list[str] | 
 
 def visible_gpu_count() -> int:
     """The GPUs TensorFlow sees in this process (after `CUDA_VISIBLE_DEVICES`).
-    Lists physical devices only: this process takes no GPU memory. Where
-    `CUDA_VISIBLE_DEVICES` hides them all, TensorFlow is not started to count
-    none: the launcher, which trains nothing, stays a light process."""
-    if environment.gpus_hidden():
-        return 0
-    require_tensorflow("Multi-worker training (`kadapt train --workers`)")
-    return len(environment.load_tensorflow().config.list_physical_devices("GPU"))
+    Lists physical devices only: this process takes no GPU memory."""
+    tf = require_tensorflow("Multi-worker training (`kadapt train --workers`)")
+
+    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _wait(processes, logs, echo):
