@@ -12,12 +12,7 @@ import multi_worker_oracle as oracle
 
 @pytest.fixture(scope="module")
 def single_process():
-    """Plain Keras in one process, whole batches: the weights and the training loss of each epoch
-    (what the checks compare; `oracle.plain_keras_run` also validates, evaluates and predicts)."""
-    x, y = oracle.data()
-    model = oracle.compile_model(oracle.network())
-    history = model.fit(oracle.training_batches(x, y), epochs=oracle.EPOCHS, shuffle=False, verbose=0)
-    return {"weights": model.get_weights(), "loss": history.history["loss"]}
+    return oracle.plain_keras_run()
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +32,8 @@ def test_out_of_memory_on_one_worker_is_retried_by_all_and_stays_exact(single_pr
         assert int(result["micro_batch_size"]) == 2 and int(result["iterations"]) == oracle.STEPS
         for got, want in zip(oracle.saved_weights(result), single_process["weights"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(json.loads(str(result["history"]))["loss"], single_process["loss"], rtol=1e-5)
+        np.testing.assert_allclose(json.loads(str(result["history"]))["loss"], single_process["history"]["loss"],
+                                   rtol=1e-5)
 
 
 def test_every_worker_applies_the_chiefs_meta_adjustments(adaptive_workers):
