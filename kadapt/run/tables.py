@@ -102,8 +102,8 @@ def label_array(path: str, name: str, cells: np.ndarray, flag: str = "--data") -
         return values.astype("int64") if whole else values
     if any(numbers):
         number, word = numbers.index(True), numbers.index(False)
-        raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({cells[number]!r} on line "
-                         f"{number + 2}) and words ({cells[word]!r} on line {word + 2}); a label column holds "
+        raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({str(cells[number])!r} on line "
+                         f"{number + 2}) and words ({str(cells[word])!r} on line {word + 2}); a label column holds "
                          "numbers (classes or values) or words (class names), not both. Fix the file.")
     return cells
 
@@ -113,7 +113,7 @@ def _numbers(path, name, cells, flag):
     for row, cell in enumerate(cells):
         value = _number(cell)
         if value is None or not math.isfinite(value):
-            what = "an empty cell" if not cell.strip() else f"{cell!r}"
+            what = "an empty cell" if not cell.strip() else repr(str(cell))
             raise UsageError(f"{flag} {path}: line {row + 2}, column {name} holds {what}, in a column of numbers; "
                              "kadapt imputes nothing. Fix or drop the row.")
         values[row] = value
