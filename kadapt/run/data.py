@@ -1,8 +1,11 @@
-"""The data of a run: a named offline set or a user's `.npz` or `.npy` files, as float32 arrays.
+"""The data of a run: a named offline set, a user's `.npz` or `.npy` files, or a CSV table.
 
 Images become (N, height, width, channels) float32; uint8 pixels are scaled
 to [0, 1]. `kadapt train` and `kadapt predict` prepare inputs the same way,
-here, so a saved model sees at inference what it saw in training.
+here, so a saved model sees at inference what it saw in training. Rows that
+are not images are encoded by layers adapted on the training rows
+(`kadapt.run.encoding`), which `model.keras` keeps; the labels say the task
+(`kadapt.run.labels`).
 """
 
 import dataclasses
@@ -137,26 +140,27 @@ def _csv_data(config):
 
 
 def _encoder(spec, x_train, columns):
-    """The adapted encoder of table rows (a CSV's columns, or array rows
-    (N, features)); `None` for images and other shapes, fed as they are."""
-    if columns is None and x_train.ndim != 2:
-        return None
+    """The encoder adapted on the training rows: of a CSV's columns, or of
+    array rows (N, features); `None` for images (and other shapes), fed as they are."""
     from kadapt.run import encoding
 
-    numeric = {name: x_train[name] for name, kind in (columns or {}).items() if kind == tables.NUMERIC}
-    _check_varies(spec, numeric if columns is not None else {i: x_train[:, i] for i in range(x_train.shape[1])},
-                  columns is not None)
-    return encoding.column_encoder(x_train, columns) if columns is not None else encoding.row_encoder(x_train)
+    if columns is not None:
+        _check_varies(spec, {name: x_train[name] for name, kind in columns.items() if kind == tables.NUMERIC},
+                      "column {}")
+        return encoding.column_encoder(x_train, columns)
+    if x_train.ndim != 2:
+        return None
+    _check_varies(spec, dict(enumerate(x_train.T)), "column {} (counted from 0) of the inputs")
+    return encoding.row_encoder(x_train)
 
 
-def _check_varies(spec, numeric, named):
+def _check_varies(spec, numeric, where):
     """A `UsageError` for a numeric column that holds one value in every training row."""
     for name, values in numeric.items():
         if len(values) and values.min() == values.max():
-            what = f"column {name}" if named else f"column {name} (counted from 0) of the inputs"
-            raise UsageError(f"--data {input_file(spec)}: {what} holds {values[0]:g} in every training row; "
-                             "standardizing it would divide by zero, and it tells the rows apart no more than "
-                             "nothing. Drop the column.")
+            raise UsageError(f"--data {input_file(spec)}: {where.format(name)} holds {values[0]:g} in every "
+                             "training row; standardizing it would divide by zero, and it tells the rows apart "
+                             "no more than nothing. Drop the column.")
 
 
 def input_file(spec):

@@ -58,6 +58,9 @@ def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
 
 def encode(encoder: keras.Model, x) -> np.ndarray:
     """The float32 matrix of raw rows `x` (an array, or a dict of (N,) columns)."""
+    rows = len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+    if not rows:  # no validation rows: Keras' predict takes no empty dataset
+        return np.zeros((0, *encoder.output.shape[1:]), "float32")
     return encoder.predict(_dataset(x), verbose=0).astype("float32")
 
 
