@@ -200,7 +200,8 @@ def test_fewer_rows_than_classes(tables, monkeypatch):
     write_csv(tables / "few.csv", ["a", "label"], [[str(i), str(3 * i)] for i in range(6)])
     assert bad(tables, monkeypatch, data="few.csv", target="label", validation_split=0.0) == (
         "--data few.csv: 4 training rows for 16 classes; each class needs rows to learn from. "
-        "Give more rows, or fewer classes.")
+        "Give more rows, or fewer classes. Whole numbers are classes: for a regression, save the labels as floats "
+        "(in a CSV, write 3.0 for 3).")
 
 
 def test_a_test_file_with_other_columns(tables, monkeypatch):

@@ -58,10 +58,10 @@ def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
 
 def encode(encoder: keras.Model, x) -> np.ndarray:
     """The float32 matrix of raw rows `x` (an array, or a dict of (N,) columns)."""
-    rows = len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
-    if not rows:  # no validation rows: Keras' predict takes no empty dataset
-        return np.zeros((0, *encoder.output.shape[1:]), "float32")
-    return encoder.predict(_dataset(x), verbose=0).astype("float32")
+    # Called eagerly, a chunk at a time: `predict` would trace a function for each of the
+    # train, validation and test sets, and TensorFlow warns of retracing.
+    chunks = [keras.ops.convert_to_numpy(encoder(batch)) for batch in _dataset(x)]
+    return np.concatenate(chunks).astype("float32") if chunks else np.zeros((0, *encoder.output.shape[1:]), "float32")
 
 
 def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> keras.Model:

@@ -75,5 +75,7 @@ def _check_classes(spec, coded, labels):
         raise UsageError(f"--data {spec}: every training label is {name}: one class only, nothing to tell "
                          "apart. Give rows of at least two classes.")
     if len(coded) < labels.task.outputs:
+        regression = "" if labels.class_names else (" Whole numbers are classes: for a regression, save the labels "
+                                                     "as floats (in a CSV, write 3.0 for 3).")
         raise UsageError(f"--data {spec}: {len(coded)} training rows for {labels.task.outputs} classes; each class "
-                         "needs rows to learn from. Give more rows, or fewer classes.")
+                         f"needs rows to learn from. Give more rows, or fewer classes.{regression}")
