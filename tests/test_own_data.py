@@ -40,9 +40,9 @@ def tables(tmp_path_factory):
     np.save(folder / "values.npy", 3000.0 + 1000.0 * x[:, 0] + 0.5 * (x[:, 1] - 5000.0))
     np.save(folder / "names.npy", np.where(x[:, 0] > 0, "cat", "dog"))
     rows = [[f"{x[i, 1]:.2f}", COLORS[i % 3], "yes" if x[i, 1] > 5000 else "no"] for i in range(60)]
-    write_csv(folder / "train.csv", ["size", "color", "label"], rows[:48])
-    write_csv(folder / "test.csv", ["color", "size", "label"], [[c, s, label] for s, c, label in rows[48:]])
-    write_csv(folder / "new.csv", ["size", "color"], [["4000", "red"], ["6000", "purple"]])
+    write_csv(folder / "train.csv", ["floor area", "color", "label"], rows[:48])
+    write_csv(folder / "test.csv", ["color", "floor area", "label"], [[c, s, label] for s, c, label in rows[48:]])
+    write_csv(folder / "new.csv", ["floor area", "color"], [["4000", "red"], ["6000", "purple"]])
     return folder
 
 
@@ -136,9 +136,9 @@ def test_string_labels_are_class_names_kept_in_the_run_and_predicted_by_name(nam
 def test_a_csv_trains_on_its_columns_and_predicts_raw_rows_with_an_unseen_category(csv_run, tables, capsys,
                                                                                      monkeypatch):
     data = json.loads((csv_run / "config.json").read_text())["resolved"]["data"]
-    assert data["target"] == "label" and data["columns"] == {"size": "numeric", "color": "string"}
+    assert data["target"] == "label" and data["columns"] == {"floor area": "numeric", "color": "string"}
     assert data["classes"] == ["no", "yes"] and data["test_rows"] == 12  # --test's rows
-    assert data["input_shape"] == [5]  # size, then one-hot color: 3 seen + 1 out-of-vocabulary slot
+    assert data["input_shape"] == [5]  # floor area, then one-hot color: 3 seen + 1 out-of-vocabulary slot
     capsys.readouterr()
     assert cli.main(["report", str(csv_run)]) == 0
     assert re.search(r"train\.csv: 44 train / 4 validation / 12 test rows of \(5,\) \(2 columns\), 2 classes",
@@ -167,7 +167,7 @@ def bad(tables, monkeypatch, **options):
 
 def test_a_misspelled_target_lists_the_columns(tables, monkeypatch):
     assert bad(tables, monkeypatch, data="train.csv", target="lable") == (
-        "--target lable is not a column of train.csv; its columns: size, color, label. Pass one of them. "
+        "--target lable is not a column of train.csv; its columns: floor area, color, label. Pass one of them. "
         "Received: --target=lable")
 
 
@@ -179,7 +179,8 @@ def test_a_target_with_arrays(tables, monkeypatch):
 
 def test_a_csv_without_target(tables, monkeypatch):
     assert bad(tables, monkeypatch, data="train.csv") == (
-        "--data train.csv is a table: add --target COLUMN, the column to predict (its columns: size, color, label).")
+        "--data train.csv is a table: add --target COLUMN, the column to predict (its columns: floor area, color, "
+        "label).")
 
 
 def test_a_label_column_of_numbers_and_words(tables, monkeypatch):
@@ -205,10 +206,17 @@ def test_fewer_rows_than_classes(tables, monkeypatch):
 
 
 def test_a_test_file_with_other_columns(tables, monkeypatch):
-    write_csv(tables / "other.csv", ["size", "colour", "label"], [["1", "red", "no"]])
+    write_csv(tables / "other.csv", ["floor area", "colour", "label"], [["1", "red", "no"]])
     assert bad(tables, monkeypatch, data="train.csv", target="label", test="other.csv") == (
         "--test other.csv lacks color and adds colour: its columns must be the training file's "
-        "(size, color, label).")
+        "(floor area, color, label).")
+
+
+def test_two_columns_that_would_share_a_model_input(tables, monkeypatch):
+    write_csv(tables / "clash.csv", ["a b", "a/b", "label"], [["1", "2", "0"], ["2", "1", "1"]])
+    assert bad(tables, monkeypatch, data="clash.csv", target="label") == (
+        "--data clash.csv: columns 'a b' and 'a/b' both become the model input 'a_b' (Keras takes letters, digits "
+        "and _.- in a name). Rename one of them.")
 
 
 def test_nan_in_array_rows_names_the_file_row_and_column(tables, monkeypatch):

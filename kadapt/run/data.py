@@ -128,6 +128,7 @@ def _csv_data(config):
     columns = tables.read_csv(config.data)
     tables.check_target(config.data, columns, config.target)
     labels = tables.label_array(config.data, config.target, columns.pop(config.target))
+    tables.check_input_names(config.data, columns)
     kinds = tables.column_kinds(columns)
     x = tables.feature_arrays(config.data, columns, kinds)
     if config.test is None:

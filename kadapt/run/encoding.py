@@ -12,7 +12,8 @@ raw rows -> the same layers -> the trained network, so `kadapt predict` and
   string column one-hot by a `keras.layers.StringLookup` adapted on its
   training values, with one out-of-vocabulary slot that a category unseen in
   training maps to. The model's inputs are a dict of named (N, 1) columns,
-  strings as `dtype="string"`.
+  strings as `dtype="string"`, each under its `input_name` (the column's
+  name with what Keras refuses in a name, such as spaces and `/`, as `_`).
 - Regression: the network learns the standardized target; the saved model
   ends with `Normalization(invert=True)`, output * std + mean.
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from kadapt.extras import require
 from kadapt.run.tables import NUMERIC
+from kadapt.run.tables import input_name
 
 tf = require("tensorflow", extra="tensorflow")
 ENCODE_BATCH_SIZE = 4096
@@ -39,19 +41,20 @@ def row_encoder(x_train: np.ndarray) -> keras.Model:
 
 def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
     """A dict of raw (N, 1) columns -> [standardized numeric columns, one-hot categories]."""
-    inputs = {name: keras.Input((1,), dtype="float32" if kind == NUMERIC else "string", name=name)
-              for name, kind in kinds.items()}
+    inputs = {input_name(name): keras.Input((1,), dtype="float32" if kind == NUMERIC else "string",
+                                            name=input_name(name)) for name, kind in kinds.items()}
     numeric = [name for name, kind in kinds.items() if kind == NUMERIC]
     parts = []
     if numeric:
         normalization = keras.layers.Normalization(axis=-1, dtype="float32", name="normalization")
         normalization.adapt(np.stack([columns_train[name] for name in numeric], axis=1))
-        joined = inputs[numeric[0]] if len(numeric) == 1 else keras.layers.Concatenate()([inputs[n] for n in numeric])
+        columns = [inputs[input_name(name)] for name in numeric]
+        joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate()(columns)
         parts.append(normalization(joined))
     for name in (name for name, kind in kinds.items() if kind != NUMERIC):
-        lookup = keras.layers.StringLookup(num_oov_indices=1, output_mode="one_hot", name=f"lookup_{name}")
+        lookup = keras.layers.StringLookup(num_oov_indices=1, output_mode="one_hot", name=f"lookup_{input_name(name)}")
         lookup.adapt(columns_train[name])
-        parts.append(lookup(inputs[name]))
+        parts.append(lookup(inputs[input_name(name)]))
     features = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
     return keras.Model(inputs, features, name="encoder")
 
@@ -80,9 +83,9 @@ def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> 
 
 def columns_dataset(columns: dict, batch_size: int = ENCODE_BATCH_SIZE):
     """A `tf.data.Dataset` of batches of a dict of (N,) columns, each (batch, 1)
-    (Keras' array adapter takes no strings)."""
-    return tf.data.Dataset.from_tensor_slices({name: values.reshape(-1, 1) for name, values in columns.items()}
-                                              ).batch(batch_size)
+    under its `input_name` (Keras' array adapter takes no strings)."""
+    return tf.data.Dataset.from_tensor_slices({input_name(name): values.reshape(-1, 1)
+                                               for name, values in columns.items()}).batch(batch_size)
 
 
 def _dataset(x):

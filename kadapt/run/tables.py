@@ -11,6 +11,7 @@ header on line 1) and the column.
 
 import csv
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,23 @@ def check_target(path: str, columns: dict, target: str | None, flag: str = "--da
                          f"Pass one of them. Received: --target={target}")
     if len(columns) < 2:
         raise UsageError(f"{flag} {path} holds only the --target column {target}: add the columns to learn from.")
+
+
+def input_name(column: str) -> str:
+    """The name of a column's input in `model.keras`: Keras takes letters,
+    digits and `_.-` in a name, so every other character becomes `_`."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", column)
+
+
+def check_input_names(path: str, columns, flag: str = "--data") -> None:
+    """A `UsageError` where two columns would share an `input_name`."""
+    seen = {}
+    for name in columns:
+        if input_name(name) in seen:
+            raise UsageError(f"{flag} {path}: columns {seen[input_name(name)]!r} and {name!r} both become the model "
+                             f"input {input_name(name)!r} (Keras takes letters, digits and _.- in a name). "
+                             "Rename one of them.")
+        seen[input_name(name)] = name
 
 
 def column_kinds(columns: dict) -> dict:
