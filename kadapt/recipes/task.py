@@ -118,7 +118,7 @@ class Task:
         y = np.asarray(y_train)
         if self.is_regression:
             return float(np.var(self.targets(y)))
-        frequencies = np.bincount(y.astype(int), minlength=self.outputs) / len(y)
+        frequencies = np.bincount(y.astype(int), minlength=self.outputs or 0) / len(y)
         smoothed = (1 - label_smoothing) * frequencies + label_smoothing / len(frequencies)
         present = smoothed[smoothed > 0]
         return float(-np.sum(present * np.log(present)))
