@@ -27,9 +27,10 @@ def add_predict_arguments(subparsers):
     parser.add_argument("--data", required=True,
                         help="fashion_mnist or digits (their test rows), a .npz with x_test[, y_test] or x[, y], "
                              "X.npy[,Y.npy] (every row), or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy "
-                             "(the test rows), or a .csv with the training table's columns (the --target column optional)")
-    parser.add_argument("--output", help="write the predicted classes (names for string labels) or values to this .npy or .csv "
-                             "file (one per row)")
+                             "(the test rows), or a .csv with the training table's columns (the --target column "
+                             "optional)")
+    parser.add_argument("--output", help="write the predicted classes (names for string labels) or values to this "
+                                         ".npy or .csv file (one per row)")
     parser.add_argument("--probabilities", action="store_true",
                         help="write each row's class probabilities (softmax of the logits) to --output instead")
     parser.set_defaults(run=run_predict)
@@ -99,7 +100,8 @@ def _write_classes(args, logits, y, names):
         print(f"{what} written to {args.output}")
     else:
         counts = np.bincount(classes, minlength=logits.shape[-1])
-        print("rows per predicted class: " + ", ".join(f"{c}: {n}" for c, n in zip(names or range(len(counts)), counts)))
+        listed = ", ".join(f"{c}: {n}" for c, n in zip(names or range(len(counts)), counts))
+        print(f"rows per predicted class: {listed}")
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

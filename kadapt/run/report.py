@@ -27,7 +27,8 @@ def summary(directory):
     if "weights" in record:
         rows.append(("saved weights", record["weights"]["text"]))
     if "test_loss" in record:
-        rows.append(("test " + ("accuracy" if "test_accuracy" in record else "error"), scores_text(record, label=False)))
+        label = "test accuracy" if "test_accuracy" in record else "test error"
+        rows.append((label, scores_text(record, label=False)))
     if "wall_seconds" in record:
         rows.append(("wall time", f"{record['wall_seconds']:.0f} s"))
     return rows
