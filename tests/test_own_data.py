@@ -244,6 +244,19 @@ def test_a_constant_column(tables, monkeypatch):
         "standardizing it would divide by zero, and it tells the rows apart no more than nothing. Drop the column.")
 
 
+def test_a_constant_csv_column(tables, monkeypatch):
+    write_csv(tables / "flat.csv", ["a", "b", "label"], [[str(i), "7", str(i % 2)] for i in range(10)])
+    assert bad(tables, monkeypatch, data="flat.csv", target="label") == (
+        "--data flat.csv: column b holds 7 in every training row; standardizing it would divide by zero, and it "
+        "tells the rows apart no more than nothing. Drop the column.")
+
+
+def test_a_test_file_for_arrays(tables, monkeypatch):
+    assert bad(tables, monkeypatch, data="x.npy,names.npy", test="test.csv") == (
+        "--test goes with a CSV table (--data TABLE.csv); --data x.npy,names.npy is not one. Drop --test. "
+        "Received: --test=test.csv")
+
+
 def test_an_empty_csv(tables, monkeypatch):
     write_csv(tables / "empty.csv", ["a", "label"], [])
     assert bad(tables, monkeypatch, data="empty.csv", target="label") == (
