@@ -416,8 +416,9 @@ def test_bad_arguments_end_in_one_line(argv, message, tmp_path, monkeypatch):
     ids=["fast_resnet", "cutout", "mixing", "augment on", "expand"],
 )
 def test_recipe_flags_that_cannot_apply_to_vectors_end_in_one_line(argv, message, tmp_path):
-    path = _npz(tmp_path, "vectors.npz", x_train=np.zeros((8, 3), "float32"), y_train=np.arange(8) % 2,
-                x_test=np.zeros((4, 3), "float32"), y_test=np.arange(4) % 2)
+    rows = np.random.default_rng(0).normal(size=(12, 3)).astype("float32")
+    path = _npz(tmp_path, "vectors.npz", x_train=rows[:8], y_train=np.arange(8) % 2, x_test=rows[8:],
+                y_test=np.arange(4) % 2)
     with pytest.raises(SystemExit) as raised:
         cli.main(["train", "--data", path, "--meta", "off", *argv, "--out", str(tmp_path / "run")])
     text = str(raised.value)
@@ -451,11 +452,11 @@ def test_recipe_flags_that_contradict_end_in_one_line(argv, message, tmp_path):
         ({"x_train": np.array([None] * 4), "y_train": np.zeros(4, int), "x_test": np.zeros((2, 3)),
           "y_test": np.zeros(2, int)}, "is not a readable .npz of numeric arrays"),
         ({"x_train": np.zeros((4, 3)), "y_train": np.zeros(5, int), "x_test": np.zeros((2, 3)),
-          "y_test": np.zeros(2, int)}, "labels must be 4 integer classes"),
-        ({"x_train": np.zeros((4, 3)), "y_train": np.zeros(4), "x_test": np.zeros((2, 3)),
-          "y_test": np.zeros(2, int)}, "labels must be 4 integer classes >= 0"),
+          "y_test": np.zeros(2, int)}, "labels must be 4 values, one per input row"),
+        ({"x_train": np.arange(12.0).reshape(4, 3), "y_train": np.array([0, 1, -1, 1]), "x_test": np.zeros((2, 3)),
+          "y_test": np.zeros(2, int)}, "integer labels are classes 0, 1, 2, ...; the labels hold -1."),
     ],
-    ids=["missing keys", "object array", "row mismatch", "float labels"],
+    ids=["missing keys", "object array", "row mismatch", "negative labels"],
 )
 def test_malformed_npz_ends_in_one_line(arrays, message, tmp_path):
     path = _npz(tmp_path, "bad.npz", **arrays)

@@ -19,10 +19,11 @@ def test_rejects_what_is_not_a_row_count(rows):
 def _images(side):
     import numpy as np
 
+    from kadapt.recipes.task import Task
     from kadapt.run.data import TrainingData
 
     x, y = np.zeros((4, side, side, 1), "float32"), np.zeros(4, "int64")
-    return TrainingData(x, y, x, y, x, y, num_classes=2)
+    return TrainingData(x, y, x, y, x, y, Task(outputs=2))
 
 
 @pytest.mark.parametrize("side, augment, shift", [(8, "auto", 0), (15, "auto", 0), (16, "auto", 1), (8, "on", 1),

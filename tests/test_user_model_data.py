@@ -152,14 +152,16 @@ def test_four_npy_files_are_train_and_test(tmp_path):
         ({"x": np.array([None] * 4), "y": np.zeros(4, int)},
          "x.npy is not a readable .npy of a numeric array (Object arrays cannot be loaded when allow_pickle=False)."),
         ({"x": np.zeros((4, 3)), "y": np.zeros(5, int)},
-         "labels must be 4 integer classes >= 0, one per input row. Received shape (5,), dtype int64."),
-        ({"x": np.zeros((4, 3)), "y": np.zeros(4)},
-         "labels must be 4 integer classes >= 0, one per input row. Received shape (4,), dtype float64."),
+         "labels must be 4 values, one per input row: integer classes, float targets or class names. "
+         "Received shape (5,), dtype int64."),
+        ({"x": np.zeros((4, 3)), "y": np.zeros(4, bool)},
+         "labels must be 4 values, one per input row: integer classes, float targets or class names. "
+         "Received shape (4,), dtype bool."),
         ({"x": np.zeros((4, 3)), "y": np.zeros(4, int), "z": np.zeros(4, int)},
          "--data takes 2 or 4 .npy files separated by commas, X.npy,Y.npy or "
          "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy. Received: --data="),
     ],
-    ids=["pickled objects", "row counts", "float labels", "three files"],
+    ids=["pickled objects", "row counts", "bool labels", "three files"],
 )
 def test_bad_npy_data_is_one_usage_error(tmp_path, arrays, message):
     with pytest.raises(UsageError) as raised:

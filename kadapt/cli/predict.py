@@ -1,4 +1,5 @@
-"""`kadapt predict RUN_DIR --data ...`: classify rows with a run's saved model."""
+"""`kadapt predict RUN_DIR --data ...`: classify rows (or predict a regression's values) with a
+run's saved model, which takes the rows as they are kept: it standardizes and encodes them itself."""
 
 import argparse
 import re
@@ -9,7 +10,11 @@ from kadapt.recipes.inference import predict_with_tta
 from kadapt.run import RunDirectory
 from kadapt.run import UsageError
 from kadapt.run import run_directory as files
+from kadapt.recipes.task import REGRESSION
+from kadapt.recipes.task import regression_scores
 from kadapt.run.data import load_inputs
+from kadapt.run.data import load_table_inputs
+from kadapt.run.tables import is_csv_spec
 from kadapt.saving import load_model
 
 PREDICT_BATCH_SIZE = 256
@@ -22,8 +27,10 @@ def add_predict_arguments(subparsers):
     parser.add_argument("--data", required=True,
                         help="fashion_mnist or digits (their test rows), a .npz with x_test[, y_test] or x[, y], "
                              "X.npy[,Y.npy] (every row), or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy "
-                             "(the test rows)")
-    parser.add_argument("--output", help="write the predicted classes to this .npy or .csv file (one per row)")
+                             "(the test rows), or a .csv with the training table's columns (the --target column "
+                             "optional)")
+    parser.add_argument("--output", help="write the predicted classes (names for string labels) or values to this "
+                                         ".npy or .csv file (one per row)")
     parser.add_argument("--probabilities", action="store_true",
                         help="write each row's class probabilities (softmax of the logits) to --output instead")
     parser.set_defaults(run=run_predict)
@@ -34,21 +41,67 @@ def run_predict(args: argparse.Namespace) -> int:
     directory = RunDirectory(args.run_dir)
     model = _load_model(directory)
     config = directory.read_json(files.CONFIG) or {}
-    x, y = load_inputs(args.data, config.get("options", {}).get("seed", 0))
-    _check_shape(model, x, args.data)
-    logits = predict_with_tta(model, x, batch_size=PREDICT_BATCH_SIZE, **_test_time_augmentation(config))
-    classes = np.argmax(logits, axis=-1)
-    print(f"predicted {len(classes)} rows of {args.data} with {directory / files.MODEL}")
+    data = config.get("resolved", {}).get("data", {})
+    regression = data.get("task", {}).get("kind") == REGRESSION
+    if regression and args.probabilities:
+        raise UsageError(f"--probabilities are of classes; {directory.path} is a regression, which predicts "
+                         "values. Drop --probabilities.")
+    x, y = _inputs(args.data, config, data)
+    outputs = _outputs(model, x, config)
+    print(f"predicted {len(outputs)} rows of {args.data} with {directory / files.MODEL}")
+    if regression:
+        _write_values(args.output, outputs.reshape(-1), y, data.get("target") or "value")
+    else:
+        _write_classes(args, outputs, y, directory.read_json(files.CLASSES))
+    return 0
+
+
+def _inputs(spec, config, data):
+    """`(rows, labels or None)`: a CSV's columns for a run trained on one, else arrays."""
+    if data.get("columns"):
+        if not is_csv_spec(spec):
+            raise UsageError(f"--data {spec}: this run was trained on a CSV table; pass a .csv with its columns "
+                             f"({', '.join(data['columns'])}).")
+        return load_table_inputs(spec, data["columns"], data.get("target"))
+    return load_inputs(spec, config.get("options", {}).get("seed", 0))
+
+
+def _outputs(model, x, config):
+    if isinstance(x, dict):
+        from kadapt.run.encoding import columns_dataset
+
+        return model.predict(columns_dataset(x, PREDICT_BATCH_SIZE), verbose=0)
+    _check_shape(model, x, config)
+    return predict_with_tta(model, x, batch_size=PREDICT_BATCH_SIZE, **_test_time_augmentation(config))
+
+
+def _write_values(output, values, y, name):
     if y is not None:
-        print(f"accuracy {np.mean(classes == y):.4f} ({int(np.sum(classes == y))} of {len(y)} right)")
+        scores = regression_scores(values, y)
+        print(f"MAE {scores['mae']:.4g}, RMSE {scores['rmse']:.4g}, R² {scores['r2']:.4f} against the labels")
+    if output is None:
+        print(f"predicted {name}: mean {values.mean():.4g}, from {values.min():.4g} to {values.max():.4g}")
+        return
+    _save(output, values, header=name)
+    print(f"predicted values written to {output}")
+
+
+def _write_classes(args, logits, y, names):
+    classes = np.argmax(logits, axis=-1)
+    predicted = np.array(names)[classes] if names else classes
+    if y is not None:
+        right = predicted == (y if names or y.dtype.kind in "iu" else y.astype(int))
+        print(f"accuracy {np.mean(right):.4f} ({int(np.sum(right))} of {len(y)} right)")
     if args.output is not None:
         what = "class probabilities" if args.probabilities else "predicted classes"
-        _save(args.output, softmax(logits) if args.probabilities else classes)
+        labels = names or range(logits.shape[-1])
+        _save(args.output, softmax(logits) if args.probabilities else predicted,
+              header=",".join(f"class_{c}" for c in labels) if args.probabilities else "class")
         print(f"{what} written to {args.output}")
     else:
-        counts = np.bincount(classes, minlength=int(model.outputs[0].shape[-1]))
-        print("rows per predicted class: " + ", ".join(f"{c}: {n}" for c, n in enumerate(counts)))
-    return 0
+        counts = np.bincount(classes, minlength=logits.shape[-1])
+        listed = ", ".join(f"{c}: {n}" for c, n in zip(names or range(len(counts)), counts))
+        print(f"rows per predicted class: {listed}")
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -79,6 +132,13 @@ def _load_model(directory):
     try:
         return load_model(path)
     except (TypeError, ValueError) as error:
+        if "deserialization of a `Lambda` layer" in str(error):
+            raise UsageError(
+                f"{path} holds a Lambda layer, Python code saved in the file; kadapt predict loads models in "
+                "Keras' safe mode, which runs no code from a file, so it refuses it. If you trust the file, load "
+                "it in Python with keras.saving.load_model(path, safe_mode=False); or replace the Lambda with a "
+                "layer class registered with @keras.saving.register_keras_serializable() and train again."
+            ) from None
         unknown = re.search(r"Could not locate class '([^']+)'", str(error))
         if unknown is None:
             raise
@@ -90,21 +150,21 @@ def _load_model(directory):
         ) from None
 
 
-def _check_shape(model, x, spec):
+def _check_shape(model, x, config):
     expected = tuple(model.inputs[0].shape[1:])
     if tuple(x.shape[1:]) != expected:
-        raise UsageError(f"--data {spec} has rows of shape {tuple(x.shape[1:])}; the model takes {expected}.")
+        spec = config.get("options", {}).get("data")
+        raise UsageError(f"--data has rows of shape {tuple(x.shape[1:])}; the model takes {expected} "
+                         f"(it was trained on --data {spec}).")
 
 
-def _save(path, rows):
-    """`.npy`, or `.csv` with a header: `class`, or `class_0,class_1,...` for probabilities."""
+def _save(path, rows, header):
+    """`.npy`, or `.csv` with a `header` line: classes (numbers or names), values or probabilities."""
+    fmt = "%s" if rows.dtype.kind == "U" else "%d" if rows.dtype.kind in "iu" else "%.6g"
     try:
         if path.endswith(".npy"):
             np.save(path, rows)
-        elif rows.ndim == 1:
-            np.savetxt(path, rows, fmt="%d", header="class", comments="")
         else:
-            header = ",".join(f"class_{c}" for c in range(rows.shape[1]))
-            np.savetxt(path, rows, fmt="%.6g", delimiter=",", header=header, comments="")
+            np.savetxt(path, rows, fmt=fmt, delimiter=",", header=header, comments="")
     except OSError as error:
         raise UsageError(f"--output {path} cannot be written: {error.strerror or error}.") from None

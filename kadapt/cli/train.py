@@ -40,9 +40,13 @@ def add_data_arguments(parser):
     add = parser.add_argument
     add("--data", help="fashion_mnist, digits (scikit-learn 8x8), a .npz with x_train, y_train, x_test, y_test, "
                        "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
-                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy; labels are integer classes")
+                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy, or a TABLE.csv with --target; integer labels are "
+                       "classes, float labels a regression target, string labels class names")
+    add("--target", help="the column of --data TABLE.csv to predict (its other columns are the inputs)")
+    add("--test", help="a CSV of test rows with --data TABLE.csv's columns (default: a seeded 20%% of its rows)")
     add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
-                        "(input_shape, num_classes) -> uncompiled keras.Model of logits, imported from the current "
+                        "(input_shape, num_classes) -> uncompiled keras.Model of num_classes logits (1 output for a "
+                        "regression), imported from the current "
                         "directory (default: auto = fast_resnet for images of at least 16x16 pixels, else mlp)")
     add("--batch-size", type=int, help="logical batch: rows per optimizer step (default: 256, halved down to 16 while an epoch would have fewer than 64 steps)")
     add("--augment", choices=AUGMENT_SETTINGS, help="shift images (and mirror Fashion-MNIST) during training and at test time: on, off, or auto = on "

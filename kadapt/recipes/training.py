@@ -26,6 +26,7 @@ from kadapt.precision import policy_name
 from kadapt.range_test import find_learning_rate
 from kadapt.recipes.config import AUTO
 from kadapt.recipes.inference import predict_with_tta
+from kadapt.recipes.task import Task
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
 from kadapt.schedules.piecewise_linear import PiecewiseLinear
@@ -66,14 +67,13 @@ def recipe_precision(config, build_model, images, num_classes, batch_size):
     return choose_precision(build_model, batch, labels, batch_size=len(batch))
 
 
-def compile_recipe(model, config, total_steps):
-    """Compiles `model` with the recipe's optimizer, schedule and smoothed
-    cross-entropy on one-hot labels; returns it."""
-    model.compile(
-        optimizer=recipe_optimizer(config, total_steps),
-        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-    )
+def compile_recipe(model, config, total_steps, task=Task()):
+    """Compiles `model` with the recipe's optimizer and schedule and the
+    `task`'s loss (`kadapt.recipes.task.Task`: smoothed cross-entropy on
+    one-hot labels, or the mean squared error of the standardized target)
+    and metrics; returns it."""
+    model.compile(optimizer=recipe_optimizer(config, total_steps), loss=task.loss(config.label_smoothing),
+                  metrics=task.metrics())
     return model
 
 
@@ -93,7 +93,7 @@ def recipe_optimizer(config, total_steps):
                use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
 
 
-def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None):
+def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None, task=Task()):
     """`(config, result)`: for `learning_rate="auto"`, the range test's rate.
 
     Runs `kadapt.find_learning_rate` on `make_trainer()` (the compiled model
@@ -112,6 +112,8 @@ def with_found_learning_rate(config, model, total_steps, batches, make_trainer, 
             if it holds fewer).
         make_trainer: Callable `() -> keras.Model`.
         seed: Int or `None`. Seeds the augmentation. Defaults to `None`.
+        task: `kadapt.recipes.task.Task` the model was compiled for.
+            Defaults to classification.
 
     Returns:
         `(config with the found learning_rate, RangeTestResult)`, or
@@ -121,7 +123,7 @@ def with_found_learning_rate(config, model, total_steps, batches, make_trainer, 
         return config, None
     result = find_learning_rate(make_trainer(), augmented_batches(batches.repeat(), config, seed))
     config = config.replace(learning_rate=result.suggestion)
-    compile_recipe(model, config, total_steps)
+    compile_recipe(model, config, total_steps, task)
     return config, result
 
 
@@ -260,12 +262,11 @@ def micro_batched(model, micro_batch_size, memory_budget=None):
     return accumulate(model, micro_batch_size, memory_budget=memory_budget)
 
 
-def evaluate_recipe(model, x, y, config, batch_size=512):
-    """`{"loss", "accuracy"}` on `(x, int labels y)`: the cross-entropy (not
-    smoothed) and accuracy of the logits under the config's test-time
-    augmentation (`FastFitConfig.test_time_augmentation`)."""
-    logits = predict_with_tta(model, x, batch_size=batch_size, **config.test_time_augmentation)
-    labels = np.asarray(y).astype(int)
-    loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    return {"loss": float(np.mean(keras.ops.convert_to_numpy(loss))),
-            "accuracy": float(np.mean(logits.argmax(-1) == labels))}
+def evaluate_recipe(model, x, y, config, task=Task(), batch_size=512):
+    """The `task`'s scores (`Task.scores`) of `model` on `(x, labels y)`:
+    `{"loss", "accuracy"}` (the cross-entropy, not smoothed) for classes,
+    the outputs under the config's test-time augmentation
+    (`FastFitConfig.test_time_augmentation`); MSE, MAE, RMSE and R² in the
+    target's units for regression."""
+    outputs = predict_with_tta(model, x, batch_size=batch_size, **config.test_time_augmentation)
+    return task.scores(outputs, y)

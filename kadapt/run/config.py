@@ -28,6 +28,8 @@ class RunConfig:
     """The options of one run (constructor arguments only; results go to `run.json`)."""
 
     data: str
+    target: str | None = None  # a CSV's column to predict
+    test: str | None = None  # a CSV of test rows (else a seeded fifth of --data's)
     # auto: fast_resnet for images of at least 16x16 pixels, mlp for the rest; or package.module:function
     model: str = "auto"
     batch_size: int | None = None  # None: the recipe's for the training rows (kadapt.recipes.batch_size)
@@ -72,7 +74,7 @@ def resolve_config(options, saved=None):
     given = {k: v for k, v in _by_field_name(options).items() if v is not None}
     if saved is None:
         if "data" not in given:
-            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, or .npy files.")
+            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, .npy files, or a .csv table.")
         return _run_config(given)
     saved = _flat_options(saved)
     recipe_defaults = FastFitConfig()

@@ -1,8 +1,11 @@
-"""The data of a run: a named offline set or a user's `.npz` or `.npy` files, as float32 arrays.
+"""The data of a run: a named offline set, a user's `.npz` or `.npy` files, or a CSV table.
 
 Images become (N, height, width, channels) float32; uint8 pixels are scaled
 to [0, 1]. `kadapt train` and `kadapt predict` prepare inputs the same way,
-here, so a saved model sees at inference what it saw in training.
+here, so a saved model sees at inference what it saw in training. Rows that
+are not images are encoded by layers adapted on the training rows
+(`kadapt.run.encoding`), which `model.keras` keeps; the labels say the task
+(`kadapt.run.labels`).
 """
 
 import dataclasses
@@ -12,8 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.recipes.task import Task
+from kadapt.run import tables
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
+from kadapt.run.labels import label_task
+from kadapt.run.tables import is_csv_spec
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 # The test rows split off a set that comes without them (digits, `--data x.npy,y.npy`).
@@ -23,7 +30,13 @@ NPY_FORMS = "X.npy,Y.npy or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy"
 
 @dataclasses.dataclass(frozen=True)
 class TrainingData:
-    """Train, validation and test arrays; `y` are integer class labels."""
+    """Train, validation and test rows as the network takes them, and their labels.
+
+    `x_*` are float32: images as prepared, table rows encoded by `encoder`
+    (`kadapt.run.encoding`, adapted on the training rows; `None` for images).
+    `y_*` are int class labels (class names become their index in
+    `class_names`) or float targets (regression), as `task` says.
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -31,7 +44,16 @@ class TrainingData:
     y_val: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
-    num_classes: int
+    task: Task
+    encoder: object = None
+    class_names: tuple | None = None  # string labels, sorted
+    columns: dict | None = None  # a CSV's feature columns: {name: "numeric" or "string"}
+    target: str | None = None  # a CSV's label column
+
+    @property
+    def num_classes(self):
+        """The network's output width: the classes, or 1 for regression."""
+        return self.task.outputs
 
     @property
     def input_shape(self):
@@ -41,30 +63,114 @@ class TrainingData:
     def is_image(self):
         return self.x_train.ndim == 4
 
+    def targets(self, y):
+        """What the network is trained to output for labels `y` (`Task.targets`)."""
+        return self.task.targets(y)
+
+    def chance_loss(self, label_smoothing=0.0):
+        """The training loss of the best constant predictor (`Task.chance_loss`
+        on `y_train`): the cross-entropy of the training label frequencies
+        (smoothed by `label_smoothing`), or the standardized target's variance."""
+        return self.task.chance_loss(self.y_train, label_smoothing)
+
     def summary(self):
         return {
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
+            "task": self.task.to_dict(),
             "train_rows": len(self.x_train),
             "validation_rows": len(self.x_val),
             "test_rows": len(self.x_test),
+            **({"target": self.target, "columns": self.columns} if self.columns else {}),
+            **({"classes": list(self.class_names)} if self.class_names else {}),
         }
 
 
 def load_data(config):
-    """The `TrainingData` of a `RunConfig`: its set, rows and validation split."""
-    (x_train, y_train), (x_test, y_test) = load_arrays(config.data, config.seed)
+    """The `TrainingData` of a `RunConfig`: its set, rows and validation split,
+    the task its labels call for, table rows encoded by layers adapted on
+    the training rows alone."""
+    (x_train, y_train), (x_test, y_test), columns = _raw_data(config)
     if config.train_rows is not None:
-        x_train, y_train = x_train[: config.train_rows], y_train[: config.train_rows]
+        x_train, y_train = _take(x_train, slice(config.train_rows)), y_train[: config.train_rows]
     # As Keras' `validation_split`: the last rows, before any shuffling.
-    validation_rows = int(len(x_train) * config.validation_split)
-    cut = len(x_train) - validation_rows
+    rows = len(y_train)
+    cut = rows - int(rows * config.validation_split)
     if cut <= 0:
         raise UsageError(f"--data {config.data} leaves no training rows after the validation split.")
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
-    return TrainingData(
-        x_train[:cut], y_train[:cut], x_train[cut:], y_train[cut:], x_test, y_test, num_classes
-    )
+    labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test))
+    x_parts = [_take(x_train, slice(cut)), _take(x_train, slice(cut, None)), x_test]
+    encoder = _encoder(config.data, x_parts[0], columns)
+    if encoder is not None:
+        from kadapt.run.encoding import encode
+
+        x_parts = [encode(encoder, x) for x in x_parts]
+    y_parts = [labels.coded(y) for y in (y_train[:cut], y_train[cut:], y_test)]
+    return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
+                        labels.class_names, columns, config.target if columns else None)
+
+
+def _raw_data(config):
+    """`(x_train, y_train), (x_test, y_test), columns`: arrays, or a CSV's
+    feature columns as dicts of (N,) arrays with `columns` their kinds (else `None`)."""
+    if is_csv_spec(config.data):
+        return _csv_data(config)
+    if config.target is not None or config.test is not None:
+        flag = "--target" if config.target is not None else "--test"
+        value = config.target if config.target is not None else config.test
+        raise UsageError(f"{flag} goes with a CSV table (--data TABLE.csv); --data {config.data} is not one. "
+                         f"Drop {flag}. Received: {flag}={value}")
+    train, test = load_arrays(config.data, config.seed)
+    return train, test, None
+
+
+def _csv_data(config):
+    columns = tables.read_csv(config.data)
+    tables.check_target(config.data, columns, config.target)
+    labels = tables.label_array(config.data, config.target, columns.pop(config.target))
+    tables.check_input_names(config.data, columns)
+    kinds = tables.column_kinds(columns)
+    x = tables.feature_arrays(config.data, columns, kinds)
+    if config.test is None:
+        train, test = _seeded_split(x, labels, config.seed)
+        return train, test, kinds
+    test_columns = tables.read_csv(config.test, flag="--test")
+    tables.check_same_columns(config.test, test_columns, [*columns, config.target], flag="--test")
+    test_labels = tables.label_array(config.test, config.target, test_columns.pop(config.target), flag="--test")
+    return (x, labels), (tables.feature_arrays(config.test, test_columns, kinds, "--test"), test_labels), kinds
+
+
+def _encoder(spec, x_train, columns):
+    """The encoder adapted on the training rows: of a CSV's columns, or of
+    array rows (N, features); `None` for images (and other shapes), fed as they are."""
+    from kadapt.run import encoding
+
+    if columns is not None:
+        _check_varies(spec, {name: x_train[name] for name, kind in columns.items() if kind == tables.NUMERIC},
+                      "column {}")
+        return encoding.column_encoder(x_train, columns)
+    if x_train.ndim != 2:
+        return None
+    _check_varies(spec, dict(enumerate(x_train.T)), "column {} (counted from 0) of the inputs")
+    return encoding.row_encoder(x_train)
+
+
+def _check_varies(spec, numeric, where):
+    """A `UsageError` for a numeric column that holds one value in every training row."""
+    for name, values in numeric.items():
+        if len(values) and values.min() == values.max():
+            raise UsageError(f"--data {input_file(spec)}: {where.format(name)} holds {values[0]:g} in every "
+                             "training row; standardizing it would divide by zero, and it tells the rows apart "
+                             "no more than nothing. Drop the column.")
+
+
+def input_file(spec):
+    """The file of `--data` that holds the training inputs."""
+    return spec.split(",")[0] if is_npy_spec(spec) else spec
+
+
+def _take(x, index):
+    return {name: values[index] for name, values in x.items()} if isinstance(x, dict) else x[index]
 
 
 def load_arrays(spec: str, seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -130,25 +236,36 @@ def read_npz(path: str, keys: tuple) -> dict:
 
 def prepare_inputs(spec: str, x: np.ndarray) -> np.ndarray:
     """Float32 inputs: uint8 images scaled to [0, 1], a channel axis added to
-    (N, height, width) images."""
+    (N, height, width) images. NaN or inf is a `UsageError` naming the row and column."""
     if x.dtype.kind not in "uif":
         raise UsageError(f"--data {spec}: inputs must be numbers. Received dtype {x.dtype}.")
     if x.ndim < 2:
         raise UsageError(f"--data {spec}: inputs need a row axis and features. Received shape {x.shape}.")
+    _check_finite(spec, x)
     scale = 255.0 if x.dtype == np.uint8 else 1.0
     x = x.astype("float32") / scale
     return x[..., None] if x.ndim == 3 else x
 
 
 def prepare_labels(spec: str, y: np.ndarray, rows: int) -> np.ndarray:
-    """Integer class labels, shape (N,)."""
+    """Labels, shape (N,): integer classes, float targets or class names
+    (`kadapt.run.labels` tells the task from them)."""
     y = y.reshape(-1) if y.ndim == 2 and y.shape[1] == 1 else y
-    if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != rows or (len(y) and y.min() < 0):
+    if y.ndim != 1 or y.dtype.kind not in "iufU" or len(y) != rows:
         raise UsageError(
-            f"--data {spec}: labels must be {rows} integer classes >= 0, one per input row. "
-            f"Received shape {y.shape}, dtype {y.dtype}."
+            f"--data {spec}: labels must be {rows} values, one per input row: integer classes, float targets or "
+            f"class names. Received shape {y.shape}, dtype {y.dtype}."
         )
-    return y.astype("int32")
+    return y
+
+
+def _check_finite(spec, x):
+    if x.dtype.kind != "f" or np.all(np.isfinite(x)):
+        return
+    row, *position = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
+    where = f"column {position[0]}" if len(position) == 1 else f"position {tuple(position)}"
+    raise UsageError(f"--data {input_file(spec)}: row {row}, {where} (counted from 0) of the inputs is "
+                     f"{x[(row, *position)]}; kadapt imputes nothing. Fix or drop the row.")
 
 
 def _prepared(spec, x, y):
@@ -176,10 +293,10 @@ def _digits(seed):
 def _seeded_split(x, y, seed):
     """`(x_train, y_train), (x_test, y_test)`: a seeded `TEST_FRACTION` of the
     rows, drawn at random because files are often sorted by class."""
-    order = np.random.default_rng(seed).permutation(len(x))
-    cut = int(len(x) * (1 - TEST_FRACTION))
+    order = np.random.default_rng(seed).permutation(len(y))
+    cut = int(len(y) * (1 - TEST_FRACTION))
     train, test = order[:cut], order[cut:]
-    return (x[train], y[train]), (x[test], y[test])
+    return (_take(x, train), y[train]), (_take(x, test), y[test])
 
 
 def _npy_paths(spec, counts):
@@ -193,8 +310,11 @@ def _npy_paths(spec, counts):
 
 def _npy_arrays(spec, seed):
     """Train and test arrays of 4 files, or of 2 with the test rows split off."""
-    arrays = [read_npy(path) for path in _npy_paths(spec, (2, 4))]
+    paths = _npy_paths(spec, (2, 4))
+    arrays = [read_npy(path) for path in paths]
     if len(arrays) == 4:
+        for path, x in zip(paths[::2], arrays[::2]):
+            prepare_inputs(path, x)  # a bad row named in its own file
         return tuple(arrays[:2]), tuple(arrays[2:])
     # Checked before the split, which would cut a label file of other rows into a plausible
     # shape; `load_arrays` prepares them again, which leaves prepared arrays as they are.
@@ -223,6 +343,16 @@ def load_inputs(spec: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None
     x = prepare_inputs(spec, arrays[x_key])
     y = prepare_labels(spec, arrays[y_key], len(x)) if y_key in arrays else None
     return x, y
+
+
+def load_table_inputs(spec: str, columns: dict, target: str) -> tuple[dict, np.ndarray | None]:
+    """The feature columns `columns` (`{name: kind}`, a run's) of every row of
+    the CSV file `spec`, and its `target` labels (`None` without that column)."""
+    table = tables.read_csv(spec)
+    given = {name: values for name, values in table.items() if name != target}
+    tables.check_same_columns(spec, given, list(columns), flag="--data")
+    labels = tables.label_array(spec, target, table[target]) if target in table else None
+    return tables.feature_arrays(spec, given, columns), labels
 
 
 def _npz_keys(path):

@@ -21,8 +21,8 @@ from kadapt.run.networks import build_network
 from kadapt.run.recipe_options import network_name
 from kadapt.run.recipe_options import recipe_config
 
-OPTIONS = ("data", "model", "batch_size", "augment", "validation_split", "seed", "train_rows") + tuple(
-    field.name for field in command_line_switches())
+OPTIONS = ("data", "target", "test", "model", "batch_size", "augment", "validation_split", "seed",
+           "train_rows") + tuple(field.name for field in command_line_switches())
 RESULT_FILE, PLOT_FILE = "range_test.json", "range_test.png"
 
 
@@ -42,8 +42,8 @@ def find_rate(options: dict, sweep: dict, out: str | None = None, echo=print) ->
     settings = recipe_config(config, data)
     keras.utils.set_random_seed(config.seed)
     model = build_network(network_name(config, data), data, settings)
-    rows = recipe.expanded(data.x_train, data.y_train, settings, data.num_classes, config.seed)
-    recipe.compile_recipe(model, settings, schedule_steps(config, len(rows[0]))[1])
+    rows = recipe.expanded(data.x_train, data.targets(data.y_train), settings, data.num_classes, config.seed)
+    recipe.compile_recipe(model, settings, schedule_steps(config, len(rows[0]))[1], data.task)
     batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed)
     try:
         result = find_learning_rate(model, recipe.augmented_batches(batches.repeat(), settings, config.seed),

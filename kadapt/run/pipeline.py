@@ -41,6 +41,7 @@ from kadapt.run.probe_text import trial_line
 from kadapt.run.recipe_options import augmentation_text
 from kadapt.run.recipe_options import network_name
 from kadapt.run.recipe_options import recipe_config
+from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
 
 
@@ -116,7 +117,7 @@ def _precision(config, settings, name, data, resumed, member):
                          "differently: pass --precision float32, bfloat16 or float16 with --workers.")
 
     def build():
-        return recipe.compile_recipe(build_network(name, data, settings), settings, total_steps=1)
+        return recipe.compile_recipe(build_network(name, data, settings), settings, total_steps=1, task=data.task)
 
     return recipe.recipe_precision(settings, build, data.x_train, data.num_classes, config.batch_size)
 
@@ -147,11 +148,11 @@ def train(run, echo=print, callbacks=(), verbose=1):
     bar, 2 one line per epoch (for logs and pipes), 0 nothing."""
     started = time.time()
     config, directory, data = run.config, run.directory, run.data
-    rows = recipe.expanded(data.x_train, data.y_train, run.recipe, data.num_classes, config.seed)
+    rows = recipe.expanded(data.x_train, data.targets(data.y_train), run.recipe, data.num_classes, config.seed)
     steps = {"train_rows": len(rows[0]),
              **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
     with run.scope():
-        recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
+        recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     resolved = {**steps, "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
@@ -183,7 +184,8 @@ def _range_test(run, rows, steps, micro, echo):
     `config.json` records of it (a resume reads the rate back)."""
     batches = recipe.shuffled_batches(*rows, run.config.batch_size, run.data.num_classes, run.config.seed)
     run.recipe, result = recipe.with_found_learning_rate(
-        run.recipe, run.model, steps["total_steps"], batches, lambda: _trainer(run, micro), run.config.seed)
+        run.recipe, run.model, steps["total_steps"], batches, lambda: _trainer(run, micro), run.config.seed,
+        run.data.task)
     if result is None:
         return {}
     echo(f"range test: learning rate {result.suggestion:.4g} ({result.rule}, {result.steps_run} steps"
@@ -231,9 +233,9 @@ def _probe(run, echo):
     if run.member is not None:
         # The probe's trial steps run on this worker alone (their sizes may differ between
         # workers), on the twin of the network outside the strategy.
-        model = recipe.compile_recipe(run.probe_model, run.recipe, 1)
+        model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
     rows = slice(0, 2 * _share(run))
-    sample = (data.x_train[rows], recipe.one_hot(data.y_train[rows], data.num_classes))
+    sample = (data.x_train[rows], data.targets(data.y_train[rows]))
 
     try:
         return probe_micro_batch(
@@ -266,7 +268,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
     config, data = run.config, run.data
     validation = None
     if len(data.x_val):
-        validation = (data.x_val, recipe.one_hot(data.y_val, data.num_classes))
+        validation = (data.x_val, data.targets(data.y_val))
     backup = run.directory / files.BACKUP
     first_epoch = InterruptSafeBackup.checkpointed_epoch(backup) if run.resume else 0
     batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
@@ -293,8 +295,8 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
 
 def _finish(run, trainer, best, started, echo):
     directory, data = run.directory, run.data
-    scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe)
-    run.model.save(directory / files.MODEL)
+    scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe, data.task)
+    _save_model(run)
     history = directory.read_json(files.HISTORY, {})
     record = {
         "status": "completed", "finished_at": _now(),
@@ -302,17 +304,27 @@ def _finish(run, trainer, best, started, echo):
         "epochs_completed": len(history.get("epoch", [])),
         "steps_completed": int(trainer.optimizer.iterations.numpy()),
         "weights": _weights_record(best, history),
-        "test_loss": scores["loss"], "test_accuracy": scores["accuracy"],
+        **{f"test_{name}": value for name, value in scores.items()},
     }
     directory.update_run(**record)
     plots = draw_plots(directory)
-    echo(f"test accuracy {record['test_accuracy']:.4f} (loss {record['test_loss']:.4f}) "
-         f"after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
+    echo(f"{scores_text(record)} after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
     if run.meta_adjuster is not None:
         echo(_decisions_text(directory.read_jsonl(files.META_DECISIONS)))
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
     return directory.read_json(files.RUN)
+
+
+def _save_model(run):
+    """`model.keras`: raw rows -> the adapted encoder -> the network (-> the
+    target's units), and `classes.json`, the class names, for string labels."""
+    from kadapt.run.encoding import inference_model
+
+    data = run.data
+    inference_model(data.encoder, run.model, data.task).save(run.directory / files.MODEL)
+    if data.class_names:
+        run.directory.write_json(files.CLASSES, list(data.class_names))
 
 
 def _decisions_text(decisions):

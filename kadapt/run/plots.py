@@ -13,26 +13,28 @@ def draw_plots(run):
     drawn = []
     steps = run.read_jsonl(files.STEPS)
     if steps:
+        task = (run.read_json(files.CONFIG) or {}).get("resolved", {}).get("data", {}).get("task", {})
         drawn.append(plot_training(steps, run.read_jsonl(files.META_DECISIONS), run.read_json(files.HISTORY, {}),
-                                   run / files.TRAINING_PLOT))
+                                   run / files.TRAINING_PLOT, accuracy=task.get("kind") != "regression"))
     probe = run.read_json(files.PROBE)
     if probe:
         drawn.append(plot_probe(probe, run / files.PROBE_PLOT))
     return drawn
 
 
-def plot_training(steps, decisions, history, path):
+def plot_training(steps, decisions, history, path, accuracy=True):
     """Draws `training_figure` to `path`; returns `path`."""
-    return _save(training_figure(steps, decisions, history), path)
+    return _save(training_figure(steps, decisions, history, accuracy), path)
 
 
-def training_figure(steps, decisions, history):
-    """Learning rate, momentum, loss and accuracy against the step, one panel
-    each: the loss of every step, and per epoch (at its last step) the
-    validation loss and the training and validation accuracy. A vertical
+def training_figure(steps, decisions, history, accuracy=True):
+    """Learning rate, momentum, loss and (classes: `accuracy`) accuracy
+    against the step, one panel each: the loss of every step, and per epoch
+    (at its last step) the validation loss and the training and validation
+    accuracy. A vertical
     line marks every MetaAdjuster decision, one colour and legend entry per
     kind (its trigger)."""
-    figure, axes = _figure(rows=4, height=9.5)
+    figure, axes = _figure(rows=4, height=9.5) if accuracy else _figure(rows=3, height=7.5)
     x = [s["step"] for s in steps]
     for axis, (key, label) in zip(axes, (("learning_rate", "learning rate"), ("momentum", "momentum"))):
         axis.plot(x, [_number(s.get(key)) for s in steps], linewidth=1)
@@ -43,8 +45,9 @@ def training_figure(steps, decisions, history):
         axes[2].set_yscale("log")
     ends = _epoch_end_steps(steps, history)
     _plot_epochs(axes[2], ends, history, (("val_loss", "validation loss"),), "loss")
-    _plot_epochs(axes[3], ends, history, (("accuracy", "training accuracy"), ("val_accuracy", "validation accuracy")),
-                 "accuracy")
+    if accuracy:
+        _plot_epochs(axes[3], ends, history, (("accuracy", "training accuracy"),
+                                              ("val_accuracy", "validation accuracy")), "accuracy")
     for axis in axes:
         _mark_decisions(axis, decisions)
     axes[-1].set_xlabel("optimizer step")

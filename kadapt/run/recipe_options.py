@@ -28,11 +28,17 @@ def recipe_config(config, data):
     shifted (and mirrored where the classes survive it: Fashion-MNIST) with
     `--augment on`, and with `auto` when they are at least 16x16 pixels;
     rows that are not images are never augmented, and asking for it there is
-    a `UsageError`.
+    a `UsageError`. A regression (float labels) has no label smoothing,
+    augmentation or test-time augmentation: a mixed or shifted row's target
+    is not known.
     """
     given = dict(config.recipe)
     _check_augmentation(config, data, given)
-    augment = data.is_image and (config.augment == "on" or config.augment == "auto" and _big_enough(data))
+    if data.task.is_regression:
+        _check_regression(config, given)
+        given.setdefault("label_smoothing", 0.0)
+    augment = (data.is_image and not data.task.is_regression
+               and (config.augment == "on" or config.augment == "auto" and _big_enough(data)))
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
@@ -54,6 +60,15 @@ def augmentation_text(recipe):
     if recipe.expand:
         parts.append(f"expanded by {recipe.expand} x the rows ({recipe.expand_method})")
     return ", ".join(parts) or "off"
+
+
+def _check_regression(config, given):
+    asked = [f"--{name.replace('_', '-')}" for name in ("label_smoothing",) + _IMAGE_ONLY if given.get(name)]
+    asked += ["--augment on"] if config.augment == "on" else []
+    asked += ["--target-accuracy"] if config.target_accuracy is not None else []
+    if asked:
+        raise UsageError(f"{', '.join(asked)} apply to classes; the float labels of --data {config.data} are a "
+                         f"regression target. Drop {', '.join(asked)}.")
 
 
 def _check_augmentation(config, data, given):

@@ -26,11 +26,22 @@ def summary(directory):
     ]
     if "weights" in record:
         rows.append(("saved weights", record["weights"]["text"]))
-    if "test_accuracy" in record:
-        rows.append(("test accuracy", f"{record['test_accuracy']:.4f} (loss {record['test_loss']:.4f})"))
+    if "test_loss" in record:
+        label = "test accuracy" if "test_accuracy" in record else "test error"
+        rows.append((label, scores_text(record, label=False)))
     if "wall_seconds" in record:
         rows.append(("wall time", f"{record['wall_seconds']:.0f} s"))
     return rows
+
+
+def scores_text(record, label=True):
+    """The test scores of a `run.json` record: accuracy and loss, or a regression's errors."""
+    if "test_accuracy" in record:
+        text = f"{record['test_accuracy']:.4f} (loss {record['test_loss']:.4f})"
+        return f"test accuracy {text}" if label else text
+    text = (f"MAE {record['test_mae']:.4g}, RMSE {record['test_rmse']:.4g}, R² {record['test_r2']:.4f} "
+            f"(MSE {record['test_mse']:.4g})")
+    return f"test {text}" if label else text
 
 
 def format_table(rows):
@@ -72,5 +83,9 @@ def _data_text(options, resolved):
     data = resolved.get("data")
     if not data:
         return options["data"]
+    task = data.get("task", {}).get("kind", "classification")
+    predicted = (f"regression of {data.get('target') or 'the target'}" if task == "regression"
+                 else f"{data['num_classes']} classes")
+    columns = f" ({len(data['columns'])} columns)" if data.get("columns") else ""
     return (f"{options['data']}: {data['train_rows']} train / {data['validation_rows']} validation / "
-            f"{data['test_rows']} test rows of {tuple(data['input_shape'])}, {data['num_classes']} classes")
+            f"{data['test_rows']} test rows of {tuple(data['input_shape'])}{columns}, {predicted}")

@@ -3,7 +3,8 @@
 Layout: `config.json` (the resolved config), `run.json` (status and results),
 `history.json` (Keras History, per epoch), `steps.jsonl` (per optimizer step),
 `meta_decisions.jsonl` (MetaAdjuster decisions), `probe.json` (the probe
-table), `model.keras`, `training.png`, `probe.png`, `tensorboard/` and
+table), `model.keras` (it takes raw rows), `classes.json` (string labels'
+names), `training.png`, `probe.png`, `tensorboard/` and
 `backup/` (Keras `BackupAndRestore`, while a run is unfinished).
 
 `run.json`'s `status` goes probing -> training -> completed, or ends at
@@ -24,6 +25,7 @@ STEPS = "steps.jsonl"
 META_DECISIONS = "meta_decisions.jsonl"  # kadapt.meta.adjuster.DECISIONS_FILE (that import loads Keras)
 PROBE = "probe.json"
 MODEL = "model.keras"
+CLASSES = "classes.json"  # the class names of string labels, index = the class the network outputs
 TRAINING_PLOT = "training.png"
 PROBE_PLOT = "probe.png"
 TENSORBOARD = "tensorboard"

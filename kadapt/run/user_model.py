@@ -2,7 +2,10 @@
 
 The function takes one row's input shape (a tuple) and the class count (an
 int) and returns an uncompiled `keras.Model` whose one output is the
-`num_classes` logits; the recipe compiles it (its optimizer, schedule and
+`num_classes` logits. `num_classes` is the output width: 1 for a regression
+(float labels), whose one output is the standardized target. For rows that
+are not images, `input_shape` is the encoded row's (`kadapt.run.encoding`),
+and `model.keras` wraps the network with the preprocessing. The recipe compiles it (its optimizer, schedule and
 from-logits loss) as it compiles the built-in networks. The spec is recorded
 in `config.json`, so `--resume` imports the same function again.
 """
