@@ -118,7 +118,7 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
         super().apply(grads, trainable_variables)
 
     def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
-        self._pending.append((ops.cast(gradient, "float32"), variable))
+        self._pending.append((ops.cast(gradient, variable.dtype), variable))
         if len(self._pending) == self._expected:
             self._step_all(list(self._pending), learning_rate)
             self._pending.clear()
@@ -130,11 +130,12 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
         d_next, d_max = self._next_d(d, numerator, denominator)
         progressed = denominator > 0
         for (_, variable), (m, v) in zip(pending, moments):
-            w = ops.cast(ops.convert_to_tensor(variable), "float32")
+            w = ops.convert_to_tensor(variable)
+            rate = ops.cast(dlr, w.dtype)
             if self.prodigy_weight_decay and self.decouple:
-                w = w - self.prodigy_weight_decay * dlr * w
-            w = w - dlr * m / (ops.sqrt(v) + d_next * self.epsilon)
-            self.assign(variable, ops.where(progressed, ops.cast(w, variable.dtype), ops.convert_to_tensor(variable)))
+                w = w - self.prodigy_weight_decay * rate * w
+            w = w - rate * m / (ops.sqrt(v) + ops.cast(d_next * self.epsilon, w.dtype))
+            self.assign(variable, ops.where(progressed, w, ops.convert_to_tensor(variable)))
         for state, value in ((self._d, d_next), (self._d_max, d_max), (self._d_numerator, numerator)):
             state.assign(ops.where(progressed, value, ops.convert_to_tensor(state)))
 
@@ -145,26 +146,30 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
         return ops.sqrt(1 - ops.power(self.beta_2, step)) / (1 - ops.power(self.beta_1, step))
 
     def _accumulate(self, pending, d, dlr):
-        """Updates m, v, s of every variable; returns the numerator, sum(|s|) and (m, v)."""
+        """Updates m, v, s of every variable; returns the numerator, sum(|s|) and (m, v).
+
+        Each variable's terms are computed in its own dtype: w0 - w is a
+        difference of nearly equal numbers while d is small.
+        """
         beta_3 = math.sqrt(self.beta_2) if self.beta_3 is None else self.beta_3
-        scale = d / self.d0
         first = ops.equal(ops.convert_to_tensor(self.iterations), 0)
         numerator = ops.convert_to_tensor(self._d_numerator) * beta_3
         denominator, moments = 0.0, []
         for gradient, variable in pending:
             slots = self._slots[slot_key(variable)]
             initial, m, v, s = (ops.convert_to_tensor(x) for x in slots)
-            w = ops.cast(ops.convert_to_tensor(variable), "float32")
+            w = ops.convert_to_tensor(variable)
             # w0 is taken at the first step, as Keras' EMA starts: an initializer
             # reading the weights cannot be lifted out of an XLA step.
             initial = ops.where(first, w, initial)
             if self.prodigy_weight_decay and not self.decouple:
                 gradient = gradient + self.prodigy_weight_decay * w
-            numerator = numerator + scale * dlr * ops.sum(gradient * (initial - w))
-            m_new = self.beta_1 * m + d * (1 - self.beta_1) * gradient
-            v_new = self.beta_2 * v + d * d * (1 - self.beta_2) * ops.square(gradient)
-            s_new = beta_3 * s + scale * (d if self.safeguard_warmup else dlr) * gradient
-            denominator = denominator + ops.sum(ops.abs(s_new))
+            d_v, dlr_v, scale = (ops.cast(value, w.dtype) for value in (d, dlr, d / self.d0))
+            numerator = numerator + ops.cast(scale * dlr_v * ops.sum(gradient * (initial - w)), "float32")
+            m_new = self.beta_1 * m + d_v * (1 - self.beta_1) * gradient
+            v_new = self.beta_2 * v + d_v * d_v * (1 - self.beta_2) * ops.square(gradient)
+            s_new = beta_3 * s + scale * (d_v if self.safeguard_warmup else dlr_v) * gradient
+            denominator = denominator + ops.cast(ops.sum(ops.abs(s_new)), "float32")
             for slot, value in zip(slots, (initial, m_new, v_new, s_new)):
                 self.assign(slot, value)
             moments.append((m_new, v_new))
