@@ -185,3 +185,16 @@ def test_accumulated_steps_equal_full_batch_and_validate_at_x():
 def test_bad_arguments_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_batch_statistics_become_the_mean_over_passes_at_the_weights():
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.BatchNormalization(momentum=0.99)])
+    x, _ = _data()
+    inputs = [x[:4] * 2.0, x[4:8] + 1.0, x[8:12], x[12:]]
+    batches = [inputs[0], (inputs[1], None), inputs[2], inputs[3]]
+    assert kadapt.optimizers.recompute_batch_statistics(model, batches, steps=3) == 3
+    layer = model.layers[0]
+    for statistic, moving in ((np.mean, layer.moving_mean), (np.var, layer.moving_variance)):
+        expected = np.mean([statistic(b, axis=0) for b in inputs[:3]], axis=0)
+        np.testing.assert_allclose(moving.numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert layer.momentum == 0.99
