@@ -142,3 +142,17 @@ def test_learning_rate_multiplier_scales_the_step():
 def test_bad_arguments_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.backends("tensorflow")
+def test_two_replicas_step_as_one_device(mirrored_strategy):
+    """d is global: under tf.distribute each replica sums over all its components."""
+    config = CASES["decoupled_decay_growth_rate"]
+    single = _model(kadapt.optimizers.Prodigy(**config))
+    _fit(single, STEPS)
+    with mirrored_strategy.scope():
+        mirrored = _model(kadapt.optimizers.Prodigy(**config))
+    _fit(mirrored, STEPS)
+    for ours, theirs in zip(mirrored.get_weights(), single.get_weights()):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert mirrored.optimizer.d == pytest.approx(single.optimizer.d, rel=1e-5)

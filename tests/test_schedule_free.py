@@ -198,3 +198,16 @@ def test_batch_statistics_become_the_mean_over_passes_at_the_weights():
         expected = np.mean([statistic(b, axis=0) for b in inputs[:3]], axis=0)
         np.testing.assert_allclose(moving.numpy(), expected, rtol=1e-5, atol=1e-6)
     assert layer.momentum == 0.99
+
+
+@pytest.mark.backends("tensorflow")
+def test_two_replicas_step_and_validate_as_one_device(mirrored_strategy):
+    single = _model(kadapt.optimizers.ScheduleFreeAdamW(0.05))
+    _fit(single, STEPS)
+    with mirrored_strategy.scope():
+        mirrored = _model(kadapt.optimizers.ScheduleFreeAdamW(0.05))
+    history = _fit(mirrored, STEPS, [kadapt.callbacks.ScheduleFreeEvaluation()], validation_data=_data())
+    for ours, theirs in zip(mirrored.get_weights(), single.get_weights()):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    _, x = _reference(STEPS, 0.05, 0.9)
+    assert history.history["val_loss"][-1] == pytest.approx(_loss(x), rel=1e-5)

@@ -118,10 +118,13 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
         super().apply(grads, trainable_variables)
 
     def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
-        self._pending.append((ops.cast(gradient, variable.dtype), variable))
-        if len(self._pending) == self._expected:
-            self._step_all(list(self._pending), learning_rate)
-            self._pending.clear()
+        # Under tf.distribute this runs once per variable and replica, with the
+        # replica's component: each replica steps its own components.
+        replica = _replica(variable)
+        self._pending.append((replica, ops.cast(gradient, variable.dtype), variable))
+        gathered = [(g, v) for r, g, v in self._pending if r == replica]
+        if len(gathered) == self._expected:
+            self._step_all(gathered, learning_rate)
 
     def _step_all(self, pending, learning_rate):
         d = ops.convert_to_tensor(self._d)
@@ -191,3 +194,10 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
             learning_rate_multiplier=float(ops.convert_to_numpy(self._multiplier)),
         )
         return config
+
+
+def _replica(variable: Any) -> Any:
+    """The device of a replica's component of a tf.distribute variable, else `None`."""
+    distributed = hasattr(variable, "_distributed_container") or hasattr(
+        getattr(variable, "handle", None), "_distributed_container")
+    return variable.device if distributed else None
