@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kadapt
+from test_live_sgd import SetEachStep
 from test_schedule_free import FEATURES, ROWS, _data, _fit, _gradients
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")
@@ -26,17 +27,19 @@ def _model(optimizer):
 
 def _reference(steps, lr=1.0, beta_1=0.9, beta_2=0.999, beta_3=None, epsilon=1e-8, weight_decay=0.0,
                decouple=True, use_bias_correction=False, safeguard_warmup=False, d0=1e-6,
-               d_coef=1.0, growth_rate=float("inf")):
-    """`Prodigy.step()` of prodigyopt 1.1.2 (one group, slice_p=1); returns (params, d)."""
+               d_coef=1.0, growth_rate=float("inf"), multipliers=None):
+    """`Prodigy.step()` of prodigyopt 1.1.2 (one group, slice_p=1); returns (params, d).
+    `multipliers[k]`: the group's lr set to lr * multipliers[k] before step k."""
     params = [np.zeros((FEATURES, 1)), np.zeros(1)]
     p0 = [p.copy() for p in params]
     exp_avg, exp_avg_sq, s = ([np.zeros_like(p) for p in params] for _ in range(3))
     beta3 = math.sqrt(beta_2) if beta_3 is None else beta_3
     d, d_max, d_numerator, k = d0, d0, 0.0, 0
-    for _ in range(steps):
+    for step in range(steps):
         grads = _gradients(params)
+        lr_k = lr * (1.0 if multipliers is None else multipliers[step])
         bias_correction = (1 - beta_2 ** (k + 1)) ** 0.5 / (1 - beta_1 ** (k + 1)) if use_bias_correction else 1
-        dlr = d * lr * bias_correction
+        dlr = d * lr_k * bias_correction
         d_numerator *= beta3
         delta_numerator, d_denom = 0.0, 0.0
         for i, grad in enumerate(grads):
@@ -121,11 +124,14 @@ def test_keras_file_round_trip_continues_uninterrupted(tmp_path):
     assert restored.optimizer.d == pytest.approx(whole.optimizer.d, rel=1e-6)
 
 
-def test_learning_rate_multiplier_scales_the_step():
-    model = _model(kadapt.optimizers.Prodigy(d0=1e-3, learning_rate_multiplier=0.5))
-    _fit(model, STEPS)
-    params, d = _reference(STEPS, lr=0.5, d0=1e-3)
+def test_multiplier_changed_mid_fit_takes_effect():
+    multipliers = [1.0] * 10 + [0.5] * 15
+    model = _model(kadapt.optimizers.Prodigy(d0=1e-3))
+    _fit(model, STEPS, [SetEachStep("learning_rate_multiplier", multipliers)])
+    params, d = _reference(STEPS, d0=1e-3, multipliers=multipliers)
     _assert_matches(model, params, d)
+    unchanged, _ = _reference(STEPS, d0=1e-3)
+    assert not np.allclose(model.get_weights()[0], unchanged[0], atol=1e-3)
 
 
 @pytest.mark.parametrize("make, message", [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kadapt
+from test_live_sgd import SetEachStep
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")
 
@@ -45,8 +46,9 @@ def _loss(params):
 
 
 def _reference(steps, lr, beta1, adam=True, beta2=0.999, eps=1e-8, weight_decay=0.0,
-               warmup_steps=0, r=0.0, weight_lr_power=2.0):
-    """`step()` of schedulefree 1.4.1 (non-foreach branch), then `eval()`; returns (y, x)."""
+               warmup_steps=0, r=0.0, weight_lr_power=2.0, multipliers=None):
+    """`step()` of schedulefree 1.4.1 (non-foreach branch), then `eval()`; returns (y, x).
+    `multipliers[k]`: the group's lr set to lr * multipliers[k] before step k."""
     y = [np.ones((FEATURES, 1)), np.zeros(1)]
     z = [p.copy() for p in y]
     exp_avg_sq = [np.zeros_like(p) for p in y]
@@ -54,7 +56,7 @@ def _reference(steps, lr, beta1, adam=True, beta2=0.999, eps=1e-8, weight_decay=
     for k in range(steps):
         grads = _gradients(y)
         sched = (k + 1) / warmup_steps if k < warmup_steps else 1.0
-        lr_k = lr * sched
+        lr_k = lr * (1.0 if multipliers is None else multipliers[k]) * sched
         lr_max = max(lr_k, lr_max)
         weight = ((k + 1) ** r) * (lr_max ** weight_lr_power)
         weight_sum += weight
@@ -120,6 +122,16 @@ def test_sgd_matches_reference_at_x_and_y(case):
     _assert_params(model, x)
     model.optimizer.move_to_gradient_point(model.trainable_variables)
     _assert_params(model, y)
+
+
+def test_multiplier_changed_mid_fit_takes_effect():
+    multipliers = [1.0] * 8 + [3.0] * 8 + [0.5] * 8
+    model = _model(kadapt.optimizers.ScheduleFreeSGD(0.1, warmup_steps=4))
+    _fit(model, STEPS, [SetEachStep("learning_rate_multiplier", multipliers)])
+    _, x = _reference(STEPS, 0.1, 0.9, adam=False, warmup_steps=4, multipliers=multipliers)
+    _assert_params(model, x)
+    _, unchanged = _reference(STEPS, 0.1, 0.9, adam=False, warmup_steps=4)
+    assert not np.allclose(model.get_weights()[0], unchanged[0], atol=1e-3)
 
 
 def test_validation_sees_x_with_the_callback_and_y_without():
@@ -211,3 +223,11 @@ def test_two_replicas_step_and_validate_as_one_device(mirrored_strategy):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     _, x = _reference(STEPS, 0.05, 0.9)
     assert history.history["val_loss"][-1] == pytest.approx(_loss(x), rel=1e-5)
+
+
+def test_callback_leaves_x_under_a_loss_scale_optimizer():
+    optimizer = keras.optimizers.LossScaleOptimizer(kadapt.optimizers.ScheduleFreeAdamW(0.05))
+    model = _model(optimizer)
+    _fit(model, STEPS, [kadapt.callbacks.ScheduleFreeEvaluation()])
+    y, x = _reference(STEPS, 0.05, 0.9)
+    _assert_params(model, x)

@@ -25,7 +25,10 @@ class ScheduleFreeEvaluation(keras.callbacks.Callback):
     model; this callback does the rest, as `keras.callbacks.SwapEMAWeights`
     does for EMA: `fit`'s validation sees x (swapped in at `on_test_begin`,
     y restored exactly at `on_test_end`), and the next `fit` starts from y
-    again exactly (`on_train_begin`). kadapt's accumulating models
+    again exactly (`on_train_begin`). It also leaves x at the end of `fit`
+    where a `keras.optimizers.LossScaleOptimizer` (mixed precision) wraps the
+    optimizer: that wrapper does not pass `finalize_variable_values` on.
+    kadapt's accumulating models
     (`kadapt.accumulate`) add it to `fit` themselves. With another optimizer
     it does nothing.
 
@@ -46,6 +49,12 @@ class ScheduleFreeEvaluation(keras.callbacks.Callback):
         optimizer = schedule_free_optimizer(self.model)
         if optimizer is not None:
             optimizer.move_to_gradient_point(self.model.trainable_variables)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        # Keras' `LossScaleOptimizer` does not pass `finalize_variable_values` on.
+        optimizer = schedule_free_optimizer(self.model)
+        if optimizer is not None:
+            optimizer.move_to_evaluation_point(self.model.trainable_variables)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
         optimizer = schedule_free_optimizer(self.model)
