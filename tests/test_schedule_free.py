@@ -46,15 +46,17 @@ def _loss(params):
 
 
 def _reference(steps, lr, beta1, adam=True, beta2=0.999, eps=1e-8, weight_decay=0.0,
-               warmup_steps=0, r=0.0, weight_lr_power=2.0, multipliers=None):
+               warmup_steps=0, r=0.0, weight_lr_power=2.0, multipliers=None, gradient_at_x=()):
     """`step()` of schedulefree 1.4.1 (non-foreach branch), then `eval()`; returns (y, x).
-    `multipliers[k]`: the group's lr set to lr * multipliers[k] before step k."""
+    `multipliers[k]`: the group's lr set to lr * multipliers[k] before step k; steps in
+    `gradient_at_x` take the gradient at x (`eval()` before the forward pass, `train()` after)."""
     y = [np.ones((FEATURES, 1)), np.zeros(1)]
     z = [p.copy() for p in y]
     exp_avg_sq = [np.zeros_like(p) for p in y]
     lr_max, weight_sum = -1.0, 0.0
     for k in range(steps):
-        grads = _gradients(y)
+        point = [p + (1 - 1 / beta1) * (zp - p) for p, zp in zip(y, z)] if k in gradient_at_x else y
+        grads = _gradients(point)
         sched = (k + 1) / warmup_steps if k < warmup_steps else 1.0
         lr_k = lr * (1.0 if multipliers is None else multipliers[k]) * sched
         lr_max = max(lr_k, lr_max)
@@ -153,6 +155,17 @@ def test_next_fit_resumes_at_y_exactly():
     _fit(split, STEPS - 10, [callback], validation_data=_data())
     for ours, theirs in zip(split.get_weights(), whole.get_weights()):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_without_the_callback_one_gradient_of_the_next_fit_is_taken_at_x():
+    model = _model(kadapt.optimizers.ScheduleFreeAdamW(0.05))
+    _fit(model, 10)
+    _fit(model, STEPS - 10)
+    y, x = _reference(STEPS, 0.05, 0.9, gradient_at_x={10})
+    assert not np.allclose(x[0], _reference(STEPS, 0.05, 0.9)[1][0], atol=1e-5)
+    _assert_params(model, x)
+    model.optimizer.move_to_gradient_point(model.trainable_variables)
+    _assert_params(model, y)
 
 
 def test_keras_file_round_trip_continues_uninterrupted(tmp_path):
