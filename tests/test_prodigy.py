@@ -162,3 +162,11 @@ def test_two_replicas_step_as_one_device(mirrored_strategy):
     for ours, theirs in zip(mirrored.get_weights(), single.get_weights()):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     assert mirrored.optimizer.d == pytest.approx(single.optimizer.d, rel=1e-5)
+
+
+def test_optimizers_by_name():
+    optimizer = kadapt.optimizers.get("prodigy", safeguard_warmup=True)
+    assert isinstance(optimizer, kadapt.optimizers.Prodigy) and optimizer.safeguard_warmup
+    assert isinstance(kadapt.optimizers.get("schedule_free_adamw"), kadapt.optimizers.ScheduleFreeAdamW)
+    with pytest.raises(ValueError, match=r"`name` must be one of \['adam', .*\]. Received: name='adamw'"):
+        kadapt.optimizers.get("adamw")
