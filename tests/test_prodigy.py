@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kadapt
+from kadapt.optimizers import Prodigy
 from test_live_sgd import SetEachStep
 from test_schedule_free import FEATURES, ROWS, _data, _fit, _gradients
 
@@ -38,7 +39,9 @@ def _reference(steps, lr=1.0, beta_1=0.9, beta_2=0.999, beta_3=None, epsilon=1e-
     for step in range(steps):
         grads = _gradients(params)
         lr_k = lr * (1.0 if multipliers is None else multipliers[step])
-        bias_correction = (1 - beta_2 ** (k + 1)) ** 0.5 / (1 - beta_1 ** (k + 1)) if use_bias_correction else 1
+        bias_correction = 1
+        if use_bias_correction:
+            bias_correction = (1 - beta_2 ** (k + 1)) ** 0.5 / (1 - beta_1 ** (k + 1))
         dlr = d * lr_k * bias_correction
         d_numerator *= beta3
         delta_numerator, d_denom = 0.0, 0.0
@@ -135,14 +138,14 @@ def test_multiplier_changed_mid_fit_takes_effect():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: kadapt.optimizers.Prodigy(beta_1=1.0), r"`beta_1` must be in \[0.0, 1.0\). Received: beta_1=1.0"),
-    (lambda: kadapt.optimizers.Prodigy(beta_3=-0.5), r"`beta_3` must be in \[0.0, 1.0\). Received: beta_3=-0.5"),
-    (lambda: kadapt.optimizers.Prodigy(d0=0.0), r"`d0` must be in \(0.0, None\]. Received: d0=0.0"),
-    (lambda: kadapt.optimizers.Prodigy(d_coef=-1.0), r"`d_coef` must be in \(0.0, None\]. Received: d_coef=-1.0"),
-    (lambda: kadapt.optimizers.Prodigy(weight_decay=-0.1), r"`weight_decay` must be in \[0.0, None\]. Received: weight_decay=-0.1"),
-    (lambda: kadapt.optimizers.Prodigy(growth_rate=0.5), r"`growth_rate` must be in \[1.0, None\]. Received: growth_rate=0.5"),
-    (lambda: kadapt.optimizers.Prodigy(epsilon=0.0), r"`epsilon` must be in \(0.0, None\]. Received: epsilon=0.0"),
-    (lambda: kadapt.optimizers.Prodigy(gradient_accumulation_steps=2),
+    (lambda: Prodigy(beta_1=1.0), r"`beta_1` must be in \[0.0, 1.0\). Received: beta_1=1.0"),
+    (lambda: Prodigy(beta_3=-0.5), r"`beta_3` must be in \[0.0, 1.0\). Received: beta_3=-0.5"),
+    (lambda: Prodigy(d0=0.0), r"`d0` must be in \(0.0, None\]. Received: d0=0.0"),
+    (lambda: Prodigy(d_coef=-1.0), r"`d_coef` must be in \(0.0, None\]. Received: d_coef=-1.0"),
+    (lambda: Prodigy(weight_decay=-0.1), r"`weight_decay` must be in \[0.0, None\]. Received: weight_decay=-0.1"),
+    (lambda: Prodigy(growth_rate=0.5), r"`growth_rate` must be in \[1.0, None\]. Received: growth_rate=0.5"),
+    (lambda: Prodigy(epsilon=0.0), r"`epsilon` must be in \(0.0, None\]. Received: epsilon=0.0"),
+    (lambda: Prodigy(gradient_accumulation_steps=2),
      r"`gradient_accumulation_steps` is not supported.*kadapt.accumulate"),
 ])
 def test_bad_arguments_are_refused(make, message):

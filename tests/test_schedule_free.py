@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import kadapt
+from kadapt.optimizers import ScheduleFreeAdamW
+from kadapt.optimizers import ScheduleFreeSGD
 from test_live_sgd import SetEachStep
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")
@@ -196,15 +198,15 @@ def test_accumulated_steps_equal_full_batch_and_validate_at_x():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: kadapt.optimizers.ScheduleFreeAdamW(keras.optimizers.schedules.CosineDecay(0.1, 10)),
+    (lambda: ScheduleFreeAdamW(keras.optimizers.schedules.CosineDecay(0.1, 10)),
      r"need no learning-rate schedule.*`warmup_steps`.*Pass a float. Received: learning_rate=<"),
-    (lambda: kadapt.optimizers.ScheduleFreeSGD(0.0), r"`learning_rate` must be in \(0.0, None\]. Received: learning_rate=0.0"),
-    (lambda: kadapt.optimizers.ScheduleFreeAdamW(beta_1=1.0), r"`beta_1` must be in \(0.0, 1.0\). Received: beta_1=1.0"),
-    (lambda: kadapt.optimizers.ScheduleFreeAdamW(beta_2=-0.1), r"`beta_2` must be in \[0.0, 1.0\). Received: beta_2=-0.1"),
-    (lambda: kadapt.optimizers.ScheduleFreeSGD(momentum=0.0), r"`momentum` must be in \(0.0, 1.0\). Received: momentum=0.0"),
-    (lambda: kadapt.optimizers.ScheduleFreeSGD(weight_decay=-1e-4), r"Received: weight_decay=-0.0001"),
-    (lambda: kadapt.optimizers.ScheduleFreeAdamW(warmup_steps=-1), r"`warmup_steps` must be an int >= 0. Received: warmup_steps=-1"),
-    (lambda: kadapt.optimizers.ScheduleFreeAdamW(gradient_accumulation_steps=4),
+    (lambda: ScheduleFreeSGD(0.0), r"`learning_rate` must be in \(0.0, None\]. Received: learning_rate=0.0"),
+    (lambda: ScheduleFreeAdamW(beta_1=1.0), r"`beta_1` must be in \(0.0, 1.0\). Received: beta_1=1.0"),
+    (lambda: ScheduleFreeAdamW(beta_2=-0.1), r"`beta_2` must be in \[0.0, 1.0\). Received: beta_2=-0.1"),
+    (lambda: ScheduleFreeSGD(momentum=0.0), r"`momentum` must be in \(0.0, 1.0\). Received: momentum=0.0"),
+    (lambda: ScheduleFreeSGD(weight_decay=-1e-4), r"Received: weight_decay=-0.0001"),
+    (lambda: ScheduleFreeAdamW(warmup_steps=-1), r"`warmup_steps` must be an int >= 0. Received: warmup_steps=-1"),
+    (lambda: ScheduleFreeAdamW(gradient_accumulation_steps=4),
      r"`gradient_accumulation_steps` is not supported.*kadapt.accumulate"),
 ])
 def test_bad_arguments_are_refused(make, message):

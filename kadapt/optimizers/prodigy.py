@@ -71,7 +71,8 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
                  learning_rate_multiplier: float = 1.0, name: str = "prodigy", **kwargs: Any) -> None:
         reject_keras_accumulation(kwargs)
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
-        for arg, value in (("beta_1", beta_1), ("beta_2", beta_2)) + ((("beta_3", beta_3),) if beta_3 is not None else ()):
+        beta_3_or_default = math.sqrt(beta_2) if beta_3 is None else beta_3
+        for arg, value in (("beta_1", beta_1), ("beta_2", beta_2), ("beta_3", beta_3_or_default)):
             check_range(arg, value, low=0.0, high=1.0, high_open=True)
         for arg, value in (("epsilon", epsilon), ("d0", d0), ("d_coef", d_coef)):
             check_range(arg, value, low=0.0, low_open=True)

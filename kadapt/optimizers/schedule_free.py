@@ -107,7 +107,8 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
         y = ops.where(at_x, ops.convert_to_tensor(self._y[key]), ops.convert_to_tensor(variable))
         # z starts at the weights of the first step, as Keras' EMA starts: an
         # initializer reading the weights cannot be lifted out of an XLA step.
-        z = ops.where(ops.equal(ops.convert_to_tensor(self.iterations), 0), y, ops.convert_to_tensor(self._z[key]))
+        first = ops.equal(ops.convert_to_tensor(self.iterations), 0)
+        z = ops.where(first, y, ops.convert_to_tensor(self._z[key]))
         direction = self.direction(ops.cast(gradient, dtype), key)
         if self.schedule_free_weight_decay:
             direction = direction + self.schedule_free_weight_decay * y
