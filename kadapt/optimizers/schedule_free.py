@@ -84,6 +84,8 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
     def apply(self, grads: list[Any], trainable_variables: list[keras.Variable] | None = None) -> None:
         """As `keras.optimizers.Optimizer.apply`; first advances the step's
         averaging weight c, shared by every variable."""
+        if len(grads) == 0:
+            return  # Keras' `apply` steps nothing, `iterations` included.
         self._step_scalars = self._advance_average()
         super().apply(grads, trainable_variables)
         self._at_evaluation_point.assign(0.0)
