@@ -1,5 +1,7 @@
 """Prodigy against a NumPy transcription of PyPI `prodigyopt` 1.1.2 (`Prodigy.step`): d is one
-scalar over all the variables (here a kernel and a bias)."""
+scalar over all the variables (here a kernel and a bias). With `use_bias_correction=True` (which
+optax always applies) the transcription agreed with `optax.contrib.prodigy` (optax 0.2.8, float64,
+25 steps: defaults, safeguard with beta3, decoupled decay) to 1e-15, checked once outside the suite."""
 
 import math
 

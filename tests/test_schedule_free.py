@@ -1,6 +1,8 @@
 """Schedule-Free SGD and AdamW against a NumPy transcription of PyPI `schedulefree` 1.4.1
 (`SGDScheduleFree.step`, `AdamWScheduleFree.step`, their `eval`), and where the model is
-left: x (the average) after `fit` and for validation, y (the gradient point) for training."""
+left: x (the average) after `fit` and for validation, y (the gradient point) for training.
+The transcription agreed with `optax.contrib.schedule_free_{adamw,sgd}` (optax 0.2.8, float64,
+24 steps, x and y, with and without weight decay) to 1e-15, checked once outside the suite."""
 
 import keras
 import numpy as np
