@@ -189,6 +189,8 @@ class AccumulatingTrainStep(backend_step_class()):
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None,
             **kwargs: Any) -> keras.callbacks.History:
+        """As `keras.Model.fit`. With a Schedule-Free optimizer it adds
+        `kadapt.callbacks.ScheduleFreeEvaluation`: validation at x, training at y."""
         if not self.compiled:
             raise ValueError(
                 "The model must be compiled before `fit`: call "
@@ -198,6 +200,10 @@ class AccumulatingTrainStep(backend_step_class()):
         self._check_noise_batch(batch_size)
         if self._micro_batch_size is None:
             _resolve_auto(self, x, y, batch_size, kwargs.get("sample_weight"))
+        # Imported here: kadapt.callbacks imports kadapt.batching.
+        from kadapt.callbacks.schedule_free_evaluation import with_schedule_free_evaluation
+
+        kwargs["callbacks"] = with_schedule_free_evaluation(self, kwargs.get("callbacks"))
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def _check_noise_batch(self, batch_size):

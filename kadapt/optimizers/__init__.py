@@ -1,4 +1,10 @@
-"""Optimizers whose hyperparameters can change during `fit`."""
+"""Optimizers whose hyperparameters can change during `fit`, and the
+learning-rate-free ones Keras lacks (Schedule-Free SGD/AdamW, Prodigy)."""
 
 from kadapt.optimizers.adam import Adam
+from kadapt.optimizers.batch_statistics import recompute_batch_statistics
+from kadapt.optimizers.by_name import get
+from kadapt.optimizers.prodigy import Prodigy
+from kadapt.optimizers.schedule_free_adamw import ScheduleFreeAdamW
+from kadapt.optimizers.schedule_free_sgd import ScheduleFreeSGD
 from kadapt.optimizers.sgd import SGD

@@ -81,3 +81,16 @@ def applied_learning_rate(optimizer: keras.optimizers.Optimizer) -> float:
     if multiplier is not None:
         rate *= float(keras.ops.convert_to_numpy(multiplier))
     return rate
+
+
+def reject_keras_accumulation(kwargs: dict[str, Any]) -> None:
+    """Raises if `gradient_accumulation_steps` is passed: these optimizers keep
+    per-step scalars that Keras' own accumulation would advance at every micro-batch."""
+    steps = kwargs.get("gradient_accumulation_steps")
+    if steps is not None:
+        raise ValueError(
+            "Argument `gradient_accumulation_steps` is not supported by this optimizer: "
+            "accumulate with `kadapt.accumulate(model, micro_batch_size=...)`, which "
+            f"calls the optimizer once per logical batch. Received: gradient_accumulation_steps={steps!r}"
+        )
+
