@@ -40,6 +40,7 @@ from kadapt.run.probe_text import check_probe_allocator
 from kadapt.run.probe_text import trial_line
 from kadapt.run.recipe_options import augmentation_text
 from kadapt.run.recipe_options import network_name
+from kadapt.run.recipe_options import optimizer_choice
 from kadapt.run.recipe_options import recipe_config
 from kadapt.run.run_directory import RunDirectory
 
@@ -153,7 +154,10 @@ def train(run, echo=print, callbacks=(), verbose=1):
     with run.scope():
         recipe.compile_recipe(run.model, run.recipe, steps["total_steps"])
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
-    resolved = {**steps, "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
+    choice = optimizer_choice(config, data)
+    echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "
+         f"({choice.reason})")
+    resolved = {**steps, "optimizer": choice.to_dict(), "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
                 "test_time_augmentation": run.recipe.test_time_augmentation,
                 **({"range_test": run.range_test} if run.range_test else {})}
