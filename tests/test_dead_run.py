@@ -53,10 +53,22 @@ def test_a_non_finite_loss_is_diverged():
     assert verdicts(rule, 1.2, [(0.9, math.inf)]) == [DIVERGED]
 
 
-def test_a_monitored_loss_ten_times_chance_is_diverged():
+def test_a_monitored_loss_ten_times_the_lowest_is_diverged():
     rule = DeadRunRule(1.0)
-    assert verdicts(rule, 1.2, [(1.1, 9.9)]) == [None]
-    assert verdicts(rule, 1.2, [(1.1, 10.0)]) == [DIVERGED]
+    assert verdicts(rule, 1.0, [(0.9, 9.99)]) == [None]
+    assert verdicts(rule, 1.0, [(0.9, 10.0)]) == [DIVERGED]
+
+
+def test_a_first_loss_far_above_chance_that_falls_is_healthy():
+    """Raw wine, Adam 1e-3: the first batch's loss 38.6, the validation loss 10 (9x chance), then falling."""
+    rule = DeadRunRule(WINE_CHANCE)
+    epochs = [(29.8, 10.06), (11.6, 8.42), (6.91, 3.35)]
+    assert verdicts(rule, 38.6, epochs) == [None] * 3
+
+
+def test_a_validation_loss_that_rises_above_chance_is_at_chance():
+    rule = DeadRunRule(WINE_CHANCE)
+    assert verdicts(rule, 38.6, [(29.8, 10.06), (11.6, 15.95)]) == [None, AT_CHANCE]
 
 
 def test_two_flat_epochs_at_chance_are_at_chance():

@@ -2,12 +2,13 @@
 
 Two signatures, checked at every epoch end from the first:
 
-- **diverged**: a loss is not finite, the monitored loss is at least `jump`
-  (10) times the constant predictor's, or the epoch's training loss is at
-  least `jump` times the lowest training loss seen so far (the first
+- **diverged**: a loss is not finite, or the epoch's training or monitored
+  loss is at least `jump` (10) times the lowest loss seen so far (the first
   batch's, at the initial weights, included). A loss an order of magnitude
   up is a step that left the basin, not noise: on scikit-learn's raw wine
   the recipe's SGD took the first epoch's mean loss from ~1.1 to ~6,400.
+  Not the constant predictor's loss: on raw rows a network's first loss
+  can be 30x chance (wine, Adam) and still fall.
 - **at_chance**: the monitored loss (validation, else training) is at or
   above the constant predictor's (`kadapt.meta.chance_loss`, less
   `tolerance` of it) at two epochs in a row, the second no more than
@@ -38,7 +39,7 @@ class RunHealth:
     """What the rule remembers between epochs.
 
     Args:
-        lowest_loss: Float. The lowest training loss seen (`inf` until one is).
+        lowest_loss: Float. The lowest loss seen, training or monitored (`inf` until one is).
         previous: Float or `None`. The last epoch's monitored loss, when it was at chance.
         actions: Int. The triggers returned so far.
     """
@@ -96,7 +97,8 @@ class DeadRunRule:
         if trigger is not None and state.actions >= self.max_actions:
             trigger, reason = None, f"{reason}; no action left (max_actions={self.max_actions})"
         at_chance = math.isfinite(monitored) and monitored >= self._chance_floor()
-        lowest = min(state.lowest_loss, loss) if math.isfinite(loss) else state.lowest_loss
+        seen = [value for value in (loss, monitored) if math.isfinite(value)] if trigger != DIVERGED else []
+        lowest = min([state.lowest_loss, *seen])
         following = RunHealth(lowest, monitored if at_chance else None, state.actions + (trigger is not None))
         return Verdict(trigger, reason, following)
 
@@ -108,12 +110,11 @@ class DeadRunRule:
     def _signature(self, state, loss, monitored):
         if not (math.isfinite(loss) and math.isfinite(monitored)):
             return DIVERGED, f"a loss is not finite (loss {loss}, monitored {monitored})"
-        if monitored >= self.jump * self.chance_loss:
-            return DIVERGED, (f"the monitored loss {monitored:.4g} is {monitored / self.chance_loss:.3g}x the constant "
-                              f"predictor's ({self.chance_loss:.4g}); diverged at >= {self.jump:g}x")
-        if loss >= self.jump * state.lowest_loss:
-            return DIVERGED, (f"the training loss {loss:.4g} is {loss / state.lowest_loss:.3g}x its lowest "
-                              f"({state.lowest_loss:.4g}); diverged at >= {self.jump:g}x")
+        worst = max(loss, monitored)
+        if worst >= self.jump * state.lowest_loss:
+            return DIVERGED, (f"the {'training' if worst == loss else 'monitored'} loss {worst:.4g} is "
+                              f"{worst / state.lowest_loss:.3g}x the lowest loss seen ({state.lowest_loss:.4g}); "
+                              f"diverged at >= {self.jump:g}x")
         stayed = state.previous is not None and monitored > state.previous * (1.0 - self.tolerance)
         if monitored >= self._chance_floor() and stayed:
             return AT_CHANCE, (f"the monitored loss {monitored:.4g} stayed at or above the constant "
