@@ -20,6 +20,10 @@ from kadapt.batching import balanced_micro_batch
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
 from kadapt.batching.memory_budget import device_budget
+from kadapt.batching.trivial_fit import SKIP_FRACTION
+from kadapt.batching.trivial_fit import model_output_units
+from kadapt.batching.trivial_fit import step_bytes_bound
+from kadapt.batching.trivial_fit import trivially_fits
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import global_policy
 from kadapt.recipes import training as recipe
@@ -208,6 +212,12 @@ def _micro_batch_size(run, echo):
     if saved is not None:
         echo(f"resuming with the probed micro-batch {saved['micro_batch_size']}")
         return saved["micro_batch_size"]
+    skipped = _probe_skipped(run)
+    if skipped is not None:
+        echo(f"probe skipped: {skipped}")
+        run.directory.write_json(files.PROBE, {"skipped": skipped, "micro_batch_size": _share(run)})
+        echo(f"plan: {_plan(_share(run), _share(run))['text']}")
+        return _share(run)
     result = _probe(run, echo)
     micro = result.micro_batch_size
     if run.member is not None:
@@ -224,6 +234,20 @@ def _micro_batch_size(run, echo):
 def _share(run):
     """The rows of a logical batch that this worker trains: all of them on one worker."""
     return run.config.batch_size // (run.member.workers if run.member else 1)
+
+
+def _probe_skipped(run):
+    """Why the probe need not run (`kadapt.batching.trivial_fit`), or `None`: it runs
+    with a `--memory-budget` (the user asked for the measured path) or several workers."""
+    units = model_output_units(run.model)
+    if run.config.memory_budget is not None or run.member is not None or units is None:
+        return None
+    budget = device_budget(None)
+    bound = step_bytes_bound(run.model.count_params(), units, _share(run))
+    if not trivially_fits(bound, budget.bytes):
+        return None
+    return (f"a step of the whole logical batch ({_share(run)} rows) needs at most {bound / 2**20:.2f} MiB, "
+            f"under {SKIP_FRACTION:.0%} of the budget ({budget.bytes / 2**20:.0f} MiB on {budget.device})")
 
 
 def _probe(run, echo):
