@@ -70,6 +70,9 @@ class DeadRunRule:
         jump: Float > 1. How many times its lowest a training loss must be
             to count as diverged. Defaults to `10.0`.
         max_actions: Int >= 0. The most triggers a run gets. Defaults to `3`.
+        rate_factor: Float in (0, 1). What an action multiplies the rate by
+            where no range test sets it, and the least cut after a
+            divergence. Defaults to `0.1`.
 
     Example:
 
@@ -79,13 +82,15 @@ class DeadRunRule:
     'diverged'
     """
 
-    def __init__(self, chance_loss: float, tolerance: float = 0.02, jump: float = 10.0, max_actions: int = 3):
+    def __init__(self, chance_loss: float, tolerance: float = 0.02, jump: float = 10.0, max_actions: int = 3,
+                 rate_factor: float = 0.1):
         check_range("chance_loss", chance_loss, low=0.0, low_open=True)
         check_range("tolerance", tolerance, low=0.0, high=1.0, high_open=True)
         check_range("jump", jump, low=1.0, low_open=True)
         check_range("max_actions", max_actions, low=0, integer=True)
         self.chance_loss, self.tolerance, self.jump = float(chance_loss), float(tolerance), float(jump)
-        self.max_actions = int(max_actions)
+        check_range("rate_factor", rate_factor, low=0.0, high=1.0, low_open=True, high_open=True)
+        self.max_actions, self.rate_factor = int(max_actions), float(rate_factor)
 
     def start(self, initial_loss: float = math.inf) -> RunHealth:
         """The state before the first epoch: `initial_loss` is the first batch's training loss."""
@@ -126,4 +131,4 @@ class DeadRunRule:
 
     def get_config(self) -> dict:
         return {"chance_loss": self.chance_loss, "tolerance": self.tolerance, "jump": self.jump,
-                "max_actions": self.max_actions}
+                "max_actions": self.max_actions, "rate_factor": self.rate_factor}

@@ -68,7 +68,8 @@ def dead_run_rescue(run):
     range_test = RangeTestStart(data.x_train, one_hot(data.y_train, data.num_classes), batch_size=config.batch_size,
                                 seed=config.seed)
     return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
-                         peak_learning_rate=run.recipe.learning_rate, log_dir=run.directory.path)
+                         peak_learning_rate=run.recipe.learning_rate, log_dir=run.directory.path,
+                         backup_dir=run.directory / files.BACKUP)
 
 
 def _monitor(data):
