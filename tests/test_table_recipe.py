@@ -9,12 +9,13 @@ from kadapt.recipes.optimizer_choice import MEASURED
 from kadapt.recipes.optimizer_choice import choose_optimizer
 
 
-def test_fast_resnet_on_images_keeps_the_recipes_sgd():
-    choice = choose_optimizer("fast_resnet", images=True)
+@pytest.mark.parametrize("network", ["fast_resnet", "small_cnn"])
+def test_kadapts_image_networks_on_images_keep_the_recipes_sgd(network):
+    choice = choose_optimizer(network, images=True)
     assert (choice.optimizer, choice.learning_rate, choice.schedule) == ("sgd", 0.2, "triangular")
 
 
-@pytest.mark.parametrize("network, images", [("mlp", False), ("own_model:build", False), ("small_cnn", True),
+@pytest.mark.parametrize("network, images", [("mlp", False), ("mlp", True), ("own_model:build", True),
                                              ("fast_resnet", False)])
 def test_any_other_network_gets_adam_at_its_measured_rate(network, images):
     choice = choose_optimizer(network, images)

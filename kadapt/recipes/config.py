@@ -46,7 +46,7 @@ class FastFitConfig:
             records' choice, measured on `fast_resnet`); `"adam"`:
             `kadapt.optimizers.Adam`; both on the schedule, with the
             decoupled weight decay. `"auto"`: `kadapt train` picks one for the
-            network (`kadapt.recipes.optimizer_choice.choose_optimizer`);
+            network and rows (`kadapt.recipes.optimizer_choice.choose_optimizer`);
             `fast_fit` trains `fast_resnet`, so `"sgd"`.
         learning_rate: Peak learning rate (for the mean loss of a batch), or
             `"auto"`: before training, a learning-rate range test on the
@@ -95,10 +95,11 @@ class FastFitConfig:
     schedule: str = switch("triangular", "triangular LR with momentum 0.9, cosine LR with cosine momentum, or "
                                          "a constant LR", choices=SCHEDULES)
     optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, or auto: sgd for "
-                                  "fast_resnet on images, adam for any other network, each at its measured "
-                                  "rate unless --learning-rate is given", choices=(AUTO, *OPTIMIZERS))
-    learning_rate: float | str = switch(0.2, "peak learning rate, or auto: find it with a learning-rate range "
-                                             "test before training (kadapt.find_learning_rate)")
+                                  "fast_resnet and small_cnn on images, adam for any other network or rows, "
+                                  "each at its measured rate and schedule unless given", choices=(AUTO, *OPTIMIZERS))
+    learning_rate: float | str = switch(0.2, "peak learning rate (where --optimizer auto chooses adam, adam's "
+                                             "measured one), or auto: find it with a learning-rate range test "
+                                             "before training (kadapt.find_learning_rate)")
     warmup_fraction: float = 0.15
     weight_decay: float = switch(5e-3, "decoupled weight decay")
     label_smoothing: float = switch(0.1, "of the cross-entropy")

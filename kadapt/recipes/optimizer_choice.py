@@ -15,6 +15,9 @@ from kadapt.recipes.config import OPTIMIZERS
 from kadapt.recipes.config import FastFitConfig
 
 RECIPE_NETWORK = "fast_resnet"
+# kadapt's image networks keep the recipe's SGD on images: measured on fast_resnet, and what small_cnn
+# trained with before this choice existed (not measured anew).
+IMAGE_NETWORKS = (RECIPE_NETWORK, "small_cnn")
 # (learning rate, schedule) of each optimizer where the user gives none; one row per name of OPTIMIZERS.
 MEASURED = {"sgd": (FastFitConfig().learning_rate, FastFitConfig().schedule), "adam": (1e-3, "triangular")}
 
@@ -43,7 +46,8 @@ def choose_optimizer(network, images, optimizer=AUTO, learning_rate=None, schedu
     """The `OptimizerChoice` for `network` on `images` (or other rows).
 
     What the user gave stands; `"auto"` (or nothing) is the recipe's SGD for
-    `fast_resnet` on images, Adam for any other network. A rate or schedule
+    kadapt's image networks (`IMAGE_NETWORKS`) on images, Adam for any other
+    network or rows that are not images. A rate or schedule
     not given is the chosen optimizer's measured one.
 
     Args:
@@ -63,10 +67,10 @@ def choose_optimizer(network, images, optimizer=AUTO, learning_rate=None, schedu
         raise ValueError(f"Argument `optimizer` must be one of {', '.join((AUTO, *OPTIMIZERS))}. "
                          f"Received: optimizer={optimizer!r}")
     if optimizer == AUTO:
-        optimizer = "sgd" if network == RECIPE_NETWORK and images else "adam"
+        optimizer = "sgd" if network in IMAGE_NETWORKS and images else "adam"
         why = (f"the recipe's optimizer, measured on {RECIPE_NETWORK} and images" if optimizer == "sgd" else
-               f"{network} is not {RECIPE_NETWORK} on images, and the recipe's SGD at {MEASURED['sgd'][0]} "
-               "was measured only there; Adam was measured on tables (benchmarks/README.md#table_recipe)")
+               f"{network} is not one of kadapt's image networks on images, where the recipe's SGD at "
+               f"{MEASURED['sgd'][0]} was measured; Adam was measured on tables (benchmarks/README.md#table_recipe)")
     else:
         why = f"--optimizer {optimizer}"
     rate = MEASURED[optimizer][0] if learning_rate is None else learning_rate
