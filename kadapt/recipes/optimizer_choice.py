@@ -19,7 +19,7 @@ RECIPE_NETWORK = "fast_resnet"
 # trained with before this choice existed (not measured anew).
 IMAGE_NETWORKS = (RECIPE_NETWORK, "small_cnn")
 # (learning rate, schedule) of each optimizer where the user gives none; one row per name of OPTIMIZERS.
-MEASURED = {"sgd": (FastFitConfig().learning_rate, FastFitConfig().schedule), "adam": (1e-3, "triangular")}
+MEASURED = {"sgd": (FastFitConfig().learning_rate, FastFitConfig().schedule), "adam": (1e-2, "triangular")}
 
 
 @dataclasses.dataclass(frozen=True)
