@@ -2,6 +2,7 @@
 the weights it ends with), a healthy one is untouched bit for bit, and `kadapt train` rescues one."""
 
 import json
+import types
 
 import keras
 import numpy as np
@@ -37,6 +38,37 @@ def test_a_diverged_run_restarts_from_its_initial_weights_at_a_tenth_of_the_rate
     assert decision["trigger"] == "diverged" and decision["rollback"] and decision["epoch"] == 0
     assert decision["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.1)}
     assert decision["features"]["loss"] == pytest.approx(191.25)
+
+
+class FixedRangeTest:
+    """A range test that suggests `rate` (the rescue's contract: `max_steps`, `run(model, steps)`)."""
+
+    max_steps = 10
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def run(self, model, num_steps):
+        return types.SimpleNamespace(suggestion=self.rate)
+
+
+def test_a_rescue_takes_the_range_tests_rate_below_a_tenth_of_the_diverged_one():
+    """As above, the range test suggesting 0.05 (a third of a tenth): epoch 2 leaves w = 3 (1 - 0.9^4)."""
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.05),
+                           verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-6)
+    assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1.5)}
+
+
+def test_after_a_divergence_the_rate_falls_at_least_tenfold_whatever_the_range_test_says():
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(1.5),
+                           verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**4)]], rtol=1e-6)
+    assert rescue.decisions[0]["action"].endswith("(range test: 1.5, above x0.1 of the diverged rate)")
 
 
 def test_a_healthy_run_is_untouched_bit_for_bit(tmp_path):
