@@ -16,6 +16,7 @@ restore-best, MetaAdjuster) except the flags shown):
   adam_const_1e-3  --optimizer adam --learning-rate 0.001 --schedule constant
   adam_tri_auto    --optimizer adam --learning-rate auto --schedule triangular (the range test)
   auto             no flag: what `kadapt train` chooses
+  auto_batch_32    --batch-size 32 (the default is 16 on these tables: kadapt/recipes/batch_size.py)
   careful          plain Keras: Adam(1e-3), batch 32, 30 epochs on all the training rows
 
 Prints the test accuracy per table and arm, the mean over the seeds (and the worst seed).
@@ -41,6 +42,7 @@ ARMS = {
     "adam_const_1e-3": {"optimizer": "adam", "learning_rate": 1e-3, "schedule": "constant"},
     "adam_tri_auto": {"optimizer": "adam", "learning_rate": "auto", "schedule": "triangular"},
     "auto": {},  # kadapt train's own choice
+    "auto_batch_32": {"batch_size": 32},
 }
 CAREFUL_EPOCHS, CAREFUL_BATCH = 30, 32
 

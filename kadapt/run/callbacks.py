@@ -58,11 +58,14 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
 
 def dead_run_rescue(run):
     """`kadapt.callbacks.DeadRunRescue` on the run's data: on by default, with or
-    without the MetaAdjuster (`--meta off` turns the meta-model off, not this rule).
+    without the MetaAdjuster (`--meta off` turns the meta-model off, not this rule);
+    `None` in a multi-worker run.
 
     Chance is the constant predictor's smoothed cross-entropy on the training
     labels; a rescue's new rate comes from a range test on the training rows
     (a rate / 10 where the test reads none), as the schedule's peak."""
+    if run.member is not None:
+        return None  # each worker would range-test on its own rows, and could set another rate
     config, data = run.config, run.data
     chance = chance_loss(data.y_train, data.num_classes, run.recipe.label_smoothing)
     range_test = RangeTestStart(data.x_train, one_hot(data.y_train, data.num_classes), batch_size=config.batch_size,
