@@ -337,8 +337,9 @@ def _finish(run, trainer, best, started, echo):
     echo(f"test accuracy {record['test_accuracy']:.4f} (loss {record['test_loss']:.4f}) "
          f"after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
-    if run.meta_adjuster is not None:
-        echo(_decisions_text(directory.read_jsonl(files.META_DECISIONS)))
+    decisions = directory.read_jsonl(files.META_DECISIONS)
+    if run.meta_adjuster is not None or decisions:  # with --meta off, the dead-run rescue's
+        echo(_decisions_text(decisions))
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
     return directory.read_json(files.RUN)
 
@@ -347,7 +348,7 @@ def _decisions_text(decisions):
     if not decisions:
         return "MetaAdjuster: no decision (nothing called for one)"
     listed = "; ".join(f"step {d['step']} {d['trigger']} -> {d['action']}" for d in decisions)
-    return f"MetaAdjuster: {len(decisions)} decision(s): {listed}"
+    return f"decisions (MetaAdjuster, dead-run rescue): {len(decisions)}: {listed}"
 
 
 def _weights_record(best, history):
