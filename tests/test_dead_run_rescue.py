@@ -40,6 +40,21 @@ def test_a_diverged_run_restarts_from_its_initial_weights_at_a_tenth_of_the_rate
     assert decision["features"]["loss"] == pytest.approx(191.25)
 
 
+def test_a_run_that_diverges_later_returns_to_its_best_healthy_epoch_on_its_schedule():
+    """Eight steps at 0.15 (the error x0.7 each), then the schedule jumps to 1.5 (x-2 each): epoch 2's
+    mean loss is ~37x epoch 1's. The rescue returns to epoch 1's w = 3 (1 - 0.7^8) and scales the
+    schedule's 1.5 by 0.1; epoch 3 ends at w = 3 (1 - 0.7^16)."""
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([7], [0.15, 1.5])  # steps 0-7, then 8 on
+    model, x, y = scalar_regression(schedule)
+    x, y = np.ones((8, 1), "float32"), np.full((8, 1), 3.0, "float32")
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=100.0), monitor="loss", verbose=False)
+    model.fit(x, y, batch_size=1, epochs=3, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**16)]], rtol=1e-5)
+    [decision] = rescue.decisions
+    assert (decision["trigger"], decision["epoch"]) == ("diverged", 1)
+    assert decision["action"].startswith("rollback to the best healthy weights, lr x0.1")
+
+
 class FixedRangeTest:
     """A range test that suggests `rate` (the rescue's contract: `max_steps`, `run(model, steps)`)."""
 
