@@ -39,6 +39,11 @@ def fabricated_run(path):
     return path
 
 
+def test_python_dash_m_kadapt_is_the_kadapt_command():
+    result = subprocess.run([sys.executable, "-m", "kadapt", "--version"], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "kadapt 0.1.0\n")
+
+
 def test_help_version_and_report_load_no_tensorflow(tmp_path):
     run = fabricated_run(tmp_path / "run")
     result = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, str(run)], capture_output=True, text=True,
@@ -64,9 +69,10 @@ def test_every_recipe_switch_is_a_train_flag_with_its_default_in_the_help(capsys
     text = " ".join(capsys.readouterr().out.split())
     for flag in ("--widths N,N,... fast_resnet's channels per stage (default: 64,128,256)",
                  "--ema EMA average the weights", "--restore-best {on,off}", "--learning-rate LEARNING-RATE",
-                 "--precision {float32,bfloat16,float16,auto}", "(default: triangular)"):
+                 "--precision {float32,bfloat16,float16,auto}", "(default: triangular)",
+                 "--optimizer {auto,sgd,adam}"):
         assert flag in text
-    assert len(command_line_switches()) == 13
+    assert len(command_line_switches()) == 14
 
 
 def test_recipe_flags_parse_to_the_fields_of_fast_fit_config():

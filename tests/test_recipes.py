@@ -122,7 +122,7 @@ def test_fast_fit_rejects_unusable_datasets(arguments, message):
 
 
 def test_config_rejects_an_unknown_schedule():
-    with pytest.raises(ValueError, match=r"`schedule` must be 'cosine' or 'triangular'. Received: schedule='linear'"):
+    with pytest.raises(ValueError, match=r"`schedule` must be one of triangular, cosine, constant. Received: schedule='linear'"):
         FastFitConfig(schedule="linear")
 
 

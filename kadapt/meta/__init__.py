@@ -12,8 +12,11 @@ from kadapt.meta import features
 from kadapt.meta import tasks
 from kadapt.meta.adjuster import MetaAdjuster
 from kadapt.meta.adjustment_record import AdjustmentRecord
+from kadapt.meta.chance_loss import chance_loss
+from kadapt.meta.chance_loss import regression_chance_loss
 from kadapt.meta.collect import CollectionConfig
 from kadapt.meta.collect import collect
+from kadapt.meta.dead_run import DeadRunRule
 from kadapt.meta.meta_model import MetaSpec
 from kadapt.meta.meta_model import load_meta_model
 from kadapt.meta.policy import AdjustmentPolicy
@@ -27,8 +30,8 @@ _OPTIONAL_NAMES = {
     "train_meta_model": "kadapt.meta.train",
 }
 __all__ = sorted([
-    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "MetaAdjuster", "MetaSpec", "RangeTestStart", "Trigger", "actions", "collect",
-    "features", "load_meta_model", "tasks", *_OPTIONAL_NAMES,
+    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRule", "MetaAdjuster", "MetaSpec", "RangeTestStart", "Trigger", "actions", "chance_loss", "collect",
+    "features", "load_meta_model", "regression_chance_loss", "tasks", *_OPTIONAL_NAMES,
 ])
 
 

@@ -4,7 +4,10 @@ import dataclasses
 
 from kadapt.validation import check_range
 
-SCHEDULES = ("triangular", "cosine")
+SCHEDULES = ("triangular", "cosine", "constant")
+# The optimizers a recipe can train with, by name (`kadapt.recipes.training.OPTIMIZER_BUILDERS` builds them);
+# `"auto"` lets `kadapt train` choose one for the network (`kadapt.recipes.optimizer_choice`).
+OPTIMIZERS = ("sgd", "adam")
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 EXPAND_METHODS = ("mixup", "cutmix", "cutout")
 AUTO = "auto"  # a `learning_rate` the range test finds (`kadapt.find_learning_rate`)
@@ -38,6 +41,13 @@ class FastFitConfig:
             (0.95 -> 0.85 -> 0.95) through `MomentumScheduler`. Both Nesterov.
             The two measured equal within seed noise on Fashion-MNIST
             (benchmarks/README.md#fashion_mnist_fast); triangular is the default.
+            `"constant"`: the rate throughout (no warmup, no annealing).
+        optimizer: `"sgd"`: `kadapt.optimizers.SGD`, Nesterov (the speed
+            records' choice, measured on `fast_resnet`); `"adam"`:
+            `kadapt.optimizers.Adam`; both on the schedule, with the
+            decoupled weight decay. `"auto"`: `kadapt train` picks one for the
+            network and rows (`kadapt.recipes.optimizer_choice.choose_optimizer`);
+            `fast_fit` trains `fast_resnet`, so `"sgd"`.
         learning_rate: Peak learning rate (for the mean loss of a batch), or
             `"auto"`: before training, a learning-rate range test on the
             compiled network and the recipe's batches
@@ -82,10 +92,14 @@ class FastFitConfig:
     identity_init: bool = True
     freeze_bn_scale: bool = True
     bias_lr_multiplier: float = 4.0
-    schedule: str = switch("triangular", "triangular LR with momentum 0.9, or cosine LR with cosine momentum",
-                           choices=SCHEDULES)
-    learning_rate: float | str = switch(0.2, "peak learning rate, or auto: find it with a learning-rate range "
-                                             "test before training (kadapt.find_learning_rate)")
+    schedule: str = switch("triangular", "triangular LR with momentum 0.9, cosine LR with cosine momentum, or "
+                                         "a constant LR", choices=SCHEDULES)
+    optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, or auto: sgd for "
+                                  "fast_resnet and small_cnn on images, adam for any other network or rows, "
+                                  "each at its measured rate and schedule unless given", choices=(AUTO, *OPTIMIZERS))
+    learning_rate: float | str = switch(0.2, "peak learning rate (where --optimizer auto chooses adam, adam's "
+                                             "measured one), or auto: find it with a learning-rate range test "
+                                             "before training (kadapt.find_learning_rate)")
     warmup_fraction: float = 0.15
     weight_decay: float = switch(5e-3, "decoupled weight decay")
     label_smoothing: float = switch(0.1, "of the cross-entropy")
@@ -111,9 +125,11 @@ class FastFitConfig:
             raise ValueError(f"Argument `widths` must be positive ints, one per stage, e.g. (64, 128, 256). "
                              f"Received: widths={self.widths}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(
-                f"Argument `schedule` must be 'cosine' or 'triangular'. Received: schedule={self.schedule!r}"
-            )
+            raise ValueError(f"Argument `schedule` must be one of {', '.join(SCHEDULES)}. "
+                             f"Received: schedule={self.schedule!r}")
+        if self.optimizer not in (AUTO, *OPTIMIZERS):
+            raise ValueError(f"Argument `optimizer` must be one of {', '.join((AUTO, *OPTIMIZERS))}. "
+                             f"Received: optimizer={self.optimizer!r}")
         if self.learning_rate != AUTO:
             _check_rate(self.learning_rate)
         check_range("warmup_fraction", self.warmup_fraction, low=0.0, high=1.0, high_open=True)

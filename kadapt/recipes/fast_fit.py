@@ -8,6 +8,7 @@ from kadapt.precision import global_policy
 from kadapt.recipes import training
 from kadapt.recipes.batch_size import RECIPE_BATCH_SIZE
 from kadapt.recipes.batch_size import recipe_batch_size
+from kadapt.recipes.config import AUTO
 from kadapt.recipes.config import FastFitConfig
 from kadapt.validation import check_range
 
@@ -92,6 +93,8 @@ def fast_fit(
     ```
     """
     config = config or FastFitConfig()
+    if config.optimizer == AUTO:
+        config = config.replace(optimizer="sgd")  # the recipe's, measured on fast_resnet
     check_range("epochs", epochs, low=1, integer=True)
     batch_size = _batch_size(x, batch_size)
     if seed is not None:

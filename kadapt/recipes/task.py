@@ -115,13 +115,13 @@ class Task:
         the mean smoothed target. Regression: the variance of the
         standardized targets (1 on the rows they were standardized with).
         """
+        from kadapt.meta.chance_loss import chance_loss
+        from kadapt.meta.chance_loss import regression_chance_loss
+
         y = np.asarray(y_train)
         if self.is_regression:
-            return float(np.var(self.targets(y)))
-        frequencies = np.bincount(y.astype(int), minlength=self.outputs or 0) / len(y)
-        smoothed = (1 - label_smoothing) * frequencies + label_smoothing / len(frequencies)
-        present = smoothed[smoothed > 0]
-        return float(-np.sum(present * np.log(present)))
+            return regression_chance_loss(self.targets(y))
+        return chance_loss(y, max(self.outputs or 0, int(y.max()) + 1, 2), label_smoothing)
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -19,6 +19,7 @@ from kadapt.callbacks import MomentumScheduler
 from kadapt.extras import require
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
+from kadapt.optimizers import Adam
 from kadapt.optimizers import SGD
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import choose_precision
@@ -78,19 +79,41 @@ def compile_recipe(model, config, total_steps, task=Task()):
 
 
 def recipe_optimizer(config, total_steps):
-    """`kadapt.optimizers.SGD` (Nesterov, decoupled weight decay) on the
-    recipe's learning-rate schedule over `total_steps`."""
+    """The recipe's optimizer (`config.optimizer`, from `OPTIMIZER_BUILDERS`)
+    on its learning-rate schedule over `total_steps`, with decoupled weight decay."""
+    if config.optimizer not in OPTIMIZER_BUILDERS:
+        raise ValueError(f"Argument `config` must name an optimizer ({', '.join(OPTIMIZER_BUILDERS)}): choose "
+                         f"one first with `kadapt.recipes.optimizer_choice.choose_optimizer`. "
+                         f"Received: optimizer={config.optimizer!r}")
+    return OPTIMIZER_BUILDERS[config.optimizer](recipe_schedule(config, total_steps), config)
+
+
+def recipe_schedule(config, total_steps):
+    """The learning rate over `total_steps`: triangular, cosine or constant, peaking at `config.learning_rate`."""
     warmup = int(config.warmup_fraction * total_steps)
     peak = PLACEHOLDER_PEAK if config.learning_rate == AUTO else config.learning_rate
+    if config.schedule == "constant":
+        return float(peak)
     if config.schedule == "cosine":
-        rate = CosineAnnealing(peak, 0.0, total_steps, warmup_steps=warmup)
-    else:
-        # No warmup (fewer than 1 / warmup_fraction steps): start at the peak,
-        # as CosineAnnealing does; [0, 1, 1] would not be a schedule at all.
-        rate = (PiecewiseLinear([0, warmup, total_steps], [0.0, peak, 0.0]) if warmup
-                else PiecewiseLinear([0, total_steps], [peak, 0.0]))
+        return CosineAnnealing(peak, 0.0, total_steps, warmup_steps=warmup)
+    # No warmup (fewer than 1 / warmup_fraction steps): start at the peak,
+    # as CosineAnnealing does; [0, 1, 1] would not be a schedule at all.
+    return (PiecewiseLinear([0, warmup, total_steps], [0.0, peak, 0.0]) if warmup
+            else PiecewiseLinear([0, total_steps], [peak, 0.0]))
+
+
+def _sgd(rate, config):
     return SGD(rate, momentum=MOMENTUM, nesterov=True, weight_decay=config.weight_decay,
                use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+
+
+def _adam(rate, config):
+    return Adam(rate, weight_decay=config.weight_decay,
+                use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+
+
+# One builder per name of `kadapt.recipes.config.OPTIMIZERS`: `(rate or schedule, FastFitConfig) -> optimizer`.
+OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam}
 
 
 def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None, task=Task()):

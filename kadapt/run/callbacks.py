@@ -2,7 +2,10 @@
 
 import keras
 
+from kadapt.callbacks import DeadRunRescue
 from kadapt.meta import MetaAdjuster
+from kadapt.meta import RangeTestStart
+from kadapt.meta.dead_run import DeadRunRule
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.errors import UsageError
@@ -38,6 +41,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
         *schedule_callbacks,
         StepLogger(directory / files.STEPS, config.batch_size, steps["train_rows"]),
         run.meta_adjuster,
+        dead_run_rescue(run),  # after the MetaAdjuster: a rescue's rollback has the last word
         best_weights,  # before the history: an epoch on disk is one whose checkpoint follows at once
         HistoryWriter(directory / files.HISTORY),
         keras.callbacks.TensorBoard(log_dir=str(directory / files.TENSORBOARD), write_graph=False),
@@ -48,6 +52,30 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
         callbacks.append(StopAtStep(config.max_steps))
     callbacks.append(backup.committer)
     return [c for c in callbacks if c is not None]
+
+
+def dead_run_rescue(run):
+    """`kadapt.callbacks.DeadRunRescue` on the run's data: on by default, with or
+    without the MetaAdjuster (`--meta off` turns the meta-model off, not this rule);
+    `None` in a multi-worker run.
+
+    Chance is the constant predictor's loss on the training targets
+    (`TrainingData.chance_loss`: the smoothed cross-entropy, or the standardized
+    target's variance for a regression); a rescue's new rate comes from a range test on the training rows
+    (a rate / 10 where the test reads none), as the schedule's peak."""
+    if run.member is not None:
+        return None  # each worker would range-test on its own rows, and could set another rate
+    config, data = run.config, run.data
+    chance = data.chance_loss(run.recipe.label_smoothing)
+    range_test = RangeTestStart(data.x_train, data.targets(data.y_train), batch_size=config.batch_size,
+                                seed=config.seed)
+    return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
+                         peak_learning_rate=run.recipe.learning_rate, log_dir=run.directory.path,
+                         backup_dir=run.directory / files.BACKUP)
+
+
+def _monitor(data):
+    return "val_loss" if len(data.x_val) else "loss"
 
 
 def meta_adjuster(config, directory, data):
@@ -61,9 +89,8 @@ def meta_adjuster(config, directory, data):
     """
     if config.meta == "off":
         return None
-    monitor = "val_loss" if len(data.x_val) else "loss"
     try:
-        return MetaAdjuster(meta_model=config.meta, monitor=monitor, check_every="epoch",
+        return MetaAdjuster(meta_model=config.meta, monitor=_monitor(data), check_every="epoch",
                             log_dir=str(directory.path), backup_dir=str(directory / files.BACKUP))
     except (ValueError, TypeError, OSError) as error:
         raise UsageError(f"--meta {config.meta}: {' '.join(str(error).split())}") from None

@@ -20,6 +20,10 @@ from kadapt.batching import balanced_micro_batch
 from kadapt.batching import plan_batch
 from kadapt.batching import probe_micro_batch
 from kadapt.batching.memory_budget import device_budget
+from kadapt.batching.trivial_fit import SKIP_FRACTION
+from kadapt.batching.trivial_fit import model_output_units
+from kadapt.batching.trivial_fit import step_bytes_bound
+from kadapt.batching.trivial_fit import trivially_fits
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import global_policy
 from kadapt.recipes import training as recipe
@@ -40,6 +44,7 @@ from kadapt.run.probe_text import check_probe_allocator
 from kadapt.run.probe_text import trial_line
 from kadapt.run.recipe_options import augmentation_text
 from kadapt.run.recipe_options import network_name
+from kadapt.run.recipe_options import optimizer_choice
 from kadapt.run.recipe_options import recipe_config
 from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
@@ -154,7 +159,10 @@ def train(run, echo=print, callbacks=(), verbose=1):
     with run.scope():
         recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
-    resolved = {**steps, "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
+    choice = optimizer_choice(config, data)
+    echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "
+         f"({choice.reason})")
+    resolved = {**steps, "optimizer": choice.to_dict(), "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
                 "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
                 "test_time_augmentation": run.recipe.test_time_augmentation,
                 **({"range_test": run.range_test} if run.range_test else {})}
@@ -206,6 +214,12 @@ def _micro_batch_size(run, echo):
     if saved is not None:
         echo(f"resuming with the probed micro-batch {saved['micro_batch_size']}")
         return saved["micro_batch_size"]
+    skipped = _probe_skipped(run)
+    if skipped is not None:
+        echo(f"probe skipped: {skipped}")
+        run.directory.write_json(files.PROBE, {"skipped": skipped, "micro_batch_size": _share(run)})
+        echo(f"plan: {_plan(_share(run), _share(run))['text']}")
+        return _share(run)
     result = _probe(run, echo)
     micro = result.micro_batch_size
     if run.member is not None:
@@ -222,6 +236,20 @@ def _micro_batch_size(run, echo):
 def _share(run):
     """The rows of a logical batch that this worker trains: all of them on one worker."""
     return run.config.batch_size // (run.member.workers if run.member else 1)
+
+
+def _probe_skipped(run):
+    """Why the probe need not run (`kadapt.batching.trivial_fit`), or `None`: it runs
+    with a `--memory-budget` (the user asked for the measured path) or several workers."""
+    units = model_output_units(run.model)
+    if run.config.memory_budget is not None or run.member is not None or units is None:
+        return None
+    budget = device_budget(None)
+    bound = step_bytes_bound(run.model.count_params(), units, _share(run))
+    if not trivially_fits(bound, budget.bytes):
+        return None
+    return (f"a step of the whole logical batch ({_share(run)} rows) needs at most {bound / 2**20:.2f} MiB, "
+            f"under {SKIP_FRACTION:.0%} of the budget ({budget.bytes / 2**20:.0f} MiB on {budget.device})")
 
 
 def _probe(run, echo):
@@ -310,8 +338,9 @@ def _finish(run, trainer, best, started, echo):
     plots = draw_plots(directory)
     echo(f"{scores_text(record)} after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
-    if run.meta_adjuster is not None:
-        echo(_decisions_text(directory.read_jsonl(files.META_DECISIONS)))
+    decisions = directory.read_jsonl(files.META_DECISIONS)
+    if run.meta_adjuster is not None or decisions:  # with --meta off, the dead-run rescue's
+        echo(_decisions_text(decisions))
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
     return directory.read_json(files.RUN)
 
@@ -331,7 +360,7 @@ def _decisions_text(decisions):
     if not decisions:
         return "MetaAdjuster: no decision (nothing called for one)"
     listed = "; ".join(f"step {d['step']} {d['trigger']} -> {d['action']}" for d in decisions)
-    return f"MetaAdjuster: {len(decisions)} decision(s): {listed}"
+    return f"decisions (MetaAdjuster, dead-run rescue): {len(decisions)}: {listed}"
 
 
 def _weights_record(best, history):

@@ -17,7 +17,7 @@ def draw_plots(run):
         drawn.append(plot_training(steps, run.read_jsonl(files.META_DECISIONS), run.read_json(files.HISTORY, {}),
                                    run / files.TRAINING_PLOT, accuracy=task.get("kind") != "regression"))
     probe = run.read_json(files.PROBE)
-    if probe:
+    if probe and probe.get("trials"):  # none where the probe was skipped
         drawn.append(plot_probe(probe, run / files.PROBE_PLOT))
     return drawn
 

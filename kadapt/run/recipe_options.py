@@ -1,6 +1,9 @@
 """From `kadapt train`'s options to the recipe: the `FastFitConfig` and the network."""
 
+from kadapt.recipes.config import AUTO
 from kadapt.recipes.config import FastFitConfig
+from kadapt.recipes.optimizer_choice import choose_optimizer
+from kadapt.recipes.optimizer_choice import with_choice
 from kadapt.run.errors import UsageError
 
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
@@ -24,7 +27,8 @@ def network_name(config, data):
 def recipe_config(config, data):
     """The `FastFitConfig` of a `RunConfig` on `data` (`TrainingData`).
 
-    Options the user did not give keep the recipe's defaults. Images are
+    Options the user did not give keep the recipe's defaults; the optimizer,
+    its rate and schedule are `optimizer_choice`'s. Images are
     shifted (and mirrored where the classes survive it: Fashion-MNIST) with
     `--augment on`, and with `auto` when they are at least 16x16 pixels;
     rows that are not images are never augmented, and asking for it there is
@@ -42,7 +46,16 @@ def recipe_config(config, data):
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
-    return defaults.replace(**given)  # the given switches were judged by RunConfig
+    # the given switches were judged by RunConfig
+    return with_choice(defaults.replace(**given), optimizer_choice(config, data))
+
+
+def optimizer_choice(config, data):
+    """The `OptimizerChoice` of a `RunConfig` on `data`: `--optimizer`, or one
+    chosen for the network (`kadapt.recipes.optimizer_choice`)."""
+    given = config.recipe
+    return choose_optimizer(network_name(config, data), data.is_image, given.get("optimizer", AUTO),
+                            given.get("learning_rate"), given.get("schedule"))
 
 
 def _big_enough(data):

@@ -1,0 +1,206 @@
+"""`DeadRunRescue`: rolls a run left at chance (or blown up) back, and restarts it at a new rate."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from kadapt.meta import rollback
+from kadapt.meta.adjuster_state import load_state
+from kadapt.meta.adjuster_state import save_state
+from kadapt.meta.dead_run import AT_CHANCE
+from kadapt.meta.dead_run import DIVERGED
+from kadapt.meta.dead_run import DeadRunRule
+from kadapt.meta.dead_run import RunHealth
+from kadapt.optimizers.live_variables import applied_learning_rate
+from kadapt.validation import check_range
+
+DECISIONS_FILE = "meta_decisions.jsonl"  # the MetaAdjuster's: one log of everything that changed a run
+STATE_FILE = "dead-run-rescue-epoch-{epoch}.npz"  # in `backup_dir`
+TRIGGERS = (AT_CHANCE, DIVERGED)
+
+
+class DeadRunRescue(keras.callbacks.Callback):
+    """Acts on `kadapt.meta.dead_run.DeadRunRule` at every epoch end.
+
+    When the rule triggers, the model goes back to its last healthy state
+    (the initial weights, or the epoch end with the lowest monitored loss
+    below chance; optimizer slots zeroed: a velocity built at the dying rate
+    would carry the weights straight back out), and the rate changes through
+    `learning_rate_multiplier`, the live channel of kadapt's optimizers, so a
+    schedule keeps its shape: applied rate = schedule(step) x multiplier.
+    The new rate is the range test's suggestion (as the schedule's peak) when
+    `range_test` is given, else the rate times the rule's `rate_factor`. The step count
+    goes on (the schedule is not restarted). Each action is one line of
+    `log_dir/meta_decisions.jsonl`, in the `MetaAdjuster`'s format, with its
+    trigger (`"at_chance"`, `"diverged"`) and reason. Nothing is done after
+    the last epoch (no epoch would train from the restored weights). A
+    healthy run is not touched: the callback only reads the epoch's logs and
+    copies weights.
+
+    Args:
+        rule: `DeadRunRule`. When to act, and how often at most.
+        monitor: String. `"val_loss"`, or `"loss"` without validation data.
+            Defaults to `"val_loss"`.
+        range_test: `kadapt.meta.RangeTestStart` or `None`. Finds the new rate
+            on the training data from the restored weights. Defaults to `None`.
+        peak_learning_rate: Positive float or `None`. The schedule's peak before
+            the multiplier, which the range test's suggestion replaces; `None`
+            for a constant rate (read from the optimizer). Defaults to `None`.
+        log_dir: Path-like or `None`. Where `meta_decisions.jsonl` is appended to.
+            Defaults to `None`.
+        backup_dir: Path-like or `None`. The run's `BackupAndRestore`
+            directory: the state (the rule's, the rollback point, the
+            decisions) is saved there at every epoch end and read back when a
+            resumed `fit` begins, so the resumed run acts as the uninterrupted
+            one would. Defaults to `None`.
+        verbose: Bool. Print each action. Defaults to `True`.
+
+    Example:
+
+    ```python
+    rule = kadapt.meta.dead_run.DeadRunRule(chance_loss(y_train, 3))
+    model.compile(kadapt.optimizers.SGD(0.2), ...)
+    model.fit(x, y, validation_split=0.1, epochs=10, callbacks=[DeadRunRescue(rule)])
+    ```
+    """
+
+    def __init__(self, rule: DeadRunRule, monitor: str = "val_loss", range_test: Any = None,
+                 peak_learning_rate: float | None = None, log_dir: str | os.PathLike | None = None,
+                 backup_dir: str | os.PathLike | None = None, verbose: bool = True) -> None:
+        super().__init__()
+        if not isinstance(rule, DeadRunRule):
+            raise TypeError(f"Argument `rule` must be a DeadRunRule. Received: rule={rule!r}")
+        if monitor not in ("val_loss", "loss"):
+            raise ValueError(f"Argument `monitor` must be 'val_loss' or 'loss'. Received: monitor={monitor!r}")
+        if peak_learning_rate is not None:
+            check_range("peak_learning_rate", peak_learning_rate, low=0.0, low_open=True)
+        self.rule, self.monitor, self.range_test = rule, monitor, range_test
+        self.peak_learning_rate, self.verbose = peak_learning_rate, verbose
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.backup_dir = None if backup_dir is None else Path(backup_dir)
+        self.decisions = []
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not hasattr(self.model.optimizer, "learning_rate_multiplier"):
+            raise ValueError(f"DeadRunRescue changes the rate through `learning_rate_multiplier`, which "
+                             f"{type(self.model.optimizer).__name__} lacks: use kadapt.optimizers.SGD or Adam.")
+        self.state, self.point, self._best, self._began = None, None, math.inf, False
+        self.decisions = []
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self._began:
+            self._began = True
+            if epoch > 0 and self.backup_dir is not None:
+                self._resume(epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Here rather than at train begin: a subclassed model is built by fit, before its first step.
+        if self.point is None:
+            if not self.model.optimizer.built:  # as the first step would, so the start can be restored
+                self.model.optimizer.build(self.model.trainable_variables)
+            self.point = rollback.take(self.model)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.state is not None or not logs or "loss" not in logs:
+            return
+        initial = float(logs["loss"])  # the first batch's, at the initial weights
+        self.state = self.rule.start(initial)
+        self.point = rollback.RollbackPoint(self.point.weights, self.point.optimizer, initial)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        logs = logs or {}
+        loss = float(logs.get("loss", math.nan))
+        monitored = float(logs.get(self.monitor, loss))
+        verdict = self.rule.judge(self.state or self.rule.start(), loss, monitored)
+        self.state = verdict.state
+        if verdict.trigger is not None and epoch + 1 < (self.params.get("epochs") or math.inf):
+            self._rescue(epoch, verdict, loss, monitored)  # at the last epoch a restart would end at the start
+        elif monitored < min(self._best, self.rule.chance_loss):
+            self._best = monitored
+            self.point = rollback.take(self.model, value=loss)
+        if self.backup_dir is not None:
+            self._save(epoch + 1)
+
+    def _rescue(self, epoch, verdict, loss, monitored):
+        optimizer = self.model.optimizer
+        rollback.restore(self.model, self.point, restart_momentum=True)
+        self.state = self.rule.restarted(self.state, self.point.value)
+        before = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
+        multiplier, how = self._new_multiplier(before, verdict.trigger)
+        optimizer.learning_rate_multiplier = multiplier
+        self._log({"step": int(optimizer.iterations.numpy()), "epoch": epoch, "trigger": verdict.trigger,
+                   "adjustment": {"learning_rate_multiplier": multiplier}, "predicted_gain": None,
+                   "action": f"rollback to the {'initial' if math.isinf(self._best) else 'best healthy'} "
+                             f"weights, lr x{multiplier / before:.3g} ({how})",
+                   "rollback": True, "reason": verdict.reason,
+                   "features": {"loss": loss, self.monitor: monitored, "chance_loss": self.rule.chance_loss}})
+
+    def _new_multiplier(self, multiplier, trigger):
+        """`(multiplier, how)`: from the range test's suggestion, else times `rate_factor`.
+
+        After a divergence the rate falls at least by `rate_factor`: a range
+        test on badly scaled rows can suggest the rate that just diverged."""
+        factor = self.rule.rate_factor
+        cut = multiplier * factor
+        if self.range_test is None:
+            return cut, f"x{factor:g}"
+        try:
+            result = self.range_test.run(self.model, self.range_test.max_steps)
+        except ValueError as error:
+            return cut, f"the range test read no rate ({' '.join(str(error).split())}): x{factor:g}"
+        peak = self.peak_learning_rate or applied_learning_rate(self.model.optimizer) / multiplier
+        found = result.suggestion / peak
+        if trigger == DIVERGED and found > cut:
+            return cut, f"range test: {result.suggestion:.3g}, above x{factor:g} of the diverged rate"
+        return found, f"range test: {result.suggestion:.3g}"
+
+    def _log(self, decision):
+        self.decisions.append(decision)
+        if self.log_dir is not None:
+            with open(self.log_dir / DECISIONS_FILE, "a") as file:
+                file.write(json.dumps(decision) + "\n")
+        if self.verbose:
+            print(f"\nDeadRunRescue epoch {decision['epoch'] + 1}: {decision['trigger']} -> {decision['action']}: "
+                  f"{decision['reason']}", flush=True)
+
+    def _save(self, epochs_done):
+        """The state after `epochs_done` epochs, beside the backup; the last two kept (as the MetaAdjuster's)."""
+        state = {"epoch": epochs_done, "health": None if self.state is None else dataclasses.asdict(self.state),
+                 "best": self._best, "point": rollback.to_state(self.point), "decisions": self.decisions}
+        save_state(self.backup_dir / STATE_FILE.format(epoch=epochs_done), state)
+        stale = self.backup_dir / STATE_FILE.format(epoch=epochs_done - 2)
+        stale.unlink(missing_ok=True)
+
+    def _resume(self, epoch):
+        """At the first epoch of a `fit` resumed at `epoch`: the state saved after `epoch - 1` epochs."""
+        path = self.backup_dir / STATE_FILE.format(epoch=epoch)
+        if not path.is_file():
+            raise RuntimeError(f"Training resumes at epoch {epoch}, but {self.backup_dir} holds no DeadRunRescue "
+                               "state for it. Resume with the backup_dir the interrupted run used, or start afresh.")
+        state = load_state(path)
+        self.state = None if state["health"] is None else RunHealth(**state["health"])
+        self._best, self.decisions = float(state["best"]), list(state["decisions"])
+        self.point = rollback.from_state(state["point"], self.model)
+        if self.log_dir is not None:
+            self._rewrite_log()
+
+    def _rewrite_log(self):
+        """The log as the others left it, with this callback's decisions as restored (the
+        MetaAdjuster rewrites the log with its own at a resume)."""
+        path = self.log_dir / DECISIONS_FILE
+        lines = path.read_text().splitlines() if path.is_file() else []
+        others = [line for line in lines if json.loads(line).get("trigger") not in TRIGGERS]
+        path.write_text("".join(line + "\n" for line in [*others, *map(json.dumps, self.decisions)]))
+
+    def get_config(self) -> dict[str, Any]:
+        return {"rule": self.rule.get_config(), "monitor": self.monitor,
+                "peak_learning_rate": self.peak_learning_rate,
+                "log_dir": None if self.log_dir is None else str(self.log_dir),
+                "backup_dir": None if self.backup_dir is None else str(self.backup_dir), "verbose": self.verbose}

@@ -1,0 +1,133 @@
+"""`DeadRunRescue` on real runs: a run that dies is rolled back and restarted at the new rate (proved by
+the weights it ends with), a healthy one is untouched bit for bit, and `kadapt train` rescues one."""
+
+import json
+import types
+
+import keras
+import numpy as np
+import pytest
+
+from helpers import classification_data
+from helpers import mlp
+from kadapt.callbacks import DeadRunRescue
+from kadapt.meta.chance_loss import chance_loss
+from kadapt.meta.dead_run import DeadRunRule
+from kadapt.optimizers import SGD
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def scalar_regression(learning_rate):
+    """w * x with x = 1 and target 3, from w = 0: a step multiplies the error (w - 3) by 1 - 2 lr."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(SGD(learning_rate), loss="mse")
+    return model, np.ones((4, 1), "float32"), np.full((4, 1), 3.0, "float32")
+
+
+def test_a_diverged_run_restarts_from_its_initial_weights_at_a_tenth_of_the_rate(tmp_path):
+    """Epoch 1 at lr 1.5: the error doubles each step (losses 9, 36, 144, 576: 21x the first). The
+    rescue puts w = 0 back and the rate at 0.15; epoch 2's four steps leave w = 3 (1 - 0.7^4)."""
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", log_dir=tmp_path, verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**4)]], rtol=1e-6)
+    [decision] = read_jsonl(tmp_path / "meta_decisions.jsonl")
+    assert decision["trigger"] == "diverged" and decision["rollback"] and decision["epoch"] == 0
+    assert decision["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.1)}
+    assert decision["features"]["loss"] == pytest.approx(191.25)
+
+
+def test_a_run_that_diverges_later_returns_to_its_best_healthy_epoch_on_its_schedule():
+    """Eight steps at 0.15 (the error x0.7 each), then the schedule jumps to 1.5 (x-2 each): epoch 2's
+    mean loss is ~37x epoch 1's. The rescue returns to epoch 1's w = 3 (1 - 0.7^8) and scales the
+    schedule's 1.5 by 0.1; epoch 3 ends at w = 3 (1 - 0.7^16)."""
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([7], [0.15, 1.5])  # steps 0-7, then 8 on
+    model, x, y = scalar_regression(schedule)
+    x, y = np.ones((8, 1), "float32"), np.full((8, 1), 3.0, "float32")
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=100.0), monitor="loss", verbose=False)
+    model.fit(x, y, batch_size=1, epochs=3, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**16)]], rtol=1e-5)
+    [decision] = rescue.decisions
+    assert (decision["trigger"], decision["epoch"]) == ("diverged", 1)
+    assert decision["action"].startswith("rollback to the best healthy weights, lr x0.1")
+
+
+class FixedRangeTest:
+    """A range test that suggests `rate` (the rescue's contract: `max_steps`, `run(model, steps)`)."""
+
+    max_steps = 10
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def run(self, model, num_steps):
+        return types.SimpleNamespace(suggestion=self.rate)
+
+
+def test_a_rescue_takes_the_range_tests_rate_below_a_tenth_of_the_diverged_one():
+    """As above, the range test suggesting 0.05 (a third of a tenth): epoch 2 leaves w = 3 (1 - 0.9^4)."""
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.05),
+                           verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-6)
+    assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1.5)}
+
+
+def test_after_a_divergence_the_rate_falls_at_least_tenfold_whatever_the_range_test_says():
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(1.5),
+                           verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**4)]], rtol=1e-6)
+    assert rescue.decisions[0]["action"].endswith("(range test: 1.5, above x0.1 of the diverged rate)")
+
+
+def test_a_healthy_run_is_untouched_bit_for_bit(tmp_path):
+    x, _ = classification_data(rows=40)
+    y = x[:, :3].argmax(1)  # learnable: random labels would leave the validation loss at chance
+
+    def trained(callbacks):
+        model = mlp(seed=3)
+        model.compile(SGD(0.05, momentum=0.9), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=8, epochs=3, validation_split=0.2, shuffle=False, verbose=0, callbacks=callbacks)
+        return model.get_weights()
+
+    rescue = DeadRunRescue(DeadRunRule(chance_loss(y[:32], 3)), log_dir=tmp_path, verbose=False)
+    rescued = trained([rescue])
+    assert rescue.decisions == [] and not (tmp_path / "meta_decisions.jsonl").exists()
+    for with_rescue, without in zip(rescued, trained([]), strict=True):
+        np.testing.assert_array_equal(with_rescue, without)
+
+
+def test_the_rescue_needs_a_live_multiplier():
+    model, x, y = scalar_regression(0.1)
+    model.compile(keras.optimizers.SGD(0.1), loss="mse")
+    with pytest.raises(ValueError, match="DeadRunRescue changes the rate through `learning_rate_multiplier`"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[DeadRunRescue(DeadRunRule(1.0), monitor="loss")])
+
+
+def test_kadapt_train_rescues_a_run_that_dies(tmp_path, monkeypatch):
+    """Features three times their unit scale and SGD at 3: the first epoch blows up (val loss ~1e12);
+    the rescue rolls back, a range test sets the rate, and the run ends well below chance."""
+    from kadapt.run.pipeline import start_run
+    from kadapt.run.pipeline import train
+
+    rng = np.random.default_rng(0)
+    y = np.arange(240) % 3
+    x = (rng.normal(size=(240, 4)) + np.eye(3, 4)[y] * 3).astype("float32") * 3
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    monkeypatch.chdir(tmp_path)
+    options = {"data": "x.npy,y.npy", "model": "mlp", "optimizer": "sgd", "learning_rate": 3.0, "epochs": 4,
+               "meta": "off", "memory_budget": "256MiB"}
+    run = start_run(options, str(tmp_path / "run"))
+    train(run, echo=lambda line: None, verbose=0)
+    chance = chance_loss(run.data.y_train, 3, label_smoothing=0.1)
+    [decision] = read_jsonl(tmp_path / "run" / "meta_decisions.jsonl")
+    assert (decision["trigger"], decision["epoch"]) == ("diverged", 0)
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["val_loss"][0] > 1e3 and history["val_loss"][-1] < 0.6 * chance

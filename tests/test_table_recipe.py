@@ -1,0 +1,59 @@
+"""`choose_optimizer`: the recipe's SGD for fast_resnet on images, Adam for any other network; what
+the user gives stands. And the recipe compiles the optimizer the config names."""
+
+import pytest
+
+from kadapt.recipes.config import OPTIMIZERS
+from kadapt.recipes.config import FastFitConfig
+from kadapt.recipes.optimizer_choice import MEASURED
+from kadapt.recipes.optimizer_choice import choose_optimizer
+
+
+@pytest.mark.parametrize("network", ["fast_resnet", "small_cnn"])
+def test_kadapts_image_networks_on_images_keep_the_recipes_sgd(network):
+    choice = choose_optimizer(network, images=True)
+    assert (choice.optimizer, choice.learning_rate, choice.schedule) == ("sgd", 0.2, "triangular")
+
+
+@pytest.mark.parametrize("network, images", [("mlp", False), ("mlp", True), ("own_model:build", True),
+                                             ("fast_resnet", False)])
+def test_any_other_network_gets_adam_at_its_measured_rate(network, images):
+    choice = choose_optimizer(network, images)
+    assert (choice.optimizer, choice.learning_rate, choice.schedule) == ("adam", *MEASURED["adam"])
+    assert "benchmarks/README.md#table_recipe" in choice.reason
+
+
+def test_what_the_user_gives_stands():
+    choice = choose_optimizer("mlp", False, optimizer="sgd", learning_rate="auto", schedule="cosine")
+    assert (choice.optimizer, choice.learning_rate, choice.schedule, choice.reason) == (
+        "sgd", "auto", "cosine", "--optimizer sgd")
+    assert choose_optimizer("fast_resnet", True, learning_rate=0.05).learning_rate == 0.05
+
+
+def test_every_optimizer_name_has_measured_defaults_and_a_builder():
+    from kadapt.recipes.training import OPTIMIZER_BUILDERS
+
+    assert set(MEASURED) == set(OPTIMIZERS) == set(OPTIMIZER_BUILDERS)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_recipe_compiles_the_named_optimizer(name):
+    from kadapt.optimizers import SGD
+    from kadapt.optimizers import Adam
+    from kadapt.recipes.training import recipe_optimizer
+
+    optimizer = recipe_optimizer(FastFitConfig(optimizer=name, schedule="constant", learning_rate=0.01), 10)
+    assert type(optimizer) is {"sgd": SGD, "adam": Adam}[name]
+    assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+
+
+def test_an_unchosen_optimizer_is_refused_by_the_recipe():
+    from kadapt.recipes.training import recipe_optimizer
+
+    with pytest.raises(ValueError, match="choose one first with `kadapt.recipes.optimizer_choice.choose_optimizer`"):
+        recipe_optimizer(FastFitConfig(), 10)
+
+
+def test_an_unknown_optimizer_is_refused():
+    with pytest.raises(ValueError, match=r"`optimizer` must be one of auto, sgd, adam. Received: optimizer='lion'"):
+        FastFitConfig(optimizer="lion")
