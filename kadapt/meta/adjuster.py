@@ -15,6 +15,7 @@ import numpy as np
 
 from kadapt.meta import actions as action_lib
 from kadapt.meta import rollback
+from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
 from kadapt.meta.features import FEATURE_NAMES
@@ -269,7 +270,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             rollback.restore(self.model, self._last_good)
 
     def _start_from_range_test(self):
-        """Runs the range test, charges its steps, and moves the rate to its suggestion if far off."""
+        """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
         budget = self._total_steps()
         num_steps = self.range_test.num_steps(budget)
         if num_steps is None:
@@ -286,27 +287,50 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._charge(result.steps_run)
         self._range_test_rate = float(result.suggestion)
         detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
-        rate = self.range_test.choose(live, result.suggestion)
+        settable = action_lib.can_adjust_learning_rate(self.model.optimizer)
+        if self.range_test.judge is None:
+            rate = self.range_test.choose(live, result.suggestion)
+            why = f"within {self.range_test.factor:g}x of the suggestion"
+        if not settable:
+            rate, why = None, "the optimizer's rate cannot be set live"
+        elif self.range_test.judge is not None:
+            rate, why, judged = self._judge_start(live, result.suggestion, budget)
+            detail.update(judged)
         if rate is None:
-            self._log_range_test("keep", {**detail, "why": f"within {self.range_test.factor:g}x of the suggestion"})
-        elif not action_lib.can_adjust_learning_rate(self.model.optimizer):
-            self._log_range_test("keep", {**detail, "why": "the optimizer's rate cannot be set live"})
+            self._log_range_test("keep", {**detail, "why": why})
         else:
             self._set_learning_rate(live, rate)
             self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
 
+    def _judge_start(self, live, suggestion, budget):
+        """Branches from the state now at each candidate rate (their steps charged) and returns
+        the judge's rate (`None`: keep), why it kept, and the candidates' scores to log."""
+        judge = self.range_test.judge
+        rates = judge.candidates(live, suggestion)
+        steps = judge.steps_per_branch(budget, len(rates))
+        if steps < 1:
+            return None, f"no room for branches in a budget of {budget} steps", {}
+        try:
+            train, held = self.range_test.branch_batches(steps, judge.held_batches)
+        except ValueError as error:
+            return None, str(error), {}
+        optimizer = self.model.optimizer
+        scores = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
+        self._charge(steps * len(rates))
+        judged = {"branch_steps": steps, "held_batches": len(held),
+                  "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
+                               for rate, score in scores.items()]}
+        why = f"no candidate's held loss {judge.margin:.0%} below the live rate's"
+        return judge.choose(live, scores), why, judged
+
     def _charge(self, steps):
-        self._range_test_steps = steps
+        self._range_test_steps += steps
         self._step += steps
         self._epoch_start_step += steps
 
     def _set_learning_rate(self, live, rate):
-        optimizer = self.model.optimizer
-        if hasattr(optimizer, "learning_rate_multiplier"):
-            multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-            optimizer.learning_rate_multiplier = multiplier * rate / live
-        else:
-            optimizer.learning_rate = rate
+        _apply_rate(self.model.optimizer, live, rate)
+        if not hasattr(self.model.optimizer, "learning_rate_multiplier"):
             self._initial_learning_rate = rate  # later changes stay within MAX_CHANGE of the found rate
 
     def _log_range_test(self, action, detail):
@@ -504,6 +528,20 @@ class MetaAdjuster(keras.callbacks.Callback):
             gain = decision["predicted_gain"]
             print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']}"
                   + ("" if gain is None else f" (predicted gain {gain:+.3f})"), flush=True)
+
+
+def _apply_rate(optimizer, live, rate):
+    """Makes `optimizer` apply `rate` where it applies `live` now: through its live multiplier
+    (which keeps a schedule's shape), or as its float rate."""
+    if hasattr(optimizer, "learning_rate_multiplier"):
+        multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
+        optimizer.learning_rate_multiplier = multiplier * rate / live
+    else:
+        optimizer.learning_rate = rate
+
+
+def _json_number(value):
+    return float(value) if math.isfinite(value) else None
 
 
 def _multi_worker_strategy(model):
