@@ -14,6 +14,7 @@ from kadapt.meta import RangeTestStart
 from kadapt.meta import Trigger
 from kadapt.meta.actions import KEEP
 from kadapt.meta.branch_trials import branch_scores
+from kadapt.meta.evaluation import StopAfterSteps
 from kadapt.meta.start_judge import StartJudge
 from kadapt.batching.training_state import state_variables
 from kadapt.meta.features import FEATURE_NAMES
@@ -113,28 +114,31 @@ def test_smoothing_a_linear_curve_matches_its_closed_form(num_steps):
     assert t[-1] - curve.smooth(np.arange(40.0), 0.98)[-1] > 0.4 * 40
 
 
-def test_the_candidates_are_the_live_rate_the_suggestion_between_and_ten_times_it():
+def test_the_candidates_are_the_live_rate_the_suggestion_and_between():
     judge = StartJudge()
-    assert judge.candidates(1e-4, 0.01) == pytest.approx((1e-4, 0.01, 1e-3, 0.1))
-    # Between 0.1 and 0.04 is 0.063, within 2x of 0.1: dropped; 0.4 is kept.
-    assert judge.candidates(0.1, 0.04) == pytest.approx((0.1, 0.04, 0.4))
-    assert judge.candidates(0.1, 0.1) == pytest.approx((0.1, 1.0))  # the suggestion is the live rate
-    assert judge.candidates(math.nan, 0.01) == pytest.approx((0.01, 0.1))  # no usable live rate
+    assert judge.candidates(1e-4, 0.01) == pytest.approx((1e-4, 0.01, 1e-3))
+    # Between 0.1 and 0.04 is 0.063, within 2x of 0.1: dropped.
+    assert judge.candidates(0.1, 0.04) == pytest.approx((0.1, 0.04))
+    assert judge.candidates(0.1, 0.1) == pytest.approx((0.1,))
+    assert judge.candidates(math.nan, 0.01) == pytest.approx((0.01,))  # no usable live rate
 
 
 @pytest.mark.parametrize("scores, chosen", [
-    ({0.1: 1.0, 0.01: 0.95, 1.0: 0.91}, None),  # 9% lower: not clearly better, keep
-    ({0.1: 1.0, 0.01: 0.95, 1.0: 0.89}, 1.0),  # 11% lower: move
-    ({0.1: 0.5, 0.01: 0.9, 1.0: 0.7}, None),  # the live rate is best
-    ({0.1: math.inf, 0.01: 0.9, 1.0: math.nan}, 0.01),  # a diverging live rate gives way to any finite one
+    ({0.1: 0.9, 0.01: 0.85, 1.0: 0.81}, None),  # gains 0.1 / 0.15 / 0.19: not twice the live rate's
+    ({0.1: 0.9, 0.01: 0.85, 1.0: 0.79}, 1.0),  # 0.21 > 2 x 0.1: move
+    ({0.1: 0.5, 0.01: 0.9, 1.0: 0.7}, None),  # the live rate gains most
+    ({0.1: 0.999, 0.01: 0.99, 1.0: 1.2}, 0.01),  # a rate too low to move the loss: a small gain is 10x its
+    ({0.1: 3.0, 0.01: 1.5, 1.0: 1.2}, None),  # both lose, the best by less than twice the live rate's loss
+    ({0.1: 3.0, 0.01: 0.9, 1.0: 1.2}, 0.01),  # the live rate loses, one gains
+    ({0.1: math.inf, 0.01: 1.1, 1.0: math.nan}, 0.01),  # a diverging live rate gives way to any finite one
     ({0.1: math.nan, 0.01: math.inf}, None),  # every branch diverged: keep (the rollback handles it)
 ])
-def test_the_judge_keeps_the_live_rate_unless_a_candidate_is_clearly_better(scores, chosen):
-    assert StartJudge(margin=0.1).choose(0.1, scores) == chosen
+def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(scores, chosen):
+    assert StartJudge(margin=1.0).choose(0.1, 1.0, scores) == chosen
 
 
 def test_without_a_live_rate_the_best_candidate_is_chosen():
-    assert StartJudge().choose(math.nan, {0.01: 0.9, 0.1: 0.8}) == 0.1
+    assert StartJudge().choose(math.nan, 1.0, {0.01: 0.9, 0.1: 0.8}) == 0.1
 
 
 def test_branches_leave_the_state_bit_identical_and_score_on_held_batches():
@@ -147,18 +151,22 @@ def test_branches_leave_the_state_bit_identical_and_score_on_held_batches():
     def set_rate(rate):
         model.optimizer.learning_rate = rate
 
-    scores = branch_scores(model, [0.01, 0.1], set_rate, train, held)
+    trials = branch_scores(model, [0.01, 0.1], set_rate, train, held)
     for variable, value in zip(state_variables(model), before, strict=True):
         np.testing.assert_array_equal(variable.numpy(), value)
     # The score at 0.1 is the held loss of the same state trained two steps at 0.1, by hand.
     weights, velocity = model.get_weights()[0], model.optimizer.variables[-1].numpy()  # SGD's one slot
+
+    def held_loss(w):
+        return np.mean([np.mean((hx @ w - hy) ** 2) for hx, hy in held])
+
+    assert trials.start == pytest.approx(held_loss(weights), rel=1e-5)
     for batch_x, batch_y in train:
         gradient = 2 * batch_x.T @ (batch_x @ weights - batch_y) / len(batch_x)
         velocity = 0.5 * velocity - 0.1 * gradient
         weights = weights + velocity
-    held_loss = np.mean([np.mean((hx @ weights - hy) ** 2) for hx, hy in held])
-    assert scores[0.1] == pytest.approx(held_loss, rel=1e-5)
-    assert math.isinf(branch_scores(model, [1e6], set_rate, train * 20, held)[1e6])  # diverged
+    assert trials.scores[0.1] == pytest.approx(held_loss(weights), rel=1e-5)
+    assert math.isinf(branch_scores(model, [1e6], set_rate, train * 20, held).scores[1e6])  # diverged
 
 
 def test_arrays_hold_rows_out_of_the_branches_training():
@@ -178,17 +186,18 @@ def test_a_judged_start_moves_a_diverging_rate_to_its_best_branch():
     (decision,) = adjuster.decisions
     detail = decision["range_test"]
     scores = {b["learning_rate"]: b["held_loss"] for b in detail["branches"]}
-    assert len(scores) == 4 and detail["branch_steps"] == 4  # 20% of 80 steps over 4 candidates
+    assert len(scores) == 3 and detail["branch_steps"] == 5  # 20% of 80 steps over 3 candidates
     live = detail["learning_rate"]
-    assert scores[live] > 100 * min(scores.values())  # exploding
-    chosen = StartJudge().choose(live, scores)
+    assert scores[live] > 100 * detail["held_loss"]  # exploding
+    chosen = StartJudge().choose(live, detail["held_loss"], scores)
     assert chosen is not None and decision["action"] == f"range test: lr x{chosen / live:.3g}"
-    # The test's 16 steps and the branches' 16 were charged; the rest trained at the chosen rate.
-    charged = TEST_STEPS + 16
+    # The test's 16 steps and the branches' 15 were charged; the rest trained at the chosen rate.
+    charged = TEST_STEPS + 15
     assert adjuster.get_state()["range_test_steps"] == charged
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - charged
     reference = linear_model(chosen)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS - charged * BATCH // ROWS, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
     np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-5)
 
 
@@ -197,12 +206,13 @@ def test_a_judged_start_keeps_a_well_set_rate_and_trains_as_if_never_branched():
     model, adjuster = linear_model(0.1), silent_adjuster(x, y, judge="branches")
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
-    assert decision["action"] == "keep" and "held loss 10% below" in decision["range_test"]["why"]
+    assert decision["action"] == "keep" and "more than 2x the live rate's" in decision["range_test"]["why"]
     assert float(model.optimizer.learning_rate_multiplier.numpy()) == 1.0
-    charged = adjuster.get_state()["range_test_steps"]
-    assert charged == TEST_STEPS + 16
+    detail, charged = decision["range_test"], adjuster.get_state()["range_test_steps"]
+    assert charged == TEST_STEPS + detail["branch_steps"] * len(detail["branches"]) > TEST_STEPS
     reference = linear_model(0.1)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS - charged * BATCH // ROWS, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
     np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
 
 
@@ -214,6 +224,6 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="Argument `judge` must be one of"):
         RangeTestStart(np.zeros((4, 1)), judge="never")
     with pytest.raises(ValueError, match="Argument `margin` must be"):
-        StartJudge(margin=1.0)
+        StartJudge(margin=-0.1)
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):
         MetaAdjuster(constant_meta_model(KEEP), range_test=True)

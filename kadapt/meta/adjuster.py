@@ -321,13 +321,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         except ValueError as error:
             return None, str(error), {}
         optimizer = self.model.optimizer
-        scores = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
+        trials = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
         self._charge(steps * len(rates))
-        judged = {"branch_steps": steps, "held_batches": len(held),
+        judged = {"branch_steps": steps, "held_batches": len(held), "held_loss": _json_number(trials.start),
                   "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
-                               for rate, score in scores.items()]}
-        why = f"no candidate's held loss {judge.margin:.0%} below the live rate's"
-        return judge.choose(live, scores), why, judged
+                               for rate, score in trials.scores.items()]}
+        why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
+        return judge.choose(live, trials.start, trials.scores), why, judged
 
     def _charge(self, steps):
         self._range_test_steps += steps

@@ -54,13 +54,13 @@ class RangeTestStart:
     steps trained and ends `fit` once the two together reach the budget.
 
     With `judge="branches"` (the default) the suggestion is judged before it
-    is applied: from a snapshot, the live rate, the suggestion, their
-    geometric mean and ten times the suggestion each train up to 10 steps on
-    the same batches and are scored by the loss on held batches (rows none of
-    them trained on); the live rate moves only to a candidate whose score is
-    more than 10% lower (`kadapt.meta.start_judge.StartJudge`). The branches'
-    steps are charged too; the test then takes at most 30% of the budget and
-    the branches 20%.
+    is applied: from a snapshot, the live rate, the suggestion and their
+    geometric mean each train up to 10 steps on the same batches and are
+    scored by the loss on held batches (rows none of them trained on); the
+    live rate moves only to a candidate that lowers the held loss more than
+    twice as much (`kadapt.meta.start_judge.StartJudge`). The branches' steps
+    are charged too; the test then takes at most 30% of the budget and the
+    branches 20%.
 
     Args:
         x: Arrays (with `y`), or a dataset or generator of batches, as `fit`
