@@ -128,8 +128,9 @@ def test_the_candidates_are_the_live_rate_the_suggestion_and_between():
     ({0.1: 0.9, 0.01: 0.85, 1.0: 0.79}, 1.0),  # 0.21 > 2 x 0.1: move
     ({0.1: 0.5, 0.01: 0.9, 1.0: 0.7}, None),  # the live rate gains most
     ({0.1: 0.999, 0.01: 0.99, 1.0: 1.2}, 0.01),  # a rate too low to move the loss: a small gain is 10x its
-    ({0.1: 3.0, 0.01: 1.5, 1.0: 1.2}, None),  # both lose, the best by less than twice the live rate's loss
-    ({0.1: 3.0, 0.01: 0.9, 1.0: 1.2}, 0.01),  # the live rate loses, one gains
+    ({0.1: 3.0, 0.01: 1.5, 1.0: 1.2}, None),  # every candidate loses: keep
+    ({0.1: 3.0, 0.01: 0.9, 1.0: 1.2}, 0.01),  # the live rate loses, one gains: move
+    ({0.1: 4.9e21, 0.01: 0.99, 1.0: 1.2}, 0.01),  # an exploding loss: 0.01 does not vanish beside it
     ({0.1: math.inf, 0.01: 1.1, 1.0: math.nan}, 0.01),  # a diverging live rate gives way to any finite one
     ({0.1: math.nan, 0.01: math.inf}, None),  # every branch diverged: keep (the rollback handles it)
 ])
