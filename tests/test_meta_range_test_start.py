@@ -217,6 +217,17 @@ def test_a_judged_start_keeps_a_well_set_rate_and_trains_as_if_never_branched():
     np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
 
 
+def test_a_judged_start_near_the_suggestion_runs_no_branch():
+    x, y = data()
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0)
+    suggestion = start.run(linear_model(0.1), TEST_STEPS).suggestion  # the fit's test reads the same
+    model, adjuster = linear_model(1.5 * suggestion), silent_adjuster(x, y, judge="branches")
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    (decision,) = adjuster.decisions
+    assert decision["action"] == "keep" and decision["range_test"]["why"] == "within 2x of the suggestion"
+    assert "branches" not in decision["range_test"] and adjuster.get_state()["range_test_steps"] == TEST_STEPS
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Argument `factor` must be"):
         RangeTestStart(np.zeros((4, 1)), factor=1.0)

@@ -28,6 +28,7 @@ from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_start import RangeTestStart
+from kadapt.meta.start_judge import SPREAD
 from kadapt.meta.triggers import Trigger
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
@@ -313,6 +314,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         the judge's rate (`None`: keep), why it kept, and the candidates' scores to log."""
         judge = self.range_test.judge
         rates = judge.candidates(live, suggestion)
+        if rates == (live,):  # the suggestion is within SPREAD of the live rate: nothing to judge, nothing charged
+            return None, f"within {SPREAD:g}x of the suggestion", {}
         steps = judge.steps_per_branch(budget, len(rates))
         if steps < 1:
             return None, f"no room for branches in a budget of {budget} steps", {}
