@@ -15,9 +15,9 @@ import numpy as np
 
 from kadapt.meta import actions as action_lib
 from kadapt.meta import rollback
-from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
+from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.meta_model import MIN_GAIN
