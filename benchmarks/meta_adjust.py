@@ -9,8 +9,11 @@ with and without the MetaAdjuster, and the range test's arms: its rate
 constant, and under cosine, the test's steps charged to the run's budget
 (`evaluation.range_test_runs`; the share within 1.2x of the grid-best beside
 the MetaAdjuster's); and the MetaAdjuster starting from the range test on
-every mis-set rate and the cosine run (`RangeTestStart`, its steps charged),
-against `evaluation.RANGE_TARGETS`.
+every mis-set rate, the cosine run and the constant grid-best run
+(`RangeTestStart`, judged by short branches, its steps charged); the anchors
+at their defaults, the task's optimizer replaced (Schedule-Free AdamW, Prodigy,
+Keras `Adam()`), one run each per task-seed; against `evaluation.RANGE_TARGETS`
+(issue 46's targets).
 
 Overhead: a MetaAdjuster whose trigger never fires against none, on the same
 model, in interleaved rounds; the share of the run spent inside its hooks is

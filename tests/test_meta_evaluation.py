@@ -42,11 +42,12 @@ def test_summary_figures_by_hand():
 
 
 def test_kadapt_meta_eval_runs_every_arm_on_a_held_out_task(tmp_path, capsys, monkeypatch):
-    # The grid's ends and the rate between them that wins on iris, and a diverging search past one
-    # finite rate: every setting and arm in 17 trainings instead of 25 (the grid's rules are
-    # tested on fake runs below).
+    # The grid's ends and the rate between them that wins on iris, and a diverging search of one
+    # rate: every setting and arm in 18 trainings instead of 30 (the grid's rules are tested on
+    # fake runs below; one anchor stands for the three, whose settings are pinned below).
     monkeypatch.setattr(evaluation, "GRID", (evaluation.GRID[0], evaluation.GRID[-2], evaluation.GRID[-1]))
-    monkeypatch.setattr(evaluation, "DIVERGING_LIMIT", (300.0, 1000.0))
+    monkeypatch.setattr(evaluation, "DIVERGING_LIMIT", (1000.0,))
+    monkeypatch.setattr(evaluation, "ANCHORS", {"adam": evaluation.ANCHORS["adam"]})
     path = tmp_path / "keep.keras"
     constant_meta_model(KEEP).save(path)
     assert cli.main(["meta", "eval", str(path), "--families", "iris", "--seeds", "0", "--epochs", "2"]) == 0
@@ -54,7 +55,16 @@ def test_kadapt_meta_eval_runs_every_arm_on_a_held_out_task(tmp_path, capsys, mo
     assert "iris/0 grid best lr=0.72 " in out and "| near_grid_best |" in out and "| cosine_no_harm |" in out
     row = next(line for line in out.splitlines() if line.startswith("| iris | 0 |"))
     assert "too_low 0.0001:" in row  # the grid's lowest rate is "too low" on iris in 2 epochs
-    assert "too_high 3.16:" in row and "diverging 1000:" in row  # 300 ends finite, 1000 does not
+    assert "too_high 3.16:" in row and "diverging 1000:" in row  # 3.16 ends finite, 1000 does not
+    assert "iris/0 anchors: adam " in out and "iris/0 constant at lr=0.72: without " in out
+    assert "| adam | 1 |" in out and "| well_set_harm |" in out and "| beats_anchors |" in out
+
+
+def test_the_anchors_are_at_their_reference_defaults():
+    rates = {name: float(factory().learning_rate) for name, factory in evaluation.ANCHORS.items()}
+    assert rates == pytest.approx({"schedule_free_adamw": 0.0025, "prodigy": 1.0, "adam": 0.001})
+    prodigy = evaluation.ANCHORS["prodigy"]()
+    assert not prodigy.safeguard_warmup and not prodigy.use_bias_correction
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -105,7 +115,8 @@ def test_range_start_figures_by_hand():
     # 0.34 > 1.1 x 0.3 is harm; the diverging run ends finite below 2.0.
     figures = evaluation.summarize(runs)["meta_range"]
     assert figures["all"] == {"runs": 3, "near_grid_best": 1 / 3, "beats_range_constant": 1 / 3, "harm": 1 / 3,
-                              "rescue": 1.0, "diverged_runs": 1, "cosine_no_harm": 0.5, "cosine_runs": 2}
+                              "rescue": 1.0, "diverged_runs": 1, "cosine_no_harm": 0.5, "cosine_runs": 2,
+                              "beats_anchors": None, "anchor_runs": 0, "well_set_harm": 0.5, "well_set_runs": 2}
     assert figures["too_high"]["harm"] == 1.0 and figures["diverging"]["near_grid_best"] == 0.0
     assert "| beats_range_constant | 0.33 | >= 0.6 | NO |" in evaluation.table(runs)
 
@@ -123,3 +134,44 @@ def test_the_grid_widens_past_an_end_where_its_best_sits(monkeypatch):
     finite = evaluation._widened(grid, "f", 0, 1)
     assert sorted(set(grid) - set(evaluation.GRID)) == [13.9, 61.1]
     assert min(finite, key=finite.get) == 13.9
+
+
+def test_issue_46_figures_by_hand():
+    nan = math.nan
+    runs = [_run(0.10, 2.0, {"too_low": {"constant": 0.9, "plateau": 0.9, "meta": 0.2, "meta_range": 0.11},
+                             "diverging": {"constant": nan, "plateau": nan, "meta": 0.5, "meta_range": 0.13}},
+                 cosine=(0.1, 0.1)),
+            _run(0.20, 1.0, {"too_high": {"constant": 0.3, "plateau": 0.3, "meta": 0.3, "meta_range": 0.21}},
+                 cosine=(0.2, 0.2))]
+    runs[0]["cosine"]["with_range"] = {"val_loss": 0.104, "decisions": []}  # within 1.05x
+    runs[1]["cosine"]["with_range"] = {"val_loss": 0.22, "decisions": []}  # 1.1x: harmed
+    runs[0]["well_set"] = {"without": {"val_loss": 0.1}, "with_range": {"val_loss": 0.1051, "decisions": []}}  # harmed
+    runs[1]["well_set"] = {"without": {"val_loss": 0.2}, "with_range": {"val_loss": 0.19, "decisions": []}}
+    runs[0]["anchors"] = {"schedule_free_adamw": {"val_loss": 0.12}, "prodigy": {"val_loss": nan},
+                          "adam": {"val_loss": 0.15}}  # best 0.12: 0.11 beats it, 0.13 does not
+    runs[1]["anchors"] = {"schedule_free_adamw": {"val_loss": 0.5}, "prodigy": {"val_loss": 0.25},
+                          "adam": {"val_loss": 0.21}}  # best 0.21: 0.21 ties, does not beat
+    for run in runs:
+        run["range_test"] = {"learning_rate": 0.05, "steps_run": 40, "constant": {"val_loss": 1.0},
+                             "cosine": {"val_loss": 1.0}}
+    report = evaluation.summarize(runs)
+    figures = report["meta_range"]["all"]
+    assert figures["beats_anchors"] == 1 / 3 and figures["anchor_runs"] == 3
+    assert figures["well_set_harm"] == 2 / 4 and figures["well_set_runs"] == 4
+    assert report["meta_range"]["too_low"]["beats_anchors"] == 1.0
+    # Schedule-Free within 1.2 x 0.10 on the first task-seed; Prodigy (diverged) on neither;
+    # Adam 0.21 within 1.2 x 0.20 on the second, and 0.15 within 1.5x on the first.
+    assert report["anchors"] == {
+        "schedule_free_adamw": {"runs": 2, "near_grid_best": 0.5, "within_1.5x": 0.5},
+        "prodigy": {"runs": 2, "near_grid_best": 0.0, "within_1.5x": 0.5},
+        "adam": {"runs": 2, "near_grid_best": 0.5, "within_1.5x": 1.0}}
+    table = evaluation.table(runs)
+    assert "| well_set_harm | 0.50 | <= 0 | NO |" in table and "| schedule_free_adamw | 2 | 0.50 | 0.50 |" in table
+
+
+def test_results_without_anchors_still_summarize():
+    runs = [_run(0.10, 2.0, {"too_low": {"constant": 0.9, "plateau": 0.9, "meta": 0.2, "meta_range": 0.11}},
+                 cosine=(0.1, 0.1))]
+    report = evaluation.summarize(runs)
+    assert report["meta_range"]["all"]["beats_anchors"] is None and report["anchors"]["adam"]["runs"] == 0
+    assert "| beats_anchors | - |" in evaluation.table(runs)

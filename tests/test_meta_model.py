@@ -66,7 +66,7 @@ def test_a_branch_restores_the_snapshot_exactly():
 def test_a_range_tested_task_records_its_suggestion_against_the_live_rate():
     task = tasks.make_task("iris", 0, learning_rate=1e-4, optimizer="sgd", schedule="constant")
     run = TaskRun(task, CollectionConfig(total_epochs=8, horizon_epochs=1), np.random.default_rng(0))
-    reference = RangeTestStart(task.data[0], task.data[1], task.batch_size, seed=task.seed)
+    reference = RangeTestStart(task.data[0], task.data[1], task.batch_size, seed=task.seed, judge="always")
     weights = run.model.get_weights()
     suggestion = run.range_test()
     for before, after in zip(weights, run.model.get_weights(), strict=True):

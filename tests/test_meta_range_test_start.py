@@ -1,4 +1,7 @@
-"""The MetaAdjuster's range-test start, proven by the weights against a run started at the found rate."""
+"""The MetaAdjuster's range-test start, proven by the weights against a run started at the found rate,
+and the judge of its suggestion: its rule on numbers, its branches by the state they leave."""
+
+import math
 
 import keras
 import numpy as np
@@ -6,11 +9,15 @@ import pytest
 from helpers import constant_meta_model
 
 import kadapt
+from kadapt.batching.training_state import state_variables
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
 from kadapt.meta import Trigger
 from kadapt.meta.actions import KEEP
+from kadapt.meta.branch_trials import branch_scores
+from kadapt.meta.evaluation import StopAfterSteps
 from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.start_judge import StartJudge
 from kadapt.range_test import curve
 from kadapt.range_test import find
 
@@ -33,9 +40,9 @@ def linear_model(learning_rate):
     return model
 
 
-def silent_adjuster(x, y):
+def silent_adjuster(x, y, judge="always"):
     """Acts only on the range test: its trigger never fires."""
-    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0)
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge)
     return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
                         trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
 
@@ -77,9 +84,16 @@ def test_a_rate_near_the_suggestion_is_kept():
 
 
 def test_the_test_takes_at_most_half_the_budget():
-    start = RangeTestStart(np.zeros((4, 1)), np.zeros((4, 1)))
+    start = RangeTestStart(np.zeros((4, 1)), np.zeros((4, 1)), judge="always")
     steps = [start.num_steps(budget) for budget in (80, 1000, None, 19, 20)]
     assert steps == [40, 100, 100, None, find.MIN_STEPS]
+
+
+def test_judged_the_test_takes_30_percent_and_the_branches_20():
+    start = RangeTestStart(np.zeros((4, 1)), np.zeros((4, 1)))
+    assert [start.num_steps(budget) for budget in (80, 1000, None, 33, 34)] == [24, 100, 100, None, 10]
+    judge = start.judge
+    assert [judge.steps_per_branch(budget, 4) for budget in (80, 720, None, 19)] == [4, 10, 10, 0]
 
 
 def test_short_sweeps_smooth_over_half_their_length():
@@ -100,10 +114,128 @@ def test_smoothing_a_linear_curve_matches_its_closed_form(num_steps):
     assert t[-1] - curve.smooth(np.arange(40.0), 0.98)[-1] > 0.4 * 40
 
 
+def test_the_candidates_are_the_live_rate_the_suggestion_and_between():
+    judge = StartJudge()
+    assert judge.candidates(1e-4, 0.01) == pytest.approx((1e-4, 0.01, 1e-3))
+    # Between 0.1 and 0.04 is 0.063, within 2x of 0.1: dropped.
+    assert judge.candidates(0.1, 0.04) == pytest.approx((0.1, 0.04))
+    assert judge.candidates(0.1, 0.1) == pytest.approx((0.1,))
+    assert judge.candidates(math.nan, 0.01) == pytest.approx((0.01,))  # no usable live rate
+
+
+@pytest.mark.parametrize("scores, chosen", [
+    ({0.1: 0.9, 0.01: 0.85, 1.0: 0.81}, None),  # gains 0.1 / 0.15 / 0.19: not twice the live rate's
+    ({0.1: 0.9, 0.01: 0.85, 1.0: 0.79}, 1.0),  # 0.21 > 2 x 0.1: move
+    ({0.1: 0.5, 0.01: 0.9, 1.0: 0.7}, None),  # the live rate gains most
+    ({0.1: 0.999, 0.01: 0.99, 1.0: 1.2}, 0.01),  # a rate too low to move the loss: a small gain is 10x its
+    ({0.1: 3.0, 0.01: 1.5, 1.0: 1.2}, None),  # every candidate loses: keep
+    ({0.1: 3.0, 0.01: 0.9, 1.0: 1.2}, 0.01),  # the live rate loses, one gains: move
+    ({0.1: 4.9e21, 0.01: 0.99, 1.0: 1.2}, 0.01),  # an exploding loss: 0.01 does not vanish beside it
+    ({0.1: math.inf, 0.01: 1.1, 1.0: math.nan}, 0.01),  # a diverging live rate gives way to any finite one
+    ({0.1: math.nan, 0.01: math.inf}, None),  # every branch diverged: keep (the rollback handles it)
+])
+def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(scores, chosen):
+    assert StartJudge(margin=1.0).choose(0.1, 1.0, scores) == chosen
+
+
+def test_without_a_live_rate_the_best_candidate_is_chosen():
+    assert StartJudge().choose(math.nan, 1.0, {0.01: 0.9, 0.1: 0.8}) == 0.1
+
+
+def test_branches_leave_the_state_bit_identical_and_score_on_held_batches():
+    x, y = data()
+    model = linear_model(0.01)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)  # slots and iterations not zero
+    before = [np.array(v.numpy()) for v in state_variables(model)]
+    train, held = [(x[:8], y[:8]), (x[8:16], y[8:16])], [(x[48:56], y[48:56]), (x[56:], y[56:])]
+
+    def set_rate(rate):
+        model.optimizer.learning_rate = rate
+
+    trials = branch_scores(model, [0.01, 0.1], set_rate, train, held)
+    for variable, value in zip(state_variables(model), before, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    # The score at 0.1 is the held loss of the same state trained two steps at 0.1, by hand.
+    weights, velocity = model.get_weights()[0], model.optimizer.variables[-1].numpy()  # SGD's one slot
+
+    def held_loss(w):
+        return np.mean([np.mean((hx @ w - hy) ** 2) for hx, hy in held])
+
+    assert trials.start == pytest.approx(held_loss(weights), rel=1e-5)
+    for batch_x, batch_y in train:
+        gradient = 2 * batch_x.T @ (batch_x @ weights - batch_y) / len(batch_x)
+        velocity = 0.5 * velocity - 0.1 * gradient
+        weights = weights + velocity
+    assert trials.scores[0.1] == pytest.approx(held_loss(weights), rel=1e-5)
+    assert math.isinf(branch_scores(model, [1e6], set_rate, train * 20, held).scores[1e6])  # diverged
+
+
+def test_arrays_hold_rows_out_of_the_branches_training():
+    x = np.arange(64, dtype="float32").reshape(64, 1)
+    start = RangeTestStart(x, x, batch_size=BATCH, seed=0)
+    train, held = start.branch_batches(12, 4)
+    held_rows = np.concatenate([hx for hx, _ in held]).ravel()
+    train_rows = np.concatenate([tx for tx, _ in train]).ravel()
+    assert len(held_rows) == 16 and len(train) == 12  # a quarter of the rows at most
+    assert not set(held_rows) & set(train_rows) and len(set(train_rows)) == 48
+
+
+def test_a_judged_start_moves_a_diverging_rate_to_its_best_branch():
+    x, y = data()
+    model, adjuster = linear_model(2.0), silent_adjuster(x, y, judge="branches")
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    (decision,) = adjuster.decisions
+    detail = decision["range_test"]
+    scores = {b["learning_rate"]: b["held_loss"] for b in detail["branches"]}
+    assert len(scores) == 3 and detail["branch_steps"] == 5  # 20% of 80 steps over 3 candidates
+    live = detail["learning_rate"]
+    assert scores[live] > 100 * detail["held_loss"]  # exploding
+    chosen = StartJudge().choose(live, detail["held_loss"], scores)
+    assert chosen is not None and decision["action"] == f"range test: lr x{chosen / live:.3g}"
+    # The test's 16 steps and the branches' 15 were charged; the rest trained at the chosen rate.
+    charged = TEST_STEPS + 15
+    assert adjuster.get_state()["range_test_steps"] == charged
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - charged
+    reference = linear_model(chosen)
+    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
+    np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-5)
+
+
+def test_a_judged_start_keeps_a_well_set_rate_and_trains_as_if_never_branched():
+    x, y = data()
+    model, adjuster = linear_model(0.1), silent_adjuster(x, y, judge="branches")
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    (decision,) = adjuster.decisions
+    assert decision["action"] == "keep" and "more than 2x the live rate's" in decision["range_test"]["why"]
+    assert float(model.optimizer.learning_rate_multiplier.numpy()) == 1.0
+    detail, charged = decision["range_test"], adjuster.get_state()["range_test_steps"]
+    assert charged == TEST_STEPS + detail["branch_steps"] * len(detail["branches"]) > TEST_STEPS
+    reference = linear_model(0.1)
+    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
+    np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
+
+
+def test_a_judged_start_near_the_suggestion_runs_no_branch():
+    x, y = data()
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0)
+    suggestion = start.run(linear_model(0.1), TEST_STEPS).suggestion  # the fit's test reads the same
+    model, adjuster = linear_model(1.5 * suggestion), silent_adjuster(x, y, judge="branches")
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    (decision,) = adjuster.decisions
+    assert decision["action"] == "keep" and decision["range_test"]["why"] == "within 2x of the suggestion"
+    assert "branches" not in decision["range_test"] and adjuster.get_state()["range_test_steps"] == TEST_STEPS
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Argument `factor` must be"):
         RangeTestStart(np.zeros((4, 1)), factor=1.0)
     with pytest.raises(ValueError, match="Argument `rule` must be one of"):
         RangeTestStart(np.zeros((4, 1)), rule="lowest")
+    with pytest.raises(ValueError, match="Argument `judge` must be one of"):
+        RangeTestStart(np.zeros((4, 1)), judge="never")
+    with pytest.raises(ValueError, match="Argument `margin` must be"):
+        StartJudge(margin=-0.1)
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):
         MetaAdjuster(constant_meta_model(KEEP), range_test=True)

@@ -17,6 +17,7 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta import rollback
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
+from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.meta_model import MIN_GAIN
@@ -27,6 +28,7 @@ from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_start import RangeTestStart
+from kadapt.meta.start_judge import SPREAD
 from kadapt.meta.triggers import Trigger
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
@@ -87,15 +89,21 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     With `range_test` (a `kadapt.meta.RangeTestStart`, which holds the data:
     Keras shows a callback none of fit's), a learning-rate range test runs
-    before the first step, from the model's state, which it puts back. Where
-    the live rate is more than the start's `factor` off the suggestion, the
-    rate is set to it ("range test: lr x..."); otherwise, or where the curve
-    gives no rate (it never fell), the rate is kept and the reason logged.
+    before the first step, from the model's state, which it puts back. Then
+    the start's judge rules: by default, from a snapshot, the live rate, the
+    suggestion and rates near it each train a few steps and are scored on
+    held batches, the state is put back, and the rate moves to the best
+    candidate only where it is clearly better ("range test: lr x...", each
+    candidate's score logged under `"range_test"`); with `judge="always"`,
+    wherever the live rate is more than the start's `factor` off the
+    suggestion. Otherwise, or where the curve gives no rate (it never fell),
+    the rate is kept and the reason logged.
     The suggestion then stays in every observation the meta-model sees (the
     `range_test_gap` feature: how far the live rate is from it), so the
     meta-model, trained on runs with and without a test, can act on it later.
-    The test's steps are charged to the run: counted as steps trained, and
-    `fit` ends once the two together reach `epochs x steps per epoch`.
+    The test's and the branches' steps are charged to the run: counted as
+    steps trained, and `fit` ends once they and fit's together reach
+    `epochs x steps per epoch`.
 
     Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
     chief: its trigger reason at each observation and its chosen action (one
@@ -269,7 +277,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             rollback.restore(self.model, self._last_good)
 
     def _start_from_range_test(self):
-        """Runs the range test, charges its steps, and moves the rate to its suggestion if far off."""
+        """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
         budget = self._total_steps()
         num_steps = self.range_test.num_steps(budget)
         if num_steps is None:
@@ -286,27 +294,52 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._charge(result.steps_run)
         self._range_test_rate = float(result.suggestion)
         detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
-        rate = self.range_test.choose(live, result.suggestion)
+        settable = action_lib.can_adjust_learning_rate(self.model.optimizer)
+        if self.range_test.judge is None:
+            rate = self.range_test.choose(live, result.suggestion)
+            why = f"within {self.range_test.factor:g}x of the suggestion"
+        if not settable:
+            rate, why = None, "the optimizer's rate cannot be set live"
+        elif self.range_test.judge is not None:
+            rate, why, judged = self._judge_start(live, result.suggestion, budget)
+            detail.update(judged)
         if rate is None:
-            self._log_range_test("keep", {**detail, "why": f"within {self.range_test.factor:g}x of the suggestion"})
-        elif not action_lib.can_adjust_learning_rate(self.model.optimizer):
-            self._log_range_test("keep", {**detail, "why": "the optimizer's rate cannot be set live"})
+            self._log_range_test("keep", {**detail, "why": why})
         else:
             self._set_learning_rate(live, rate)
             self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
 
+    def _judge_start(self, live, suggestion, budget):
+        """Branches from the state now at each candidate rate (their steps charged) and returns
+        the judge's rate (`None`: keep), why it kept, and the candidates' scores to log."""
+        judge = self.range_test.judge
+        rates = judge.candidates(live, suggestion)
+        if rates == (live,):  # the suggestion is within SPREAD of the live rate: nothing to judge, nothing charged
+            return None, f"within {SPREAD:g}x of the suggestion", {}
+        steps = judge.steps_per_branch(budget, len(rates))
+        if steps < 1:
+            return None, f"no room for branches in a budget of {budget} steps", {}
+        try:
+            train, held = self.range_test.branch_batches(steps, judge.held_batches)
+        except ValueError as error:
+            return None, str(error), {}
+        optimizer = self.model.optimizer
+        trials = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
+        self._charge(steps * len(rates))
+        judged = {"branch_steps": steps, "held_batches": len(held), "held_loss": _json_number(trials.start),
+                  "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
+                               for rate, score in trials.scores.items()]}
+        why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
+        return judge.choose(live, trials.start, trials.scores), why, judged
+
     def _charge(self, steps):
-        self._range_test_steps = steps
+        self._range_test_steps += steps
         self._step += steps
         self._epoch_start_step += steps
 
     def _set_learning_rate(self, live, rate):
-        optimizer = self.model.optimizer
-        if hasattr(optimizer, "learning_rate_multiplier"):
-            multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-            optimizer.learning_rate_multiplier = multiplier * rate / live
-        else:
-            optimizer.learning_rate = rate
+        _apply_rate(self.model.optimizer, live, rate)
+        if not hasattr(self.model.optimizer, "learning_rate_multiplier"):
             self._initial_learning_rate = rate  # later changes stay within MAX_CHANGE of the found rate
 
     def _log_range_test(self, action, detail):
@@ -504,6 +537,20 @@ class MetaAdjuster(keras.callbacks.Callback):
             gain = decision["predicted_gain"]
             print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']}"
                   + ("" if gain is None else f" (predicted gain {gain:+.3f})"), flush=True)
+
+
+def _apply_rate(optimizer, live, rate):
+    """Makes `optimizer` apply `rate` where it applies `live` now: through its live multiplier
+    (which keeps a schedule's shape), or as its float rate."""
+    if hasattr(optimizer, "learning_rate_multiplier"):
+        multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
+        optimizer.learning_rate_multiplier = multiplier * rate / live
+    else:
+        optimizer.learning_rate = rate
+
+
+def _json_number(value):
+    return float(value) if math.isfinite(value) else None
 
 
 def _multi_worker_strategy(model):

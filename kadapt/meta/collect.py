@@ -282,7 +282,8 @@ class TaskRun:
 
     def range_test(self):
         """The range test's suggestion from the initial state (left as it was); `None` without one."""
-        start = RangeTestStart(self.task.data[0], self.task.data[1], self.task.batch_size, seed=self.task.seed)
+        start = RangeTestStart(self.task.data[0], self.task.data[1], self.task.batch_size, seed=self.task.seed,
+                               judge="always")  # its test length, as the records have it; the rate is not moved
         num_steps = start.num_steps(self.total_steps)
         if num_steps is None:
             return None

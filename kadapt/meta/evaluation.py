@@ -29,8 +29,17 @@ For each task-seed:
   `"valley"`, up to `RANGE_TEST_STEPS` steps) on the task's fresh model, then
   its rate `constant` and `cosine` (from it to 0); the test's steps are
   charged to the same budget (the run trains that many steps fewer).
+- **well-set**: the constant grid-best run with the `MetaAdjuster` starting
+  from the range test (`well_set`), beside the grid's own run at that rate.
+- **anchors** (`anchor_runs`): the task's optimizer replaced by each of
+  `ANCHORS` at its defaults (Schedule-Free AdamW and Prodigy at their
+  reference defaults, Keras `Adam()` at 1e-3), same data, initialization,
+  batches and epochs. They do not depend on the mis-set rate: one run each
+  per task-seed.
 
-`summarize` turns the runs into the table, against `TARGETS`.
+`summarize` turns the runs into the table, against `TARGETS` (the first
+adjuster's) and `RANGE_TARGETS` (issue 46's, for the adjuster starting from
+the range test).
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from kadapt import optimizers
+from kadapt.callbacks import ScheduleFreeEvaluation
 from kadapt.meta import tasks as task_lib
 from kadapt.meta.adjuster import MetaAdjuster
 from kadapt.meta.range_test_start import RangeTestStart
@@ -71,12 +82,21 @@ TARGETS = {  # name: (sense, target, what it measures)
 }
 RANGE_TEST_STEPS = 100
 RANGE_NEAR = 1.2  # "within 1.2x of the grid-best final val loss", the issue's figure for the range test
+WELL_SET_HARM = 1.05  # a well-set run "harmed": its final val loss above this times the run without the adjuster
 RANGE_TARGETS = {  # name: (sense, target, what it measures), for the MetaAdjuster starting from the range test
-    "near_grid_best": (">=", 0.75, f"mis-set runs ending within {RANGE_NEAR}x of the grid-best final val loss"),
+    "near_grid_best": (">=", 0.80, f"mis-set runs ending within {RANGE_NEAR}x of the grid-best final val loss"),
     "beats_range_constant": (">=", 0.60, "mis-set runs ending below range test then constant (equal compute)"),
-    "harm": ("<=", 0.0, "mis-set runs ending > 1.1x worse than the constant rate"),
+    "beats_anchors": (">=", 0.60, "mis-set runs ending below the best of Schedule-Free AdamW, Prodigy, Adam(1e-3)"),
+    "well_set_harm": ("<=", 0.0, f"well-set runs (constant and cosine at the grid-best) ending > {WELL_SET_HARM}x "
+                                 "worse than without the adjuster"),
     "rescue": (">=", 1.0, "diverging runs ending finite, below the initial val loss"),
-    "cosine_no_harm": (">=", 1.0, "good cosine runs ending <= 1.05x the run without it"),
+    "harm": ("<=", 0.0, "mis-set runs ending > 1.1x worse than the constant rate"),
+    "cosine_no_harm": (">=", 1.0, f"good cosine runs ending <= {WELL_SET_HARM}x the run without it"),
+}
+ANCHORS = {  # the learning-rate-free and default arms, at their defaults: name -> optimizer factory
+    "schedule_free_adamw": optimizers.ScheduleFreeAdamW,
+    "prodigy": optimizers.Prodigy,
+    "adam": lambda: keras.optimizers.Adam(),
 }
 QUICK = {"families": ("iris", "adding"), "seeds": (0,), "epochs": 6}
 
@@ -109,11 +129,17 @@ class StopAfterSteps(keras.callbacks.Callback):
 
 
 def train_run(task: task_lib.Task, epochs: int, callbacks: Sequence[keras.callbacks.Callback] = (),
-              steps: int | None = None) -> dict[str, Any]:
+              steps: int | None = None,
+              optimizer: Callable[[], keras.optimizers.Optimizer] | None = None) -> dict[str, Any]:
     """Trains `task` for `epochs` (or the first `steps` of them) with `callbacks`;
-    its final validation loss and wall time. A schedule spans the steps trained."""
+    its final validation loss and wall time. A schedule spans the steps trained.
+    `optimizer` (a factory) replaces the task's."""
     total = epochs * steps_per_epoch(len(task.data[0]), task.batch_size)
     model = task.build(total if steps is None else steps)
+    if optimizer is not None:
+        model.compile(optimizer=optimizer(), loss=task.make_loss(), jit_compile=False)
+        model.optimizer.build(model.trainable_variables)
+        callbacks = [*callbacks, ScheduleFreeEvaluation()]  # fit's validation at x (Schedule-Free); else nothing
     x, y, x_val, y_val = task.data
     keras.utils.set_random_seed(task.seed)  # the same batch order for every run of a task
     start = time.perf_counter()
@@ -131,8 +157,8 @@ def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | k
              **adjuster_options: Any) -> dict[str, Any]:
     adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0, **adjuster_options)
     result = train_run(task, epochs, [adjuster])
-    result["decisions"] = [{key: d.get(key) for key in ("epoch", "trigger", "action", "predicted_gain")}
-                           for d in adjuster.decisions]
+    kept = ("epoch", "trigger", "action", "predicted_gain", "range_test")  # the start's candidates and scores
+    result["decisions"] = [{key: d[key] for key in kept if key in d} for d in adjuster.decisions]
     return result
 
 
@@ -170,6 +196,12 @@ def range_test_runs(family: str, seed: int, epochs: int) -> dict[str, Any]:
     runs = {schedule: train_run(evaluation_task(family, seed, result.suggestion, schedule), epochs, steps=left)
             for schedule in ("constant", "cosine")}
     return {"learning_rate": result.suggestion, "steps_run": result.steps_run, **runs}
+
+
+def anchor_runs(family: str, seed: int, epochs: int) -> dict[str, Any]:
+    """The task trained with each of `ANCHORS` in place of its optimizer, at its defaults."""
+    task = evaluation_task(family, seed, GRID[0])  # the rate is the anchor's own
+    return {name: train_run(task, epochs, optimizer=factory) for name, factory in ANCHORS.items()}
 
 
 def _endless_batches(x, y, batch_size, seed):
@@ -217,6 +249,13 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
               "with_range": meta_run(cosine_task, epochs, meta_model, range_test=range_start(cosine_task))}
     say(f"{family}/{seed} cosine at lr={best:g}: without {cosine['without']['val_loss']:.4g}, "
         f"with {cosine['with']['val_loss']:.4g}, with the range test {cosine['with_range']['val_loss']:.4g}")
+    well_task = evaluation_task(family, seed, best)
+    well_set = {"without": grid[best], "with_range": meta_run(well_task, epochs, meta_model,
+                                                              range_test=range_start(well_task))}
+    say(f"{family}/{seed} constant at lr={best:g}: without {well_set['without']['val_loss']:.4g}, "
+        f"with the range test {well_set['with_range']['val_loss']:.4g}")
+    anchors = anchor_runs(family, seed, epochs)
+    say(f"{family}/{seed} anchors: " + ", ".join(f"{name} {run['val_loss']:.4g}" for name, run in anchors.items()))
     ranged = range_test_runs(family, seed, epochs)
     if ranged is None:
         say(f"{family}/{seed} range test: no room in {epochs} epochs")
@@ -225,7 +264,7 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
             f"constant {ranged['constant']['val_loss']:.4g}, cosine {ranged['cosine']['val_loss']:.4g}")
     return {"family": family, "seed": seed, "grid": {f"{rate:g}": run for rate, run in grid.items()},
             "best_rate": best, "best_val_loss": finite[best], "initial_val_loss": initial,
-            "settings": settings, "cosine": cosine, "range_test": ranged}
+            "settings": settings, "cosine": cosine, "range_test": ranged, "well_set": well_set, "anchors": anchors}
 
 
 def _widened(grid, family, seed, epochs):
@@ -279,7 +318,34 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     cosine = [_key(r["cosine"]["with_range"]["val_loss"]) <= 1.05 * _key(r["cosine"]["without"]["val_loss"])
               for r in runs if "with_range" in r["cosine"]]
     report["meta_range"]["all"].update(cosine_no_harm=_mean(cosine), cosine_runs=len(cosine))
+    report["meta_range"]["all"].update(_well_set_figures(runs))
+    report["anchors"] = _anchor_figures(runs)
     return report
+
+
+def _well_set_figures(runs):
+    """Harm of the range-test start on the well-set runs: the constant grid-best run and the cosine one."""
+    pairs = [(r["well_set"]["with_range"], r["well_set"]["without"]) for r in runs if "well_set" in r]
+    pairs += [(r["cosine"]["with_range"], r["cosine"]["without"]) for r in runs if "with_range" in r["cosine"]]
+    harmed = [_key(with_["val_loss"]) > WELL_SET_HARM * _key(without["val_loss"]) for with_, without in pairs]
+    return {"well_set_harm": _mean(harmed), "well_set_runs": len(harmed)}
+
+
+def _anchor_figures(runs):
+    """Per anchor, over the task-seeds that ran it: the shares within `RANGE_NEAR` and 1.5x of the grid-best."""
+    figures = {}
+    for name in ANCHORS:
+        ran = [(r, r["anchors"][name]) for r in runs if name in r.get("anchors", {})]
+        figures[name] = {"runs": len(ran),
+                         "near_grid_best": _mean([_key(a["val_loss"]) <= RANGE_NEAR * r["best_val_loss"] for r, a in ran]),
+                         "within_1.5x": _mean([_key(a["val_loss"]) <= 1.5 * r["best_val_loss"] for r, a in ran])}
+    return figures
+
+
+def _best_anchor(run):
+    """The lowest final val loss of the run's anchors (`None` where it ran none)."""
+    losses = [_key(a["val_loss"]) for a in run.get("anchors", {}).values()]
+    return min(losses) if losses else None
 
 
 def _meta_range_figures(runs, setting):
@@ -289,9 +355,11 @@ def _meta_range_figures(runs, setting):
     loss = [_key(c["meta_range"]["val_loss"]) for r, c in cases]
     anchor = [_key(r["range_test"]["constant"]["val_loss"]) if r.get("range_test") else math.inf for r, c in cases]
     diverged = [(value, r) for value, (r, c) in zip(loss, cases) if not math.isfinite(c["constant"]["val_loss"])]
+    free = [(v, _best_anchor(r)) for v, (r, c) in zip(loss, cases) if _best_anchor(r) is not None]
     return {"runs": len(cases),
             "near_grid_best": _mean([v <= RANGE_NEAR * r["best_val_loss"] for v, (r, c) in zip(loss, cases)]),
             "beats_range_constant": _mean([v < a for v, a in zip(loss, anchor)]),
+            "beats_anchors": _mean([v < a for v, a in free]), "anchor_runs": len(free),
             "harm": _mean([v > 1.1 * _key(c["constant"]["val_loss"]) for v, (r, c) in zip(loss, cases)]),
             "rescue": _mean([math.isfinite(v) and v < r["initial_val_loss"] for v, r in diverged]),
             "diverged_runs": len(diverged)}
@@ -336,17 +404,21 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
               f"| range test, then cosine | {ranged['runs']} | {_share(ranged['cosine'])} |",
               f"| MetaAdjuster from a mis-set rate | {ranged['meta_runs']} | {_share(ranged['meta_misset'])} |"]
     lines += _meta_range_table(report["meta_range"])
+    lines += _anchor_table(report["anchors"])
     lines += ["", "| task | seed | grid-best lr | its val loss | setting: lr, constant / plateau / meta / meta+range "
-              "| cosine without / with / with+range | range test lr: constant / cosine | meta's decisions "
-              "| meta+range's decisions |", "|---|---|---|---|---|---|---|---|---|"]
+              "| cosine without / with / with+range | constant at the grid-best without / with+range "
+              "| anchors: Schedule-Free AdamW / Prodigy / Adam | range test lr: constant / cosine | meta's decisions "
+              "| meta+range's decisions |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         arms = ("constant", "plateau", "meta", "meta_range")
         settings = "; ".join(f"{s} {c['learning_rate']:g}: " + " / ".join(_loss(c[a]) for a in arms if a in c)
                              for s, c in r["settings"].items())
         cosine = " / ".join(_loss(r["cosine"][a]) for a in ("without", "with", "with_range") if a in r["cosine"])
+        well_set = " / ".join(_loss(r["well_set"][a]) for a in ("without", "with_range")) if "well_set" in r else "-"
+        anchors = " / ".join(_loss(r["anchors"][a]) for a in ANCHORS if a in r["anchors"]) if "anchors" in r else "-"
         lines.append(f"| {r['family']} | {r['seed']} | {r['best_rate']:g} | {r['best_val_loss']:.4g} | {settings} | "
-                     f"{cosine} | {_ranged(r)} | {_all_decisions(r, 'meta', 'with')} | "
-                     f"{_all_decisions(r, 'meta_range', 'with_range')} |")
+                     f"{cosine} | {well_set} | {anchors} | {_ranged(r)} | {_all_decisions(r, 'meta', 'with')} | "
+                     f"{_all_decisions(r, 'meta_range', 'with_range', 'well_set')} |")
     return "\n".join(lines)
 
 
@@ -357,19 +429,30 @@ def _meta_range_table(figures):
         value = figures["all"][name]
         reached = value is not None and (value >= target if sense == ">=" else value <= target)
         lines.append(f"| {name} | {_share(value)} | {sense} {target:g} | {'yes' if reached else 'NO'} | {what} |")
-    lines += ["", "| setting | runs | near grid-best (1.2x) | beats range test then constant | harm | rescue |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| setting | runs | near grid-best (1.2x) | beats range test then constant | beats the best anchor "
+              "| harm | rescue |", "|---|---|---|---|---|---|---|"]
     for setting in ("all", *SETTINGS):
-        names = ("near_grid_best", "beats_range_constant", "harm", "rescue")
+        names = ("near_grid_best", "beats_range_constant", "beats_anchors", "harm", "rescue")
         cells = " | ".join(_share(figures[setting][name]) for name in names)
         lines.append(f"| {setting} | {figures[setting]['runs']} | {cells} |")
     return lines
 
 
-def _all_decisions(run, arm, cosine_arm):
+def _anchor_table(figures):
+    lines = ["", "Anchors at their defaults (the task's optimizer replaced; one run per task-seed):", "",
+             f"| anchor | runs | within {RANGE_NEAR}x of the grid-best | within 1.5x |", "|---|---|---|---|"]
+    for name, values in figures.items():
+        lines.append(f"| {name} | {values['runs']} | {_share(values['near_grid_best'])} | "
+                     f"{_share(values['within_1.5x'])} |")
+    return lines
+
+
+def _all_decisions(run, arm, cosine_arm, well_set_arm=None):
     decisions = [f"{s}: {_decisions(c[arm])}" for s, c in run["settings"].items() if arm in c]
     if cosine_arm in run["cosine"]:
         decisions.append(f"cosine: {_decisions(run['cosine'][cosine_arm])}")
+    if well_set_arm is not None and well_set_arm in run:
+        decisions.append(f"well-set: {_decisions(run[well_set_arm]['with_range'])}")
     return "; ".join(decisions)
 
 

@@ -5,8 +5,13 @@ decades off it needs several raises or cuts (each after its trigger's
 patience) to come near a good rate. The range test (`kadapt.find_learning_rate`)
 sees the loss over eight decades of rate in ~100 steps. So the adjuster runs
 it once, from the model's state before the first step (the test puts that
-state back), and moves the live rate to the suggestion where the two are more
-than `factor` apart; from there the meta-model adjusts as before.
+state back). The suggestion is then judged by the run (`judge="branches"`,
+`kadapt.meta.start_judge`): a few steps at the live rate, the suggestion and
+rates near it, each from the same snapshot, scored on held batches, and the
+live rate kept unless one is clearly better. `judge="always"` moves the live
+rate to the suggestion wherever the two are more than `factor` apart, as the
+first version did; on held-out tasks that moved well-set rates as readily as
+mis-set ones. From there the meta-model adjusts as before.
 
 The sweep's smoothing follows its length (`curve.sweep_smoothing`): a run's
 budget may leave the test only a few dozen steps, where fastai's beta 0.98
@@ -22,12 +27,16 @@ from typing import Any
 import keras
 import numpy as np
 
+from kadapt.meta.start_judge import BRANCH_SHARE
+from kadapt.meta.start_judge import StartJudge
 from kadapt.range_test import curve
 from kadapt.range_test.batches import DEFAULT_BATCH_SIZE
 from kadapt.validation import check_range
 
 MIN_STEPS = 10  # kadapt.range_test.find's, which loads TensorFlow: imported where the test runs
-BUDGET_SHARE = 0.5  # at most half the run's steps go to the test: at least half trains
+BUDGET_SHARE = 0.5  # at most half the run's steps go to the test (and branches): at least half trains
+JUDGES = ("branches", "always")
+HELD_SHARE = 0.25  # of the rows, at most, held out of the branches' training to score them
 
 
 class RangeTestStart:
@@ -44,17 +53,29 @@ class RangeTestStart:
     `rule`. Its steps are charged to the run: the adjuster counts them as
     steps trained and ends `fit` once the two together reach the budget.
 
+    With `judge="branches"` (the default) the suggestion is judged before it
+    is applied: from a snapshot, the live rate, the suggestion and their
+    geometric mean each train up to 10 steps on the same batches and are
+    scored by the loss on held batches (rows none of them trained on); the
+    live rate moves only to a candidate that lowers the held loss more than
+    twice as much (`kadapt.meta.start_judge.StartJudge`). The branches' steps
+    are charged too; the test then takes at most 30% of the budget and the
+    branches 20%.
+
     Args:
         x: Arrays (with `y`), or a dataset or generator of batches, as `fit`
             takes them: the training data (or a sample of it).
         y: Targets, with arrays only. Defaults to `None`.
         batch_size: Positive int, with arrays only; use the fit's. Defaults to 32.
         max_steps: Int >= 10. The most steps the test runs. Defaults to `100`.
-        factor: Float > 1. The live rate moves to the suggestion only when it
-            is more than `factor` times above or below it. Defaults to `3.0`.
+        factor: Float > 1. With `judge="always"`, the live rate moves to the
+            suggestion only when it is more than `factor` times above or
+            below it. Defaults to `3.0`.
         rule: `"valley"`, `"steepest"` or `"minimum/10"` (see
             `kadapt.find_learning_rate`). Defaults to `"valley"`.
         seed: Int or `None`. The shuffling of array rows. Defaults to `None`.
+        judge: `"branches"`, `"always"` or a `kadapt.meta.start_judge.StartJudge`
+            (`"branches"` is `StartJudge()`). Defaults to `"branches"`.
 
     Example:
 
@@ -66,7 +87,8 @@ class RangeTestStart:
     """
 
     def __init__(self, x: Any, y: Any = None, batch_size: int | None = None, max_steps: int = 100,
-                 factor: float = 3.0, rule: str = "valley", seed: int | None = None) -> None:
+                 factor: float = 3.0, rule: str = "valley", seed: int | None = None,
+                 judge: str | StartJudge = "branches") -> None:
         check_range("max_steps", max_steps, low=MIN_STEPS, integer=True)
         check_range("factor", factor, low=1.0, low_open=True)
         if rule not in curve.RULES:
@@ -75,10 +97,12 @@ class RangeTestStart:
             check_range("batch_size", batch_size, low=1, integer=True)
         self.x, self.y, self.batch_size = x, y, batch_size
         self.max_steps, self.factor, self.rule, self.seed = max_steps, float(factor), rule, seed
+        self.judge = _check_judge(judge)
 
     def num_steps(self, budget: int | None) -> int | None:
         """Steps of the test for a run of `budget` steps (`None`: unknown); `None` if there is no room."""
-        steps = self.max_steps if budget is None else min(self.max_steps, int(budget * BUDGET_SHARE))
+        share = BUDGET_SHARE - (BRANCH_SHARE if self.judge is not None else 0.0)
+        steps = self.max_steps if budget is None else min(self.max_steps, int(budget * share))
         return steps if steps >= MIN_STEPS else None
 
     def run(self, model: keras.Model, num_steps: int) -> Any:
@@ -96,12 +120,42 @@ class RangeTestStart:
         return find_learning_rate(model, x, y, batch_size=batch_size, num_steps=num_steps,
                                   smoothing=curve.sweep_smoothing(num_steps), rule=self.rule)
 
+    def branch_batches(self, num_train: int, num_held: int) -> tuple[list, list]:
+        """`num_train` batches for every branch to train on and up to `num_held` to score it on,
+        as lists of `(x, y)`; with arrays, the held batches are rows the training batches never
+        draw (at most a quarter of them). A dataset or generator gives its next batches, the held
+        ones first.
+
+        Raises:
+            ValueError: the data ran out.
+        """
+        if _is_arrays(self.x):
+            return _split_batches(self.x, self.y, self.batch_size or DEFAULT_BATCH_SIZE, num_train, num_held,
+                                  self.seed)
+        from kadapt.range_test.batches import batches
+
+        iterator, _ = batches(self.x, None, None, shuffle=False)
+        taken = [(x, y) for _, (x, y, _) in zip(range(num_held + num_train), iterator)]
+        if len(taken) < num_held + num_train:
+            raise ValueError(f"Argument `x` ran out after {len(taken)} batches: the branches need "
+                             f"{num_held + num_train} more after the range test's.")
+        return taken[num_held:], taken[:num_held]
+
     def choose(self, learning_rate: float, suggestion: float) -> float | None:
-        """The rate to move to: `suggestion` when more than `factor` off `learning_rate`, else `None`."""
+        """`judge="always"`'s rule: `suggestion` when more than `factor` off `learning_rate`, else `None`."""
         if not math.isfinite(learning_rate) or learning_rate <= 0:
             return suggestion
         off = max(learning_rate / suggestion, suggestion / learning_rate)
         return suggestion if off > self.factor else None
+
+
+def _check_judge(judge):
+    if isinstance(judge, StartJudge):
+        return judge
+    if judge not in JUDGES:
+        raise ValueError(f"Argument `judge` must be one of {list(JUDGES)} or a kadapt.meta.start_judge.StartJudge. "
+                         f"Received: judge={judge!r}")
+    return StartJudge() if judge == "branches" else None
 
 
 def _is_arrays(x):
@@ -122,3 +176,22 @@ def _endless_batches(x, y, batch_size, seed) -> Iterator[tuple]:
         for start in range(0, rows, batch_size):
             index = order[start:start + batch_size]
             yield take(x, index), take(y, index)
+
+
+def _split_batches(x, y, batch_size, num_train, num_held, seed):
+    """Held batches from the first rows of one shuffle, training batches from the rest."""
+    rows = len(keras.tree.flatten(x)[0])
+    order = np.random.default_rng(None if seed is None else [seed, 1]).permutation(rows)
+    held_rows = max(1, min(num_held * batch_size, int(rows * HELD_SHARE)))
+    held, rest = order[:held_rows], order[held_rows:]
+    if not len(rest):
+        raise ValueError(f"Argument `x` must hold at least 2 rows for the branches (one held). Received: {rows}")
+
+    def take(index):
+        return tuple(None if data is None else keras.tree.map_structure(lambda a: np.asarray(a)[index], data)
+                     for data in (x, y))
+
+    held_batches = [take(held[start:start + batch_size]) for start in range(0, held_rows, batch_size)]
+    train_index = np.resize(rest, num_train * batch_size)  # the rest, repeated as often as needed
+    train_batches = [take(train_index[start:start + batch_size]) for start in range(0, len(train_index), batch_size)]
+    return train_batches, held_batches
