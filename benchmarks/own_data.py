@@ -10,6 +10,9 @@ Tables (raw: nothing scaled; 25% test rows, stratified for classes, drawn by the
   diabetes          regression, scikit-learn's (target 25..346)
   housing_like      regression, generated: features scaled by 1e-1 ... 1e4, target around 2e5
 
+A column with one value in every training row (digits' corner pixels) is an error in `kadapt train`
+("Drop the column"): the kadapt arm gets the rows with those columns dropped, as the error says.
+
 Arms (the network is the user's own MLP, Dense(64, relu) -> Dense(outputs), in every arm):
   kadapt     `kadapt train --model own_model:build` and the data, nothing else (10 epochs), as a
              subprocess; its test figures from run.json (it holds out 10% of the training rows
@@ -19,7 +22,8 @@ Arms (the network is the user's own MLP, Dense(64, relu) -> Dense(outputs), in e
              30 epochs (for regression the target standardized too, predictions scaled back)
 
 Targets (issue 41): kadapt >= careful - 1 point of accuracy on every table, regression test MSE
-<= 1.05x careful's, no table at chance. `--timing` also times whole processes on raw wine: the
+<= 1.05x careful's, no table at chance (no run within 1 point of the commonest class's share; a
+regression below the training mean's MSE). `--timing` also times whole processes on raw wine: the
 `kadapt train` command against a plain Keras script doing the same fit (imports included).
 
     python benchmarks/own_data.py                      # seeds 0 1 2, ~10 minutes on 2 cores
@@ -42,6 +46,7 @@ import numpy as np
 EPOCHS, CAREFUL_EPOCHS, BATCH = 10, 30, 32
 TEST_FRACTION = 0.25
 TIMING_RUNS = 3
+AT_CHANCE = 0.01  # a run within 1 point of always answering the commonest class is at chance
 OWN_MODEL = '''import keras
 
 
@@ -181,7 +186,7 @@ def keras_arm(x, y, xt, yt, task, careful, seed):
     model.compile(keras.optimizers.Adam(1e-3), loss)
     model.fit(x.astype("float32"), ((y - y_mean) / y_std).astype("float32"), batch_size=BATCH,
               epochs=CAREFUL_EPOCHS if careful else EPOCHS, verbose=0)
-    predicted = model.predict(xt.astype("float32"), batch_size=1024, verbose=0)
+    predicted = keras.ops.convert_to_numpy(model(xt.astype("float32")))  # `predict` retraces per model
     if regression:
         return float(np.mean((predicted[:, 0] * y_std + y_mean - yt) ** 2))
     return float(np.mean(predicted.argmax(1) == yt))
@@ -200,6 +205,7 @@ def write_table(name, task, table, train, test, folder):
                 writer.writerows(zip(*(values[rows] for values in table.values())))
         return ["--data", str(folder / "train.csv"), "--target", "churn", "--test", str(folder / "test.csv")]
     x, y = table
+    x = x[:, x[train].std(0) > 0]  # what kadapt's error on a constant column tells the user: drop it
     paths = []
     for part, rows in (("x_train", train), ("y_train", train), ("x_test", test), ("y_test", test)):
         path = folder / f"{part}.npy"
@@ -293,7 +299,7 @@ def summary(rows):
             cells = [f"MSE {mean[a]:.4g}" for a in ("kadapt", "keras", "careful", "chance")] + [f"{ratio:.2f}x"]
         else:
             gap = 100 * (mean["kadapt"] - mean["careful"])
-            met = gap >= -1.0 and all(row["kadapt"] > row["chance"] + 0.05 for row in mine)
+            met = gap >= -1.0 and all(row["kadapt"] > row["chance"] + AT_CHANCE for row in mine)
             cells = [f"{100 * mean[a]:.1f}%" for a in ("kadapt", "keras", "careful", "chance")] + [f"{gap:+.1f}"]
         met_all &= met
         print(f"| {name} | {mine[0]['task']} | {' | '.join(cells)} | {'yes' if met else 'NO'} |")
