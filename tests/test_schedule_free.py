@@ -248,3 +248,22 @@ def test_callback_leaves_x_under_a_loss_scale_optimizer():
     _fit(model, STEPS, [kadapt.callbacks.ScheduleFreeEvaluation()])
     y, x = _reference(STEPS, 0.05, 0.9)
     _assert_params(model, x)
+
+
+def test_a_rollback_restart_keeps_the_iterates_and_zeroes_only_the_moments():
+    """`kadapt.meta.rollback.restore(..., restart_momentum=True)` (the dead-run rescue's and the
+    MetaAdjuster's restart) puts z and y back as they were at the point; AdamW's second moment is zeroed."""
+    from kadapt.meta import rollback
+
+    x, y = _data()
+    model = _model(ScheduleFreeAdamW(0.1))
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    point = rollback.take(model)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    rollback.restore(model, point, restart_momentum=True)
+    for variable, value in zip(model.optimizer.variables, point.optimizer, strict=True):
+        if value is None or not value.ndim:
+            continue
+        expected = np.zeros_like(value) if variable.name.endswith("_velocity") else value
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), expected, err_msg=variable.name)
+    assert any(v.name.endswith("_z") for v in model.optimizer.variables)

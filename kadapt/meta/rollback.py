@@ -58,16 +58,22 @@ def take(model: keras.Model, value: float = math.inf) -> RollbackPoint:
 
 
 def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = False) -> None:
-    """Assigns `point` back to `model`; `restart_momentum` zeroes the per-weight optimizer slots.
+    """Assigns `point` back to `model`; `restart_momentum` zeroes the per-weight optimizer slots
+    but those the optimizer names in `slots_kept_on_restart`.
 
     After a repeated divergence a velocity built at the diverging rate would
     carry the restored weights straight back out, hence the restart.
     """
     for variable, value in zip(model.variables, point.weights, strict=True):
         variable.assign(value)
+    # Slots that are the optimizer's iterates, not a velocity (Schedule-Free's z, Prodigy's
+    # initial weights), are restored, never zeroed: zeros there would be weights, not a restart.
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    kept = tuple(f"_{name}" for name in getattr(optimizer, "slots_kept_on_restart", ()))
     for variable, value in zip(model.optimizer.variables, point.optimizer, strict=True):
         if value is not None:
-            variable.assign(np.zeros_like(value) if restart_momentum and value.ndim else value)
+            zeroed = restart_momentum and value.ndim and not variable.name.endswith(kept)
+            variable.assign(np.zeros_like(value) if zeroed else value)
 
 
 def to_state(point: RollbackPoint | None) -> dict | None:

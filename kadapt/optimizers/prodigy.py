@@ -63,6 +63,10 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
     ```
     """
 
+    # The initial weights w0 and the accumulated s measure the distance travelled (what sets d):
+    # a rollback's restart (`kadapt.meta.rollback`) restores them; it zeroes the moments only.
+    slots_kept_on_restart = ("initial", "s")
+
     def __init__(self, learning_rate: float | keras.optimizers.schedules.LearningRateSchedule = 1.0,
                  beta_1: float = 0.9, beta_2: float = 0.999, beta_3: float | None = None,
                  epsilon: float = 1e-8, weight_decay: float = 0.0, decouple: bool = True,

@@ -53,6 +53,9 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
     the saved y: only that one gradient differs.
     """
 
+    # The iterates z and y are weights: a rollback's restart (`kadapt.meta.rollback`) restores them.
+    slots_kept_on_restart = ("z", "y")
+
     def __init__(self, learning_rate: float, weight_decay: float, warmup_steps: int, r: float,
                  weight_lr_power: float, learning_rate_multiplier: float, name: str,
                  **kwargs: Any) -> None:
