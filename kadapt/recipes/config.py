@@ -7,7 +7,7 @@ from kadapt.validation import check_range
 SCHEDULES = ("triangular", "cosine", "constant")
 # The optimizers a recipe can train with, by name (`kadapt.recipes.training.OPTIMIZER_BUILDERS` builds them);
 # `"auto"` lets `kadapt train` choose one for the network (`kadapt.recipes.optimizer_choice`).
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "prodigy")
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 EXPAND_METHODS = ("mixup", "cutmix", "cutout")
 AUTO = "auto"  # a `learning_rate` the range test finds (`kadapt.find_learning_rate`)
@@ -44,8 +44,9 @@ class FastFitConfig:
             `"constant"`: the rate throughout (no warmup, no annealing).
         optimizer: `"sgd"`: `kadapt.optimizers.SGD`, Nesterov (the speed
             records' choice, measured on `fast_resnet`); `"adam"`:
-            `kadapt.optimizers.Adam`; both on the schedule, with the
-            decoupled weight decay. `"auto"`: `kadapt train` picks one for the
+            `kadapt.optimizers.Adam`; `"prodigy"`: `kadapt.optimizers.Prodigy`
+            (its rate multiplies the step size it estimates); each on the
+            schedule, with the decoupled weight decay. `"auto"`: `kadapt train` picks one for the
             network and rows (`kadapt.recipes.optimizer_choice.choose_optimizer`);
             `fast_fit` trains `fast_resnet`, so `"sgd"`.
         learning_rate: Peak learning rate (for the mean loss of a batch), or
@@ -94,7 +95,8 @@ class FastFitConfig:
     bias_lr_multiplier: float = 4.0
     schedule: str = switch("triangular", "triangular LR with momentum 0.9, cosine LR with cosine momentum, or "
                                          "a constant LR", choices=SCHEDULES)
-    optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, or auto: sgd for "
+    optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, prodigy (learning-rate-free; "
+                                  "its reference defaults), or auto: sgd for "
                                   "fast_resnet and small_cnn on images, adam for any other network or rows, "
                                   "each at its measured rate and schedule unless given", choices=(AUTO, *OPTIMIZERS))
     learning_rate: float | str = switch(0.2, "peak learning rate (where --optimizer auto chooses adam, adam's "

@@ -20,6 +20,7 @@ from kadapt.extras import require
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import Adam
+from kadapt.optimizers import Prodigy
 from kadapt.optimizers import SGD
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import choose_precision
@@ -112,8 +113,13 @@ def _adam(rate, config):
                 use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
 
 
+def _prodigy(rate, config):
+    return Prodigy(rate, weight_decay=config.weight_decay,
+                   use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+
+
 # One builder per name of `kadapt.recipes.config.OPTIMIZERS`: `(rate or schedule, FastFitConfig) -> optimizer`.
-OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam}
+OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam, "prodigy": _prodigy}
 
 
 def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None, task=Task()):
