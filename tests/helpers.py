@@ -11,6 +11,17 @@ def classification_data(rows=37, features=5, classes=3, seed=0):
     return x, y
 
 
+def write_separable_rows(folder, scale):
+    """`x.npy,y.npy` in `folder`: 240 rows of 4 features, 3 classes a unit shift of 3 apart, times
+    `scale`; returns the `--data` value (relative: run from `folder`)."""
+    rng = np.random.default_rng(0)
+    y = np.arange(240) % 3
+    x = (rng.normal(size=(240, 4)) + np.eye(3, 4)[y] * 3).astype("float32") * scale
+    np.save(folder / "x.npy", x)
+    np.save(folder / "y.npy", y)
+    return "x.npy,y.npy"
+
+
 def mlp(features=5, classes=3, seed=0, regularize=True):
     """A Sequential MLP without BatchNorm or dropout, deterministic init."""
     keras.utils.set_random_seed(seed)

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import classification_data
 from helpers import mlp
+from helpers import write_separable_rows
 from kadapt.callbacks import DeadRunRescue
 from kadapt.meta.chance_loss import chance_loss
 from kadapt.meta.dead_run import DeadRunRule
@@ -116,13 +117,9 @@ def test_kadapt_train_rescues_a_run_that_dies(tmp_path, monkeypatch):
     from kadapt.run.pipeline import start_run
     from kadapt.run.pipeline import train
 
-    rng = np.random.default_rng(0)
-    y = np.arange(240) % 3
-    x = (rng.normal(size=(240, 4)) + np.eye(3, 4)[y] * 3).astype("float32") * 3
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "y.npy", y)
+    data = write_separable_rows(tmp_path, scale=3)
     monkeypatch.chdir(tmp_path)
-    options = {"data": "x.npy,y.npy", "model": "mlp", "optimizer": "sgd", "learning_rate": 10.0, "epochs": 4,
+    options = {"data": data, "model": "mlp", "optimizer": "sgd", "learning_rate": 10.0, "epochs": 4,
                "meta": "off", "memory_budget": "256MiB"}
     run = start_run(options, str(tmp_path / "run"))
     train(run, echo=lambda line: None, verbose=0)

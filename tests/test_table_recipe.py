@@ -65,18 +65,13 @@ def test_kadapt_train_with_prodigy_trains_at_its_reference_defaults(tmp_path, mo
     config.json; on well separated classes it ends far above chance."""
     import json
 
-    import numpy as np
-
+    from helpers import write_separable_rows
     from kadapt.run.pipeline import start_run
     from kadapt.run.pipeline import train
 
-    rng = np.random.default_rng(0)
-    y = np.arange(240) % 3
-    x = (rng.normal(size=(240, 4)) + np.eye(3, 4)[y] * 3).astype("float32") * 100
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "y.npy", y)
+    data = write_separable_rows(tmp_path, scale=100)
     monkeypatch.chdir(tmp_path)
-    run = start_run({"data": "x.npy,y.npy", "model": "mlp", "optimizer": "prodigy", "epochs": 3, "meta": "off"},
+    run = start_run({"data": data, "model": "mlp", "optimizer": "prodigy", "epochs": 3, "meta": "off"},
                     str(tmp_path / "run"))
     record = train(run, echo=lambda line: None, verbose=0)
     resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]

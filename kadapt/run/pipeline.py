@@ -162,9 +162,9 @@ def train(run, echo=print, callbacks=(), verbose=1):
     choice = optimizer_choice(config, data)
     echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "
          f"({choice.reason})")
-    resolved = {**steps, "optimizer": choice.to_dict(), "model": run.model_name, "data": data.summary(), "precision": run.precision.to_dict(),
-                "augmentation": augmentation_text(run.recipe), "recipe": dataclasses.asdict(run.recipe),
-                "test_time_augmentation": run.recipe.test_time_augmentation,
+    resolved = {**steps, "optimizer": choice.to_dict(), "model": run.model_name, "data": data.summary(),
+                "precision": run.precision.to_dict(), "augmentation": augmentation_text(run.recipe),
+                "recipe": dataclasses.asdict(run.recipe), "test_time_augmentation": run.recipe.test_time_augmentation,
                 **({"range_test": run.range_test} if run.range_test else {})}
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
