@@ -107,7 +107,7 @@ def worker(model_name, region):
 
     import kadapt
     from kadapt.batching import device_budget
-    from kadapt.batching.allocator_region import reserve_region
+    from kadapt.batching.tensorflow.allocator_region import reserve_region
 
     if region:
         reserve_region(device_budget(region))

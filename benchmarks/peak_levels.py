@@ -44,7 +44,7 @@ from kadapt import environment
 environment.load_tensorflow()
 import tensorflow as tf
 from kadapt.batching import probe
-from kadapt.batching.allocator_region import reserve_region
+from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.batching.memory_budget import device_budget
 import probe as judge
 

@@ -34,7 +34,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
-from kadapt.batching.allocator_region import reserve_region  # noqa: E402
+from kadapt.batching.tensorflow.allocator_region import reserve_region  # noqa: E402
 from kadapt.batching.batch_plan import balanced_micro_batch  # noqa: E402
 from kadapt.batching.memory_budget import device_budget  # noqa: E402
 from benchmark_models import conv_bn  # noqa: E402

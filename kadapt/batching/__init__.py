@@ -24,7 +24,7 @@ _NAMES = {
     "parse_memory_size": "kadapt.batching.memory_budget",
     "plan_batch": "kadapt.batching.batch_plan",
     "probe_micro_batch": "kadapt.batching.probe",
-    "reserve_region": "kadapt.batching.allocator_region",
+    "reserve_region": "kadapt.batching.tensorflow.allocator_region",
 }
 __all__ = sorted([*_NAMES, "AccumulatingWrapper", "accumulate"])
 

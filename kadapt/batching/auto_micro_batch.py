@@ -24,14 +24,14 @@ from typing import Any
 import keras
 
 from kadapt.batching import probe
-from kadapt.batching.allocator_mode import allocator_mode
-from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.layer_walk import reachable_layers
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.oom_recovery import smaller_micro_batch
+from kadapt.batching.tensorflow.allocator_mode import allocator_mode
+from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.environment import allocator_statistics_available
 
 logger = logging.getLogger("kadapt")

@@ -16,7 +16,7 @@ import numpy as np
 from kadapt.batching import training_state
 from kadapt.batching.accumulate import accumulate
 from kadapt.batching.accumulating_train_step import AccumulatingTrainStep
-from kadapt.batching.allocator_region import reserve_region
+from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.batching.batch_plan import BatchPlan
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.batch_plan import plan_batch
@@ -137,7 +137,7 @@ def probe_micro_batch(
     they exist only with oneDNN on (see `kadapt.environment`), and without
     them it raises `kadapt.AllocatorStatisticsError` before any trial. On the
     CPU it first has the allocator hold twice the budget as one region, as a
-    GPU's does (`kadapt.batching.allocator_region`): peaks then depend on the
+    GPU's does (`kadapt.batching.tensorflow.allocator_region`): peaks then depend on the
     step, not on how the process's regions grew.
 
     On Keras' JAX backend it reads XLA's plan of the step instead of running

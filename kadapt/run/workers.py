@@ -84,7 +84,7 @@ class ClusterMember:
 
     def smallest(self, value):
         """The minimum of `value` (an int) over all workers: one collective."""
-        from kadapt.batching.multi_worker import gather_values
+        from kadapt.batching.tensorflow.multi_worker import gather_values
 
         return int(gather_values(self.strategy, [float(value)]).min())
 

@@ -47,7 +47,7 @@ def allocator_mode(device: str = "GPU:0", memory_growth=None) -> str:
     Example:
 
     ```python
-    from kadapt.batching.allocator_mode import allocator_mode
+    from kadapt.batching.tensorflow.allocator_mode import allocator_mode
     allocator_mode("CPU:0")  # "cpu"
     ```
     """

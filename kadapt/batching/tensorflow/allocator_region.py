@@ -17,7 +17,7 @@ docs/probe.md).
 
 from __future__ import annotations
 
-from kadapt.batching.allocator_mode import check_measurable
+from kadapt.batching.tensorflow.allocator_mode import check_measurable
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import available_ram
 from kadapt.environment import allocator_statistics_available
@@ -35,7 +35,7 @@ def reserve_region(budget: MemoryBudget) -> None:
     `REGION_FACTOR` x `budget.bytes` (at most half the RAM available), once per
     process and size. Resets the device's peak. On a GPU, whose allocator
     holds its memory as one region from the start, it only refuses memory
-    growth (`kadapt.batching.allocator_mode.check_measurable`: growing
+    growth (`kadapt.batching.tensorflow.allocator_mode.check_measurable`: growing
     regions are what this function undoes on the CPU, and a GPU shared by
     growth has no room to hold the budget). A no-op where the CPU keeps no
     allocator statistics (TensorFlow's plain CPU allocator: `malloc`, no

@@ -204,14 +204,14 @@ def _agree(model, error):
 def _exchange(strategy, failed, proposal):
     """One collective over all workers: how many ran out of memory, and the
     smallest micro-batch any of them proposes."""
-    from kadapt.batching.multi_worker import gather_values
+    from kadapt.batching.tensorflow.multi_worker import gather_values
 
     values = gather_values(strategy, [float(failed), float(proposal)]).astype(int)
     return int(values[:, 0].sum()), int(values[:, 1].min())
 
 
 def _in_multi_worker_mode(model):
-    from kadapt.batching.multi_worker import in_multi_worker_mode
+    from kadapt.batching.tensorflow.multi_worker import in_multi_worker_mode
 
     return in_multi_worker_mode(model.distribute_strategy)
 
