@@ -103,11 +103,10 @@ def oom(attempt):
 
 def kadapt_judges_oom(error):
     try:
-        from kadapt.batching import oom_recovery
+        from kadapt.batching.out_of_memory import is_out_of_memory
     except ImportError:
         return None
-    judge = getattr(oom_recovery, "is_out_of_memory", None)
-    return None if judge is None else bool(judge(error))
+    return bool(is_out_of_memory(error))
 
 
 def part_oom_eager():

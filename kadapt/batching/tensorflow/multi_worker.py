@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from kadapt.batching.tensorflow.recovery import replica_step_function
+from kadapt.batching.tensorflow.step_functions import replica_step_function
 
 
 class WorkerLostError(RuntimeError):
