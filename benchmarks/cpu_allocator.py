@@ -140,7 +140,7 @@ def worker(model_name, region):
 def estimate_bytes(trainer, size):
     """Variables, slots and gradient sum, plus one micro-batch's layer outputs
     (the activations kept for the backward pass), in float32."""
-    from kadapt.batching.probe import resident_bytes
+    from kadapt.batching.tensorflow.probe import resident_bytes
 
     activations = sum(4 * math.prod(layer.output.shape[1:]) for layer in trainer.model.layers)
     return resident_bytes(trainer) + size * activations

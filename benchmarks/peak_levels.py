@@ -44,6 +44,7 @@ from kadapt import environment
 environment.load_tensorflow()
 import tensorflow as tf
 from kadapt.batching import probe
+from kadapt.batching.tensorflow import probe as trial_probe
 from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.batching.memory_budget import device_budget
 import probe as judge
@@ -57,7 +58,7 @@ extra = 256 * 2**20 if variant == "region+256MiB" else 0
 held_to_the_end = contextlib.ExitStack()  # the snapshot lives through the steps, as in the judge
 if variant == "region-last":  # the optimizer's slots and the snapshot allocated before the region
     model.micro_batch_size = rows
-    held_to_the_end.enter_context(probe.leaves_no_trace(model, sample))
+    held_to_the_end.enter_context(trial_probe.leaves_no_trace(model, sample))
 if variant == "prewarmed":  # the other models built and dropped: the allocator's first regions grow
     for other, _ in judge.CASES:
         other()
@@ -77,7 +78,7 @@ if variant == "plain":
     x, y = tf.constant(x), tf.constant(y)
     model.optimizer.build(model.trainable_variables)
 elif variant != "region-last":
-    held_to_the_end.enter_context(probe.leaves_no_trace(model, sample))
+    held_to_the_end.enter_context(trial_probe.leaves_no_trace(model, sample))
 collect = gc.collect if variant == "gc" else (lambda: None)
 peaks = judge.measured_peaks(model, x, y, "CPU:0", {steps}, collect)
 print(json.dumps({{"peaks": peaks, "budget": budget.bytes}}))

@@ -10,6 +10,8 @@ import tensorflow as tf
 import kadapt
 from helpers import OutOfMemoryOnReplicaAbove
 from kadapt.batching import probe as probe_module
+from kadapt.batching.memory_budget import device_budget
+from kadapt.batching.tensorflow import probe as trial_probe
 
 ROWS = 256
 SIDE = 28  # pixels: a row's activations outweigh the allocator's noise in a peak
@@ -49,8 +51,8 @@ def test_real_trials_choose_a_size_that_fits_near_a_known_fitting_one():
     gc.collect()
     model = kadapt.accumulate(_cnn(), 1)
     x, y = _data()
-    budget = probe_module.device_budget(None, "CPU:0")
-    reference = probe_module.run_trial(model, (x, y, None), 100, budget)
+    budget = device_budget(None, "CPU:0")
+    reference = trial_probe.run_trial(model, (x, y, None), 100, budget)
     result = kadapt.probe_micro_batch(model, (x, y), memory_budget=reference.peak_bytes)
     chosen = result.micro_batch_size
     assert 50 <= chosen <= 150
@@ -85,9 +87,9 @@ def test_a_trials_peak_is_a_plain_training_steps_peak():
         tf.config.experimental.reset_memory_stats("CPU:0")
         model.train_on_batch(x, y)
         plain.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
-    budget = probe_module.device_budget("8GiB", "CPU:0")
-    with probe_module.leaves_no_trace(model, (x, y, None)):
-        trial = probe_module.run_trial(model, (x, y, None), 2, budget)
+    budget = device_budget("8GiB", "CPU:0")
+    with trial_probe.leaves_no_trace(model, (x, y, None)):
+        trial = trial_probe.run_trial(model, (x, y, None), 2, budget)
     snapshot = 3 * 2048 * 2049 * 4
     assert abs(trial.peak_bytes - max(plain)) < snapshot / 3
 
