@@ -9,7 +9,7 @@ imported. Two matter to kadapt on the CPU:
   `tf.config.experimental.get_memory_info("CPU:0")` raises and the memory probe
   cannot measure a step.
 - `TF_CPU_ALLOCATOR_USE_BFC`: the BFC allocator (the GPU's) on the CPU. It also
-  gives statistics; `benchmarks/cpu_allocator.py` measured both, and kadapt
+  gives statistics; `benchmarks/probe/cpu_allocator.py` measured both, and kadapt
   uses `SETTINGS` (figures: benchmarks/README.md#cpu_allocator; design: docs/probe.md).
 
 The `kadapt` command, `tools/probe_gpu.py`, the tests and the benchmarks call
@@ -39,7 +39,7 @@ from kadapt.extras import require
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
-# Chosen by benchmarks/cpu_allocator.py: statistics on every CPU and the fast
+# Chosen by benchmarks/probe/cpu_allocator.py: statistics on every CPU and the fast
 # kernels, with peaks that repeat run to run.
 SETTINGS = {ONEDNN: "1"}
 QUIET_LOG_LEVEL = "2"  # TensorFlow's C++ errors only

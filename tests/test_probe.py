@@ -45,7 +45,7 @@ def test_real_trials_choose_a_size_that_fits_near_a_known_fitting_one():
     # The budget is what 100 rows peaked at. The bounds hold whatever the
     # allocator draws (a trace's peak moves by up to ~20% on this CPU): the
     # probe's quality (>= 0.9x the largest, <= 5 trials) is checked on exact
-    # and noisy curves below and where it trains in benchmarks/probe.py.
+    # and noisy curves below and where it trains in benchmarks/probe/probe.py.
     # Garbage of earlier tests, freed by a collection between the reference
     # and the trials, would shift every peak after it: collect it first.
     gc.collect()
@@ -113,7 +113,7 @@ CURVES = {
     "convex": lambda m: 100e6 + 2e6 * m + 4e3 * m**2,  # 286
     "mildly concave": lambda m: 150e6 + 6e6 * m**0.85,  # 339
     "steps of 64 MiB": lambda m: 2**26 * np.ceil((100e6 + 2.5e6 * m) / 2**26),  # 335
-    # The shape of benchmarks/probe.py's small CNN: a line, a plateau, a jump.
+    # The shape of benchmarks/probe/probe.py's small CNN: a line, a plateau, a jump.
     "plateau": lambda m: 45e6 + 5.1e6 * m if m < 150 else (960e6 if m <= 193 else 1.2e9),  # 193
 }
 

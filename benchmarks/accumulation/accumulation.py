@@ -8,8 +8,8 @@ exactly kadapt's weights match one full batch of 512.
 On Keras' JAX backend (`KERAS_BACKEND=jax`) the same four trainers run
 jitted by JAX; the backend is fixed per process, so each backend is one run.
 
-Run: `make install && .venv/bin/python benchmarks/accumulation.py`
-     `KERAS_BACKEND=jax .venv/bin/python benchmarks/accumulation.py`
+Run: `make install && .venv/bin/python benchmarks/accumulation/accumulation.py`
+     `KERAS_BACKEND=jax .venv/bin/python benchmarks/accumulation/accumulation.py`
      (ROWS=4096 ROUNDS=3 in the environment for a shorter run)
 """
 

@@ -5,7 +5,7 @@ small CNN with Fashion-MNIST-shaped random data, timed in alternation in one
 process (medians of 9 rounds of 16,384 rows). Target (issue 6): <= 3% of step
 time.
 
-Run: `make install && .venv/bin/python benchmarks/noise_overhead.py`
+Run: `make install && .venv/bin/python benchmarks/accumulation/noise_overhead.py`
 """
 
 import statistics

@@ -15,7 +15,7 @@ re-batches live, deciding every 50 steps. Target (issue 6): adaptive no
 slower than the better fixed batch. Medians over 10 seeds; a seed that never
 reached a target counts as the slowest.
 
-Run: `make install && .venv/bin/python benchmarks/noise_scale.py`; with
+Run: `make install && .venv/bin/python benchmarks/accumulation/noise_scale.py`; with
 `--controls` it also runs fixed 256 (the size the policy mostly picks) on
 Keras' array path and on the live path held at 256, which separates the cost
 of the live path from the policy's choices.

@@ -1,6 +1,6 @@
 """Five minutes on a GPU: what kadapt assumes about it, checked, in one JSON.
 
-    .venv/bin/python benchmarks/gpu_check.py [OUT.json]   (default benchmarks/gpu_check.json)
+    .venv/bin/python benchmarks/gpu/gpu_check.py [OUT.json]   (default benchmarks/gpu_check.json)
 
 Each part runs in a fresh process (a logical `memory_limit` must be set
 before TensorFlow creates its devices; an out-of-memory may leave the
@@ -32,7 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 LIMIT_MIB = 4096  # the logical memory_limit of the limited parts
 GiB = 2**30

@@ -7,9 +7,9 @@
 # under a logical memory_limit of 4 GiB and its size re-measured in a fresh
 # process, recovery from 1.5x the size that fits (XLA and not) against a run
 # at the final size, and one step under mixed_float16 and mixed_bfloat16.
-# The parts are in benchmarks/gpu_check.py. Without a GPU: one line, exit 2.
+# The parts are in benchmarks/gpu/gpu_check.py. Without a GPU: one line, exit 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { python3 -m venv .venv && .venv/bin/pip install -q -e ".[gpu,test]"; }
-exec "$PY" benchmarks/gpu_check.py "$@"
+exec "$PY" benchmarks/gpu/gpu_check.py "$@"

@@ -1,9 +1,9 @@
 """Five minutes on a GPU with JAX only: kadapt's JAX memory plan against the device, in one JSON.
 
-    python benchmarks/gpu_check_jax.py [OUT.json]   (default gpu_check_jax.json)
+    python benchmarks/gpu/gpu_check_jax.py [OUT.json]   (default gpu_check_jax.json)
 
 Needs JAX (with CUDA on a GPU) and the wheels of keras, keras-tuner and kadapt
-(benchmarks/gpu_check_jax.sh builds them); no TensorFlow, no network. Each part
+(benchmarks/gpu/gpu_check_jax.sh builds them); no TensorFlow, no network. Each part
 runs in a fresh process and prints one JSON object; a part that fails or times
 out is recorded as such and the rest go on. Without a GPU it runs what the
 CPU allows and says so (`"device": "cpu", "gpu": false`).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the wheels benchmarks/gpu_check_jax.py needs on a GPU machine with JAX
+# Builds the wheels benchmarks/gpu/gpu_check_jax.py needs on a GPU machine with JAX
 # (CUDA) and no network: keras, keras-tuner, kadapt and their small pure-Python
 # dependencies (`pip wheel --no-deps`, from this environment's pip cache or
 # index), checks they total under 64 MiB, and prints the command to run there.
@@ -21,4 +21,4 @@ if [ "$TOTAL" -ge "$LIMIT_BYTES" ]; then
     exit 1
 fi
 echo "on the GPU machine (JAX with CUDA installed):"
-echo "  pip install --no-index --no-deps $OUT/*.whl && KERAS_BACKEND=jax python benchmarks/gpu_check_jax.py gpu_check_jax.json"
+echo "  pip install --no-index --no-deps $OUT/*.whl && KERAS_BACKEND=jax python benchmarks/gpu/gpu_check_jax.py gpu_check_jax.json"

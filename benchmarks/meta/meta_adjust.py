@@ -21,10 +21,10 @@ the figure (targets: <= 1.02 observing every epoch, <= 1.03 in step mode).
 The wall and CPU-time ratios, with an A/A arm for their noise, are printed
 beside it.
 
-    .venv/bin/python benchmarks/meta_adjust.py                 # ~25 min on 2 idle cores (old arms)
-    .venv/bin/python benchmarks/meta_adjust.py --seeds 3 4 5 --overhead-rounds 0   # 52 min, 2 shared cores
-    .venv/bin/python benchmarks/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
-    .venv/bin/python benchmarks/meta_adjust.py --merge a.json b.json   # one table of two processes' families
+    .venv/bin/python benchmarks/meta/meta_adjust.py                 # ~25 min on 2 idle cores (old arms)
+    .venv/bin/python benchmarks/meta/meta_adjust.py --seeds 3 4 5 --overhead-rounds 0   # 52 min, 2 shared cores
+    .venv/bin/python benchmarks/meta/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
+    .venv/bin/python benchmarks/meta/meta_adjust.py --merge a.json b.json   # one table of two processes' families
 """
 
 import argparse

@@ -10,7 +10,7 @@ log validation loss against the end-of-run best). Split by whether the rate
 was high for the task (the short pick is a cut) is the over-cutting the
 3-epoch records taught.
 
-    .venv/bin/python benchmarks/meta_horizon.py runs/meta/records.sqlite
+    .venv/bin/python benchmarks/meta/meta_horizon.py runs/meta/records.sqlite
 """
 
 import argparse

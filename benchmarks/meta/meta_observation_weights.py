@@ -10,7 +10,7 @@ gives both the trainable ones. This measures what that changes:
    the update features from all weights against trainable ones at each epoch,
    and the action and predicted gain of the shipped meta-model on each.
 
-    .venv/bin/python benchmarks/meta_observation_weights.py
+    .venv/bin/python benchmarks/meta/meta_observation_weights.py
 """
 
 import dataclasses

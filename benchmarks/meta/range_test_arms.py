@@ -6,7 +6,7 @@ MetaAdjuster arms of `meta_adjust.py` (which runs these arms too). With
 `--grid RESULTS.json` (a `meta_adjust.py` results file of the same seeds) each
 arm is marked where it ends within 1.2x of that run's grid-best val loss.
 
-    .venv/bin/python benchmarks/range_test_arms.py --seeds 3 4 5      # ~8 min on 2 shared cores
+    .venv/bin/python benchmarks/meta/range_test_arms.py --seeds 3 4 5      # ~8 min on 2 shared cores
 """
 
 import argparse

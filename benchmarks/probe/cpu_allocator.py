@@ -16,7 +16,7 @@ allocator whose peak does not grow with the rows as the activations do would
 mislead the probe. It also times the step (oneDNN's kernels are the fast ones
 on the CPU).
 
-Run: `make install && .venv/bin/python benchmarks/cpu_allocator.py`
+Run: `make install && .venv/bin/python benchmarks/probe/cpu_allocator.py`
 """
 
 import json

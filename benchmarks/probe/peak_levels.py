@@ -1,13 +1,13 @@
 """How a step's peak varies between fresh processes, and what does not change it.
 
-The judge of `benchmarks/probe.py` checks a size in a fresh process. This
+The judge of `benchmarks/probe/probe.py` checks a size in a fresh process. This
 script runs the same step (one of probe.py's models, two micro-batches of
 ROWS rows: one traced step, then STEPS measured ones) in PROCESSES fresh
 processes per variant and prints each process's peaks (MiB), and how many
 processes had the highest of their first 3 steps over the budget (the judge's
 rule). Variants, each a change to the judge's process:
 
-- judge: as `benchmarks/probe.py`'s `fits_by_rule` (the budget held as one
+- judge: as `benchmarks/probe/probe.py`'s `fits_by_rule` (the budget held as one
   region of 2 x the budget, the model's state snapshot, NumPy inputs);
 - region+256MiB: the region 256 MiB larger (a free tail past the allocator's
   128 MiB limit on internal fragmentation, so the tail chunk is always split);
@@ -22,7 +22,7 @@ rule). Variants, each a change to the judge's process:
 - region-last: the optimizer's slots and the model's snapshot allocated
   before the budget's region, not in it.
 
-Run: `make install && .venv/bin/python benchmarks/peak_levels.py small_cnn 175 24`
+Run: `make install && .venv/bin/python benchmarks/probe/peak_levels.py small_cnn 175 24`
 (about 3.5 minutes per variant on a 2-core host).
 """
 

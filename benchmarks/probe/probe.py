@@ -16,7 +16,7 @@ Target: every measured step after at most one shrink within the budget in
 all 10 processes; the size trained with >= 0.85x the reference in >= 8 of
 10; <= 5 trials.
 
-Run: `make install && .venv/bin/python benchmarks/probe.py` (15-20 minutes
+Run: `make install && .venv/bin/python benchmarks/probe/probe.py` (15-20 minutes
 on a 2-core host).
 """
 
@@ -72,7 +72,7 @@ def data_for(model, rows=2 * BATCH):
 
 def measured_peaks(model, x, y, device, steps, before_each_step=lambda: None):
     """One warm-up step (the trace), then each of `steps` steps' peak bytes on `device`
-    (`benchmarks/peak_levels.py` measures with it)."""
+    (`benchmarks/probe/peak_levels.py` measures with it)."""
     import tensorflow as tf
 
     before_each_step()

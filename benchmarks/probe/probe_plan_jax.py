@@ -7,7 +7,7 @@ chosen size's own plan is within the budget), for plain Keras models (a plain
 model is planned at m rows); then the accumulating step at a logical batch of
 256 per micro-batch size, beside plain Keras at 256. Prints a table and writes probe_plan_jax.json (or argv[1]).
 
-Run: `KERAS_BACKEND=jax .venv/bin/python benchmarks/probe_plan_jax.py` (about
+Run: `KERAS_BACKEND=jax .venv/bin/python benchmarks/probe/probe_plan_jax.py` (about
 three minutes on a shared 2-core host: each plan is one XLA compile, 2-15 s there).
 """
 

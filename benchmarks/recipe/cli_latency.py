@@ -6,7 +6,7 @@ of an interrupted two-epoch run), each a fresh process, ROUNDS times in
 alternation, and prints the median wall seconds. None of them should import
 TensorFlow (the tests check that); the target is under 1 s each.
 
-Run: `make install && .venv/bin/python benchmarks/cli_latency.py`
+Run: `make install && .venv/bin/python benchmarks/recipe/cli_latency.py`
 """
 
 import json

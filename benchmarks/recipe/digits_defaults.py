@@ -10,7 +10,7 @@ Arms (each over --seeds; the split of scikit-learn's 8x8 digits is the seed's, t
 Each kadapt arm is the command itself, in a subprocess; its test accuracy is the one it writes to
 run.json. Prints one row per arm: the test accuracy per seed and the mean.
 
-    python benchmarks/digits_defaults.py              # seeds 0 1 2, about 3 minutes on 2 cores
+    python benchmarks/recipe/digits_defaults.py              # seeds 0 1 2, about 3 minutes on 2 cores
 """
 
 import argparse

@@ -11,9 +11,9 @@ evaluation, per run; test accuracy is evaluated at every epoch end, and that tim
 included (nothing excluded). Time to 91% is the wall time at the first epoch end whose
 test accuracy is >= 91%. The recipe evaluates with its test-time flips and shifts.
 
-    python benchmarks/fashion_mnist_fast.py                      # everything, seeds 0 1 2
-    python benchmarks/fashion_mnist_fast.py --only recipe --seeds 0 --quick
-    python benchmarks/fashion_mnist_fast.py --only recipe --only baseline --epochs 3 --baseline-epochs 20
+    python benchmarks/recipe/fashion_mnist_fast.py                      # everything, seeds 0 1 2
+    python benchmarks/recipe/fashion_mnist_fast.py --only recipe --seeds 0 --quick
+    python benchmarks/recipe/fashion_mnist_fast.py --only recipe --only baseline --epochs 3 --baseline-epochs 20
 """
 
 import argparse

@@ -2,13 +2,18 @@
 (1x1 convolutions where a stage's image is 1x1) against the same network with 3x3 kernels there
 (as built before), alternating in one process; and the two networks' outputs from equal weights.
 
-    python benchmarks/fast_resnet_step.py [--batch 256] [--rounds 7] [--steps 20]
+    python benchmarks/recipe/fast_resnet_step.py [--batch 256] [--rounds 7] [--steps 20]
 """
 
 import argparse
 import importlib
-import time
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness import alternate  # noqa: E402
+from harness import ratio_lines  # noqa: E402
 from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()
@@ -50,13 +55,6 @@ def synthetic_batch(batch):
     return images, images[:batch], recipe.one_hot(rng.integers(0, 10, batch), 10)
 
 
-def step_seconds(model, x, y, steps):
-    start = time.perf_counter()
-    for _ in range(steps):
-        model.train_on_batch(x, y)
-    return (time.perf_counter() - start) / steps
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
@@ -72,17 +70,10 @@ def main():
     now.set_weights(weights)
     gap = np.max(np.abs(now.predict(x, verbose=0) - before.predict(x, verbose=0)))
     print(f"same initial values: {same_init}; outputs from equal weights differ by at most {gap:.2e}")
-    for model in models.values():
-        step_seconds(model, x, y, 3)  # trace and warm up
-    times = {name: [] for name in models}
-    for _ in range(args.rounds):
-        for name, model in models.items():
-            times[name].append(step_seconds(model, x, y, args.steps))
-    base = np.median(times["3x3 everywhere (before)"])
-    for name, values in times.items():
-        median = np.median(values)
+    times = alternate(models, x, y, args.rounds, args.steps, warmup_steps=3)
+    for name, median, fastest, slowest, ratio in ratio_lines(times, "3x3 everywhere (before)"):
         print(f"{name:26s} {1000 * median:7.1f} ms per step of {args.batch} "
-              f"(spread {1000 * min(values):.1f}-{1000 * max(values):.1f}), {base / median:.3f}x")
+              f"(spread {1000 * fastest:.1f}-{1000 * slowest:.1f}), {ratio:.3f}x")
 
 
 if __name__ == "__main__":

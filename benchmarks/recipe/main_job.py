@@ -14,8 +14,8 @@ the per-epoch test evaluations that only this benchmark makes to give the time t
 the baseline trains on all 60,000. The kadapt arms' test accuracy is the command's
 own (test-time flips and shifts, the best epoch's weights).
 
-    python benchmarks/main_job.py                       # all arms, seeds 0 1 2
-    python benchmarks/main_job.py --seeds 0 --set epochs=2 train_rows=6000 --baseline-epochs 2
+    python benchmarks/recipe/main_job.py                       # all arms, seeds 0 1 2
+    python benchmarks/recipe/main_job.py --seeds 0 --set epochs=2 train_rows=6000 --baseline-epochs 2
 """
 
 import argparse

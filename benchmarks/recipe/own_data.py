@@ -26,8 +26,8 @@ Targets (issue 41): kadapt >= careful - 1 point of accuracy on every table, regr
 regression below the training mean's MSE). `--timing` also times whole processes on raw wine: the
 `kadapt train` command against a plain Keras script doing the same fit (imports included).
 
-    python benchmarks/own_data.py                      # seeds 0 1 2, ~10 minutes on 2 cores
-    python benchmarks/own_data.py --tables wine --seeds 0 --timing
+    python benchmarks/recipe/own_data.py                      # seeds 0 1 2, ~10 minutes on 2 cores
+    python benchmarks/recipe/own_data.py --tables wine --seeds 0 --timing
 """
 
 import argparse

@@ -2,22 +2,26 @@
 process (Fashion-MNIST-shaped data, batch 256): float32, `mixed_bfloat16`, and both under XLA;
 then what `kadapt.choose_precision` decides on this machine and how long it took.
 
-    python benchmarks/precision_step.py [--batch 256] [--rounds 5] [--steps 12]
+    python benchmarks/recipe/precision_step.py [--batch 256] [--rounds 5] [--steps 12]
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
-from fast_resnet_step import step_seconds  # noqa: E402  (the same timing as the network's benchmark)
-from fast_resnet_step import synthetic_batch  # noqa: E402
+from fast_resnet_step import synthetic_batch  # noqa: E402  (the same data as the network's benchmark)
+from harness import alternate  # noqa: E402
+from harness import ratio_lines  # noqa: E402
 from kadapt.precision import global_policy  # noqa: E402
 from kadapt.precision import supported_policies  # noqa: E402
 from kadapt.recipes import training as recipe  # noqa: E402
@@ -45,18 +49,11 @@ def main():
     images, x, y = synthetic_batch(args.batch)
     print(f"supported policies here: {supported_policies()}")
     models = {name: build(images, *arm) for name, arm in ARMS.items()}
-    for model in models.values():
-        step_seconds(model, x, y, 2)  # trace and warm up
-    times = {name: [] for name in models}
-    for _ in range(args.rounds):
-        for name, model in models.items():
-            times[name].append(step_seconds(model, x, y, args.steps))
-    base = np.median(times["float32"])
+    times = alternate(models, x, y, args.rounds, args.steps, warmup_steps=2)
     print(f"{'numerics':24s} {'ms per step':>11s} {'vs float32':>10s}")
-    for name, values in times.items():
-        median = np.median(values)
-        print(f"{name:24s} {1000 * median:11.1f} {base / median:9.2f}x  "
-              f"(rounds {1000 * min(values):.1f}-{1000 * max(values):.1f} ms)")
+    for name, median, fastest, slowest, ratio in ratio_lines(times, "float32"):
+        print(f"{name:24s} {1000 * median:11.1f} {ratio:9.2f}x  "
+              f"(rounds {1000 * fastest:.1f}-{1000 * slowest:.1f} ms)")
     began = time.perf_counter()
     choice = kadapt.choose_precision(lambda: build(images), x, y, batch_size=args.batch)
     print(f"choose_precision: {choice.policy} ({choice.reason}), {time.perf_counter() - began:.1f} s")

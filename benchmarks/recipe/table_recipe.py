@@ -21,7 +21,7 @@ restore-best, MetaAdjuster) except the flags shown):
 
 Prints the test accuracy per table and arm, the mean over the seeds (and the worst seed).
 
-    PYTHONPATH=. python benchmarks/table_recipe.py            # seeds 0 1 2, ~10 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/recipe/table_recipe.py            # seeds 0 1 2, ~10 minutes on 2 cores
 """
 
 import argparse

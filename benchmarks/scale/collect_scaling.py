@@ -14,8 +14,8 @@ Latency: the median and 90th percentile of `RecordStore.append` (one record, one
 and of `append_many` of one task's 14 records, over --appends calls each, on an SQLite file
 in a temporary directory and on the server.
 
-    python benchmarks/collect_scaling.py                      # 4 tasks per family: 24 tasks
-    python benchmarks/collect_scaling.py --tasks-per-family 1 --appends 50   # a quick look
+    python benchmarks/scale/collect_scaling.py                      # 4 tasks per family: 24 tasks
+    python benchmarks/scale/collect_scaling.py --tasks-per-family 1 --appends 50   # a quick look
 """
 
 import argparse
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import postgres  # noqa: E402  (the tests' throwaway cluster)
 
 from kadapt.meta.adjustment_record import AdjustmentRecord  # noqa: E402

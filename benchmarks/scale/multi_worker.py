@@ -13,8 +13,8 @@ per-worker batch. Scaling = samples/s(2 workers) / samples/s(1 worker) (ideal 2.
 Where the rest goes: each worker also times, after training, --steps all-reduces of tensors the
 size of the model's gradients (the collective a step runs) and reports the mean per step.
 
-    python benchmarks/multi_worker.py                   # per-worker batch 256, 30 timed steps
-    python benchmarks/multi_worker.py --steps 5 --warmup 2   # a quick look
+    python benchmarks/scale/multi_worker.py                   # per-worker batch 256, 30 timed steps
+    python benchmarks/scale/multi_worker.py --steps 5 --warmup 2   # a quick look
 """
 
 import argparse

@@ -38,7 +38,7 @@ from kadapt.validation import check_micro_batch_size
 # parallel, and whether their buffers overlap depends on timing; figures:
 # benchmarks/README.md#peak_levels): a size
 # fits when each of this many measured steps does, the rule
-# benchmarks/probe.py judges the probe by.
+# benchmarks/probe/probe.py judges the probe by.
 MEASURED_STEPS = 3
 
 
