@@ -39,6 +39,7 @@ from kadapt.extras import require
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Chosen by benchmarks/probe/cpu_allocator.py: statistics on every CPU and the fast
 # kernels, with peaks that repeat run to run.
 SETTINGS = {ONEDNN: "1"}
@@ -147,6 +148,15 @@ def _write_back(text, keep_all):
 def is_tensorflow_log_line(line: str) -> bool:
     """Whether `line` is one of TensorFlow's C++ (absl) log lines."""
     return bool(_CPP_LOG_LINE.match(line)) or line.startswith(_ABSL_PREAMBLE)
+
+
+def visible_device_entry(index: int, visible: str | None) -> str:
+    """Entry `index` of `CUDA_VISIBLE_DEVICES` (`visible`): a board index or a UUID.
+    Without the variable, TensorFlow's GPU i is board i."""
+    if not visible:
+        return str(index)
+    entries = [entry.strip() for entry in visible.split(",")]
+    return entries[index] if index < len(entries) else str(index)
 
 
 def thread_share(processes: int) -> int:

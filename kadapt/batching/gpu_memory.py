@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+from kadapt.environment import VISIBLE_DEVICES
+from kadapt.environment import visible_device_entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,15 +90,6 @@ def _logical_limit(index):
         return None
     limits = tf.config.get_logical_device_configuration(physical[index]) or []
     return limits[0].memory_limit * 2**20 if limits and limits[0].memory_limit else None
-
-
-def visible_device_entry(index: int, visible: str | None) -> str:
-    """Entry `index` of `CUDA_VISIBLE_DEVICES` (`visible`): a board index or a UUID.
-    Without the variable, TensorFlow's GPU i is board i."""
-    if not visible:
-        return str(index)
-    entries = [entry.strip() for entry in visible.split(",")]
-    return entries[index] if index < len(entries) else str(index)
 
 
 def nvml_total(index: int, visible: str | None = None, nvml=None) -> int | None:
