@@ -12,6 +12,10 @@ import pytest
 pytestmark = pytest.mark.backends("tensorflow", "jax")
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kadapt"
+BACKENDS = ("kadapt.batching.tensorflow", "kadapt.batching.jax")
+# The front's modules that pick a backend (docs/layout.md): one per concern.
+SWITCHES = {"kadapt.batching.accumulating_train_step", "kadapt.batching.auto_micro_batch",
+            "kadapt.batching.micro_batch_probe", "kadapt.batching.out_of_memory"}
 
 
 def module_files(package=PACKAGE):
@@ -108,3 +112,14 @@ def test_no_private_name_is_imported_across_modules():
     assert not private, "private names imported across modules (make them public or keep them home): " + \
         "; ".join(f"{name} imports {module}.{attribute}" for name, found in private.items()
                   for module, attribute in found)
+
+
+def test_only_the_switches_import_a_backend_and_no_backend_imports_a_switch():
+    graph, _ = import_graph(module_files())
+    backend = {name for name in graph if name.startswith(BACKENDS)}
+    front = {name for name in graph if name.startswith("kadapt.batching") and name not in backend}
+    switches = {name for name in front if graph[name] & backend}
+    assert switches == SWITCHES, f"front modules that import a backend: {sorted(switches)}; docs/layout.md names " \
+        f"{sorted(SWITCHES)} (a new switch goes in both; a leaf must not pick a backend)"
+    upward = sorted(f"{name} imports {target}" for name in backend for target in graph[name] & SWITCHES)
+    assert not upward, f"backend modules import a switch of the front (import its leaves instead): {upward}"
