@@ -4,7 +4,7 @@
 # dependencies (`pip wheel --no-deps`, from this environment's pip cache or
 # index), checks they total under 64 MiB, and prints the command to run there.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${1:-build/gpu_check_jax_wheels}
 LIMIT_BYTES=$((64 * 1024 * 1024))
