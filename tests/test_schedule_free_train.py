@@ -205,3 +205,29 @@ def test_the_recipe_refuses_what_schedule_free_replaces(changes, message):
 
     with pytest.raises(ValueError, match=message):
         FastFitConfig(optimizer="schedule_free_adamw", **changes)
+
+
+def test_the_recipe_leaves_x_with_batch_statistics_of_its_training_batches():
+    """`fit_recipe` with Schedule-Free: after training, BatchNorm's moving mean is the mean over the
+    recipe's training batches (here all 8 of the stream, under the reference's 50) of the batch means
+    of the first layer's output at x (NumPy)."""
+    from kadapt.recipes import training
+    from kadapt.recipes.config import FastFitConfig
+
+    config = FastFitConfig(optimizer="schedule_free_sgd", schedule="constant", learning_rate=0.5, flip=False,
+                           translate=0.0, label_smoothing=0.0, restore_best_weights=False)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(2)])
+    training.compile_recipe(model, config, total_steps=8)
+    x, _ = _data()
+    x = np.concatenate([x, x * 0.5])
+    y = (x[:, 0] > 0).astype(int)
+    batches = training.shuffled_batches(x, y, 8, 2, seed=0, epochs=2)
+    training.fit_recipe(model, batches, config, epochs=2, steps_per_epoch=4, total_steps=8, seed=0,
+                        arrange_callbacks=lambda schedule, best: list(schedule))
+    assert model.optimizer.at_evaluation_point
+    kernel, bias = (np.asarray(w, "float64") for w in model.layers[0].get_weights())
+    means = [(np.asarray(rows, "float64") @ kernel + bias).mean(0) for rows, _ in batches]
+    assert len(means) == 8
+    np.testing.assert_allclose(np.array(model.layers[1].moving_mean), np.mean(means, 0), rtol=1e-5, atol=1e-6)
