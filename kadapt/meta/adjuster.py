@@ -409,7 +409,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered))
 
     def _from_chief(self, *values):
-        from kadapt.batching.multi_worker import chief_values
+        from kadapt.batching.tensorflow.multi_worker import chief_values
 
         return chief_values(self._strategy, [float(v) for v in values])
 
@@ -558,7 +558,7 @@ def _multi_worker_strategy(model):
     Only the TensorFlow backend has one (imported only there)."""
     if keras.backend.backend() != "tensorflow":
         return None
-    from kadapt.batching.multi_worker import in_multi_worker_mode
+    from kadapt.batching.tensorflow.multi_worker import in_multi_worker_mode
 
     strategy = model.distribute_strategy
     return strategy if in_multi_worker_mode(strategy) else None

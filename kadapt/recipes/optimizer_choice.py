@@ -5,7 +5,7 @@ The recipe's SGD (Nesterov, peak 0.2, triangular) was measured on
 batch normalization absorbs any input scale. On any other network it was
 not: on scikit-learn's tables with a user's MLP it left runs at chance
 (DESIGN.md, "A user's own data"). There Adam is the choice, at the rate and
-schedule `benchmarks/table_recipe.py` measured (benchmarks/README.md#table_recipe).
+schedule `benchmarks/recipe/table_recipe.py` measured (benchmarks/README.md#table_recipe).
 """
 
 import dataclasses

@@ -1,0 +1,195 @@
+"""The probe's guarantee where the model trains, on this CPU.
+
+A size is judged in the process that trains with it. Per model, PROCESSES
+fresh processes train with `micro_batch_size="auto"` (the probe, then
+MEASURED_STEPS logical steps of BATCH rows, each step's peak measured), and
+PROCESSES fresh processes train with the size the first ones cached (the
+first step checked by kadapt and, over the budget, the size shrunk before
+the next). The rule for "fits", the same for the reference: a process that
+trains with the size, the budget held as one allocator region as kadapt
+holds it, has every measured step within the budget. The reference is the
+largest micro-batch that fits by that rule (bisection, a fresh process per
+size, set by hand and split evenly as "auto" splits a logical batch: m
+trains as ceil(BATCH / ceil(BATCH / m)), which the table shows).
+
+Target: every measured step after at most one shrink within the budget in
+all 10 processes; the size trained with >= 0.85x the reference in >= 8 of
+10; <= 5 trials.
+
+Run: `make install && .venv/bin/python benchmarks/probe/probe.py` (15-20 minutes
+on a 2-core host).
+"""
+
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+
+from kadapt import environment  # noqa: E402
+
+environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kadapt  # noqa: E402
+from kadapt.batching.tensorflow.allocator_region import reserve_region  # noqa: E402
+from kadapt.batching.batch_plan import balanced_micro_batch  # noqa: E402
+from kadapt.batching.memory_budget import device_budget  # noqa: E402
+from benchmark_models import conv_bn  # noqa: E402
+
+BATCH = 1024  # the logical batch, also the largest micro-batch worth having
+PROCESSES = 5
+MEASURED_STEPS = 3
+TARGET_RATIO = 0.85
+MIB = 2**20
+
+
+def wide_mlp():
+    return keras.Sequential([
+        keras.Input((784,)),
+        keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(10),
+    ], name="wide_mlp")
+
+
+CASES = [(kadapt.models.small_cnn, "64MiB"), (wide_mlp, "256MiB"), (conv_bn, "128MiB")]
+
+
+def compiled(build):
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return kadapt.accumulate(model, 1)
+
+
+def data_for(model, rows=2 * BATCH):
+    rng = np.random.default_rng(0)
+    x = rng.random((rows, *model.model.inputs[0].shape[1:]), dtype=np.float32)
+    return x, rng.integers(0, 10, rows), None
+
+
+def measured_peaks(model, x, y, device, steps, before_each_step=lambda: None):
+    """One warm-up step (the trace), then each of `steps` steps' peak bytes on `device`
+    (`benchmarks/probe/peak_levels.py` measures with it)."""
+    import tensorflow as tf
+
+    before_each_step()
+    model.train_on_batch(x, y)
+    peaks = []
+    for _ in range(steps):
+        before_each_step()
+        tf.config.experimental.reset_memory_stats(device)
+        model.train_on_batch(x, y)
+        peaks.append(tf.config.experimental.get_memory_info(device)["peak"])
+    return peaks
+
+
+class StepPeaks(keras.callbacks.Callback):
+    """Each logical step's peak bytes on the CPU, as `fit` trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.peaks = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats("CPU:0")
+
+    def on_train_batch_end(self, batch, logs=None):
+        import tensorflow as tf
+
+        self.peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+
+
+def train(index, micro_batch_size, cache_dir=None):
+    """In this (fresh) process: train MEASURED_STEPS logical steps of BATCH rows with
+    `micro_batch_size` (an int, or "auto" with the probe cache in `cache_dir`)."""
+    build, budget_text = CASES[index]
+    if cache_dir is not None:
+        os.environ["KADAPT_CACHE_DIR"] = cache_dir
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = kadapt.accumulate(model, micro_batch_size, memory_budget=budget_text)
+    budget = device_budget(budget_text)
+    if micro_batch_size != "auto":
+        reserve_region(budget)  # as "auto" holds it
+        trainer.micro_batch_size = balanced_micro_batch(BATCH, micro_batch_size)  # as "auto" splits it
+    x, y, _ = data_for(trainer, BATCH)
+    steps = StepPeaks()
+    start = time.perf_counter()
+    trainer.fit(x, y, batch_size=BATCH, epochs=MEASURED_STEPS, shuffle=False, verbose=0, callbacks=[steps])
+    check = getattr(trainer, "first_step_check", None)
+    probed = trainer.probe_result
+    return {"peaks": steps.peaks, "budget": budget.bytes, "seconds": time.perf_counter() - start,
+            "size": trainer.micro_batch_size, "shrunk": check is not None and check.shrunk_to is not None,
+            "probed": None if probed is None else probed.micro_batch_size,
+            "trials": 0 if probed is None else len(probed.trials),
+            "compiles": 0 if probed is None else probed.compiles,
+            "sequence": "" if probed is None else " ".join(
+                f"{t.micro_batch_size}{'+' if t.fits else 'x'}" for t in probed.trials)}
+
+
+def in_fresh_process(function, *args):
+    """`function(*args)` in a new interpreter (spawned: nothing of this one)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def fits(row):
+    """Every measured step within the budget, the first one excepted where it shrank the size."""
+    judged = row["peaks"][1:] if row["shrunk"] else row["peaks"]
+    return max(judged) <= row["budget"]
+
+
+def reference(index):
+    """The largest size that fits by the rule, by bisection over [1, BATCH]: the
+    size BATCH is trained with (split evenly, as "auto" splits it)."""
+    if fits(in_fresh_process(train, index, BATCH)):
+        return BATCH
+    low, high = 0, BATCH  # low fits (0 trivially), high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(in_fresh_process(train, index, middle)) else (low, middle)
+    return balanced_micro_batch(BATCH, low) if low else 0
+
+
+def main():
+    print(f"{'model':10s} {'budget':>7s} {'reference':>9s}   process: size trained with / reference "
+          f"(probed or cached size, shrunk?), step peaks MiB; trials (+ fits, x not)")
+    only = sys.argv[1:]  # model names, else all
+    for index, (build, budget_text) in enumerate(CASES):
+        if only and build.__name__ not in only:
+            continue
+        truth = reference(index)
+        caches = [tempfile.mkdtemp(prefix="kadapt-probe-") for _ in range(PROCESSES)]
+        probing = [in_fresh_process(train, index, "auto", cache) for cache in caches]
+        cached = [in_fresh_process(train, index, "auto", cache) for cache in caches]
+        report(build().name, budget_text, truth, probing, cached)
+
+
+def report(name, budget_text, truth, probing, cached):
+    print(f"{name:10s} {budget_text:>7s} {truth:9d}")
+    for kind, rows in (("auto", probing), ("cached", cached)):
+        for row in rows:
+            peaks = " ".join(f"{p / MIB:.1f}" for p in row["peaks"])
+            origin = (f"probed {row['probed']} in {row['trials']} trials, {row['compiles']} compiles"
+                      if row["probed"] else "from the cache")
+            print(f"{'':22s}{kind:>7s} {row['size']:5d} = {row['size'] / truth:4.2f}x ({origin}"
+                  f"{', SHRUNK after step 1' if row['shrunk'] else ''}; {row['seconds']:.1f} s), steps "
+                  f"{peaks}: {'fits' if fits(row) else 'DOES NOT FIT'}  {row['sequence']}")
+    rows = probing + cached
+    fitting = sum(fits(row) for row in rows)
+    near = sum(row["size"] >= TARGET_RATIO * truth for row in rows)
+    most_trials = max(row["trials"] for row in probing)
+    met = fitting == len(rows) and near >= len(rows) - 2 and most_trials <= 5
+    print(f"{'':22s}fits {fitting}/{len(rows)}, shrunk {sum(r['shrunk'] for r in rows)}/{len(rows)}, "
+          f">= {TARGET_RATIO}x in {near}/{len(rows)}, at most {most_trials} trials: "
+          f"target {'met' if met else 'NOT met'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
