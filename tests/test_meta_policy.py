@@ -41,7 +41,7 @@ def test_a_gain_below_min_gain_keeps_and_says_what_it_considered():
 
 
 def test_a_divergence_rolls_back_and_allows_only_cuts_whatever_the_predictor_prefers():
-    differences = np.array([0.3, 0.2, 0.0, -0.5, -0.6, -0.4, -0.4])  # every cut predicted worse than keeping
+    differences = np.array([0.3, 0.2, 0.0, -0.5, -0.6, -0.4, -0.4, -0.7, -0.7])  # every cut predicted worse than keeping
     adjustment, state = AdjustmentPolicy(lambda window: differences).decide(PolicyState(), WINDOW, "divergence", 0.4)
     # Raises and momentum are masked out, and keep too: the better cut is applied whatever its gain.
     assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_DOWN_3, -0.2, "lr x0.3")
@@ -100,7 +100,7 @@ def test_the_last_observation_adjusts_nothing_but_still_rolls_back():
 def test_arguments_are_checked():
     with pytest.raises(TypeError, match="Argument `predict` must be a callable"):
         AdjustmentPolicy("default")
-    with pytest.raises(ValueError, match=r"Argument `allowed` must be a bool array of shape \(7,\)"):
+    with pytest.raises(ValueError, match=r"Argument `allowed` must be a bool array of shape \(9,\)"):
         AdjustmentPolicy(never_called, allowed=np.ones(3, bool))
     with pytest.raises(ValueError, match="min_gain"):
         AdjustmentPolicy(never_called, min_gain=-1.0)
