@@ -105,3 +105,25 @@ def test_arguments_are_checked():
     with pytest.raises(ValueError, match="min_gain"):
         AdjustmentPolicy(never_called, min_gain=-1.0)
     assert math.isinf(PolicyState().ceiling)
+
+
+TO_SUGGESTION, TO_THREE_SUGGESTIONS = 7, 8
+
+
+def test_a_move_to_the_suggestion_needs_one_and_sets_the_rate_whatever_the_distance():
+    assert ACTIONS[TO_SUGGESTION] == {"learning_rate_to_suggestion": 1.0}
+    policy = AdjustmentPolicy(predicting(TO_THREE_SUGGESTIONS))
+    without, _ = policy.decide(PolicyState(), WINDOW, "plateau", 1e-4)
+    assert without.action == KEEP  # no range test: the move is not on the menu
+    moved, _ = policy.decide(PolicyState(), WINDOW, "plateau", 1e-4, suggestion=0.02)
+    assert moved.action == TO_THREE_SUGGESTIONS and moved.text == "lr to the range test's suggestion x3"
+    # Under the ceiling a divergence left (half the rate that diverged), a move above it is blocked ...
+    capped, _ = policy.decide(PolicyState(ceiling=0.05), WINDOW, "plateau", 1e-3, suggestion=0.02)
+    assert capped.action == KEEP
+    # ... and after a divergence, a move to a suggestion below the live rate is a cut like any other.
+    cut, _ = AdjustmentPolicy(predicting(TO_SUGGESTION)).decide(PolicyState(), WINDOW, "divergence", 1.0,
+                                                                suggestion=0.02)
+    assert cut.rollback and cut.action == TO_SUGGESTION
+    up, _ = AdjustmentPolicy(predicting(TO_SUGGESTION)).decide(PolicyState(), WINDOW, "divergence", 0.01,
+                                                               suggestion=0.02)
+    assert up.action != TO_SUGGESTION
