@@ -45,8 +45,10 @@ def test_collect_branches_every_action_and_resumes(tmp_path):
     steps = sorted({r.step for r in store})
     tested = {r.hyperparameters["range_test_rate"] is not None for r in store}
     assert len(tested) == 1  # a task is range-tested from its start, or not at all
-    branched = len(ACTIONS) - (0 if tested.pop() else len(SUGGESTION_ACTIONS))  # the moves to a suggestion need one
-    assert steps == [6, 9] and appended == store.count() == 2 * branched
+    # The moves to a suggestion need one, and are branched only where they move the rate.
+    least, most = len(ACTIONS) - len(SUGGESTION_ACTIONS), len(ACTIONS) if tested.pop() else None
+    assert steps == [6, 9] and appended == store.count()
+    assert all(least <= sum(r.step == step for r in store) <= (most or least) for step in steps)
     assert collect(store, [task], TINY, progress=False) == 0  # resumed: nothing recomputed
 
 
@@ -195,8 +197,9 @@ def test_collection_covers_conv_recurrent_and_reconstruction_tasks(family, archi
         np.testing.assert_array_equal(task.data[0], task.data[1])
     run = TaskRun(task, TINY, np.random.default_rng(0))
     records = run.run()
-    branched = len(ACTIONS) - (0 if run.range_test_rate is not None else len(SUGGESTION_ACTIONS))
-    assert len(records) == 2 * branched and {r.hyperparameters["architecture"] for r in records} == {architecture}
+    least = len(ACTIONS) - len(SUGGESTION_ACTIONS)
+    most = len(ACTIONS) if run.range_test_rate is not None else least
+    assert 2 * least <= len(records) <= 2 * most and {r.hyperparameters["architecture"] for r in records} == {architecture}
     for r in records:  # scored at the end of the budget, with the short horizon's score beside it
         assert r.outcome["horizon"] == run.total_steps - r.step and r.outcome["short_horizon"] == run.horizon
         assert -5 <= r.outcome["score"] <= 5 and -5 <= r.outcome["score_short"] <= 5

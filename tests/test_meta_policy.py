@@ -127,3 +127,11 @@ def test_a_move_to_the_suggestion_needs_one_and_sets_the_rate_whatever_the_dista
     up, _ = AdjustmentPolicy(predicting(TO_SUGGESTION)).decide(PolicyState(), WINDOW, "divergence", 0.01,
                                                                suggestion=0.02)
     assert up.action != TO_SUGGESTION
+
+
+def test_a_move_to_where_the_rate_already_is_is_not_on_the_menu():
+    policy = AdjustmentPolicy(predicting(TO_SUGGESTION))
+    same, _ = policy.decide(PolicyState(), WINDOW, "plateau", 0.015, suggestion=0.02)  # 1.33x: keep in all but name
+    assert same.action == KEEP
+    far, _ = policy.decide(PolicyState(), WINDOW, "plateau", 0.01, suggestion=0.02)
+    assert far.action == TO_SUGGESTION

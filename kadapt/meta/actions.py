@@ -35,6 +35,7 @@ KEEP = 2
 MAX_CHANGE = 1e4
 MOMENTUM_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "momentum" in action)
 SUGGESTION_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "learning_rate_to_suggestion" in action)
+SAME_RATE = 3 ** 0.5  # a move to the suggestion smaller than halfway to x3 / x0.3 is no move
 RATE_ACTIONS = tuple(i for i, action in enumerate(ACTIONS)
                      if "learning_rate_multiplier" in action or "learning_rate_to_suggestion" in action)
 
@@ -83,7 +84,8 @@ def allowed_mask(optimizer: keras.optimizers.Optimizer, suggestion: float | None
     mask = optimizer_mask(optimizer)
     if not usable_suggestion(suggestion):
         mask[list(SUGGESTION_ACTIONS)] = False
-    return mask
+        return mask
+    return mask & ~np.isnan(rate_factors(applied_learning_rate(optimizer), suggestion))
 
 
 def usable_suggestion(suggestion: float | None) -> bool:
@@ -93,12 +95,14 @@ def usable_suggestion(suggestion: float | None) -> bool:
 
 def rate_factors(learning_rate: float, suggestion: float | None = None) -> np.ndarray:
     """The factor each action multiplies the applied `learning_rate` by now
-    (1 for keep and momentum; NaN for a move to a suggestion without one)."""
+    (1 for keep and momentum). NaN marks a move to a suggestion that is not on
+    the menu: without a suggestion, or where it would change the rate by less
+    than `SAME_RATE` either way (it would be "keep" under another name)."""
     factors = np.array([action.get("learning_rate_multiplier", 1.0) for action in ACTIONS])
     for index in SUGGESTION_ACTIONS:
         usable = usable_suggestion(suggestion) and learning_rate > 0
-        factors[index] = (ACTIONS[index]["learning_rate_to_suggestion"] * float(suggestion) / learning_rate
-                          if usable else math.nan)
+        factor = ACTIONS[index]["learning_rate_to_suggestion"] * float(suggestion) / learning_rate if usable else 1.0
+        factors[index] = factor if max(factor, 1 / factor) >= SAME_RATE else math.nan
     return factors
 
 
