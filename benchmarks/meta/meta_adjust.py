@@ -155,6 +155,9 @@ def main():
     parser.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS",
                         help="no runs: the table of these results files' runs together (e.g. two processes' "
                              "halves of the families), written to --out")
+    parser.add_argument("--rerun-range-start", type=Path, nargs="+", metavar="RESULTS",
+                        help="run only the range-test-start arms again with --meta-model, the other arms taken "
+                             "from these results files (they do not depend on the start)")
     args = parser.parse_args()
     if args.merge:
         return merge(args.merge, args.out)
@@ -163,8 +166,12 @@ def main():
     started = time.perf_counter()
     print(f"load average at start: {load_text()}", flush=True)
     meta_model = load_meta_model(args.meta_model)
-    runs = evaluation.evaluate_meta_model(meta_model, args.families, args.seeds, args.epochs,
-                                          progress=lambda text: print(text, flush=True))
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    if args.rerun_range_start:
+        runs = [evaluation.rerun_range_start(_restored(run), meta_model, args.epochs, say)
+                for path in args.rerun_range_start for run in json.loads(path.read_text())["runs"]]
+    else:
+        runs = evaluation.evaluate_meta_model(meta_model, args.families, args.seeds, args.epochs, progress=say)
     print(f"load average after the runs: {load_text()}")
     print(evaluation.table(runs))
     overhead = None

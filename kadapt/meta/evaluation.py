@@ -44,6 +44,7 @@ the range test).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -265,6 +266,28 @@ def evaluate_task(family: str, seed: int, meta_model: str | os.PathLike | keras.
     return {"family": family, "seed": seed, "grid": {f"{rate:g}": run for rate, run in grid.items()},
             "best_rate": best, "best_val_loss": finite[best], "initial_val_loss": initial,
             "settings": settings, "cosine": cosine, "range_test": ranged, "well_set": well_set, "anchors": anchors}
+
+
+def rerun_range_start(run: dict[str, Any], meta_model: str | os.PathLike | keras.Model, epochs: int = EPOCHS,
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`run` (an `evaluate_task` result) with its range-test-start arms run again with `meta_model`:
+    each mis-set setting's `meta_range`, the cosine `with_range` and the well-set `with_range`. The
+    other arms are deterministic and do not depend on how the start or the moves to the
+    suggestion behave (the MetaAdjuster alone has no suggestion), so they are kept."""
+    say = progress or (lambda text: None)
+    family, seed, best = run["family"], run["seed"], run["best_rate"]
+    run = copy.deepcopy(run)
+    for setting, case in run["settings"].items():
+        task = evaluation_task(family, seed, case["learning_rate"])
+        case["meta_range"] = meta_run(task, epochs, meta_model, range_test=range_start(task))
+        say(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: meta_range {case['meta_range']['val_loss']:.4g}")
+    cosine_task = evaluation_task(family, seed, best, "cosine")
+    run["cosine"]["with_range"] = meta_run(cosine_task, epochs, meta_model, range_test=range_start(cosine_task))
+    well_task = evaluation_task(family, seed, best)
+    run["well_set"]["with_range"] = meta_run(well_task, epochs, meta_model, range_test=range_start(well_task))
+    say(f"{family}/{seed} at lr={best:g}: cosine with the range test {run['cosine']['with_range']['val_loss']:.4g}, "
+        f"constant with the range test {run['well_set']['with_range']['val_loss']:.4g}")
+    return run
 
 
 def _widened(grid, family, seed, epochs):
