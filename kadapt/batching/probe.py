@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,20 +22,14 @@ from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.out_of_memory import is_out_of_memory
+from kadapt.batching.peak_search import MARGIN  # noqa: F401 (the probe's margin, read by its users)
+from kadapt.batching.peak_search import FIRST_TRIAL_ROWS  # noqa: F401
+from kadapt.batching.peak_search import SECOND_TRIAL_FACTOR  # noqa: F401
+from kadapt.batching.peak_search import PeakSearch
+from kadapt.batching.peak_search import too_small_message as _too_small_message  # noqa: F401
 from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
 
-FIRST_TRIAL_ROWS = 16
-SECOND_TRIAL_FACTOR = 4
-MARGIN = 0.05  # of the room above the fixed memory, kept free
-MIN_GAIN = 0.05  # a further trial must promise 5% more rows
-FAR = 1.5  # a target above this x the largest measured size is far
-EXTRAPOLATED_SHARE = 0.75  # of the way from the best fitting size to a far target
-TYPICAL_TRIALS = 5  # with a size that fits, the search ends here; a spare trial looks above the line
-MAX_TRIALS = 8  # reached only while no trial has fit with room for the noise
-# A size is chosen when its mean peak plus this many standard deviations of a
-# step's peak fits: about 1 step in 40 above it, were the peaks normal.
-NOISE_SIGMAS = 2.0
 # The peak of one traced step varies from run to run (independent ops run in
 # parallel, and whether their buffers overlap depends on timing; figures:
 # benchmarks/README.md#peak_levels): a size
@@ -194,11 +186,12 @@ def probe_micro_batch(
     report = on_trial or (lambda trial: None)
 
     def runner(size):
-        trial = run_trial(model, sample, size, budget, rows)
+        trial = run_trial(model, sample, size, budget, rows, data if is_dataset(data) else None)
         report(trial)
         return trial
 
-    search = MicroBatchSearch(runner, budget.bytes)
+    trained_size = None if rows is None else (lambda size: balanced_micro_batch(rows, size))
+    search = PeakSearch(runner, budget.bytes, trained_size)
     with leaves_no_trace(model, sample):
         chosen = search.largest(cap)
         if prefer == "fastest":
@@ -206,164 +199,24 @@ def probe_micro_batch(
     return ProbeResult(chosen, tuple(search.trials), search.memory_model(), budget)
 
 
-class MicroBatchSearch:
-    """The search policy of `probe_micro_batch`, apart from how trials run.
-
-    Args:
-        runner: Callable `size -> ProbeTrial` that runs (or simulates) a trial.
-        budget_bytes: Int. Peak bytes a trial may reach and still fit.
-    """
-
-    def __init__(self, runner: Callable[[int], ProbeTrial], budget_bytes: int) -> None:
-        self.runner, self.budget_bytes = runner, budget_bytes
-        self.trials = []
-
-    def largest(self, cap: int) -> int:
-        size = min(cap, FIRST_TRIAL_ROWS)
-        while not self.run(size).fits:
-            if size == 1:
-                raise ValueError(_too_small_message(self.budget_bytes, self.trials[-1]))
-            size = max(1, size // SECOND_TRIAL_FACTOR)
-        second = self.second_size(size, cap)
-        if second not in {t.micro_batch_size for t in self.trials}:
-            self.run(second)
-        while len(self.trials) < MAX_TRIALS:
-            size = self.next_size(cap)
-            if size is None:
-                break
-            self.run(size)
-        # Noise seen late can leave no size with room for it: then the
-        # largest that fit by the rule, which did fit.
-        return self.best_fitting() or max(t.micro_batch_size for t in self.trials if t.fits)
-
-    def next_size(self, cap: int) -> int | None:
-        """The next trial size, or `None` when the search is done."""
-        target, predicted = self.next_target(cap)
-        best = self.best_fitting()
-        if best and len(self.trials) >= TYPICAL_TRIALS:
-            return None  # a verified size in the typical count; more would refine it only
-        if target > best and not (predicted and target < best * (1 + MIN_GAIN)):
-            return target
-        # The line promises under MIN_GAIN more. Real peaks are noisy and often
-        # concave, which a line through lower sizes under-predicts: with a
-        # trial to spare, look 2 x MIN_GAIN higher. Bisection runs to the end.
-        explore = min(self.upper_bound(cap), math.ceil(best * (1 + 2 * MIN_GAIN)))
-        if predicted and len(self.trials) < TYPICAL_TRIALS and explore > best:
-            return explore
-        return None
-
-    def upper_bound(self, cap: int) -> int:
-        failed = [t.micro_batch_size for t in self.trials if not self.safe(t)]
-        return min(failed, default=cap + 1) - 1
-
-    def second_size(self, first: int, cap: int) -> int:
-        """A second size far enough from the first for a good slope.
-
-        Peak / rows of the first trial over-counts the per-row cost (the fixed
-        part is in it), so budget / that is a lower estimate of the largest
-        size; aim at 90% of it, at least `SECOND_TRIAL_FACTOR` x the first.
-        """
-        trial = self.trials[-1]
-        if trial.peak_bytes is None or trial.peak_bytes == 0:
-            return min(cap, first * SECOND_TRIAL_FACTOR)
-        estimate = int(0.9 * self.budget_bytes * first / trial.peak_bytes)
-        return min(cap, max(first * SECOND_TRIAL_FACTOR, estimate))
-
-    def next_target(self, cap: int) -> tuple[int, bool]:
-        """The next size to try, and whether the memory model predicted it."""
-        failed = [t for t in self.trials if not self.safe(t)]
-        upper = self.upper_bound(cap)
-        memory_model = self.memory_model()
-        if memory_model is not None:
-            room = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
-            predicted = memory_model.largest_fitting(room, MARGIN)
-            # Trust the line unless a size it says fits has already failed
-            # (an out-of-memory error the allocator's peak did not foresee).
-            if predicted < upper or not failed:
-                return min(cap, upper, self.damped(predicted)), True
-        return (self.best_fitting() + upper + 1) // 2, False
-
-    def damped(self, target: int) -> int:
-        """A target far beyond every measured size, pulled back: a line
-        through sizes far below its answer is least sure of it (real curves
-        bend and step), so go EXTRAPOLATED_SHARE of the way there from the
-        best fitting size; the next line runs through nearer points."""
-        measured = max(t.micro_batch_size for t in self.trials if t.peak_bytes is not None)
-        if target <= FAR * measured:
-            return target
-        best = self.best_fitting()
-        return best + math.ceil(EXTRAPOLATED_SHARE * (target - best))
-
-    def fastest(self, largest: int) -> int:
-        smallest = min(t.micro_batch_size for t in self.trials if t.fits)
-        tried = {t.micro_batch_size for t in self.trials}
-        powers = [2**k for k in range(32) if smallest < 2**k < largest and 2**k not in tried]
-        for size in powers[-3:]:
-            self.run(size)
-        fitting = [t for t in self.trials if t.fits]
-        return max(fitting, key=lambda t: t.samples_per_second).micro_batch_size
-
-    def best_fitting(self) -> int:
-        return max((t.micro_batch_size for t in self.trials if self.safe(t)), default=0)
-
-    def noise(self) -> float:
-        """The relative standard deviation of one step's peak, pooled over
-        the measured steps of the trials of at least half the largest
-        measured size (a small trial's peak is mostly the fixed part and says
-        little of the top); 0 before two steps of one trial are known."""
-        measured = [t for t in self.trials if len(t.step_peaks) > 1]
-        if not measured:
-            return 0.0
-        top = max(t.micro_batch_size for t in measured)
-        near = [np.asarray(t.step_peaks) / np.mean(t.step_peaks) for t in measured
-                if 2 * t.micro_batch_size >= top]
-        squares = sum(float(np.sum((r - 1.0) ** 2)) for r in near)
-        return math.sqrt(squares / sum(len(r) - 1 for r in near))
-
-    def safe(self, trial: ProbeTrial) -> bool:
-        """Fits, and keeps fitting: its mean peak plus NOISE_SIGMAS pooled
-        standard deviations within the budget. A size whose steps fit once
-        near the edge may not fit in the next process."""
-        limit = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
-        return trial.fits and trial.mean_peak_bytes <= limit
-
-    def memory_model(self) -> MemoryModel | None:
-        measured = [t for t in self.trials if t.peak_bytes is not None]
-        if len({t.micro_batch_size for t in measured}) < 2:
-            return None
-        # The two measured sizes nearest the top describe the top best.
-        top = sorted(measured, key=lambda t: t.micro_batch_size)[-2:]
-        return MemoryModel.fit([t.micro_batch_size for t in top], [t.peak_bytes for t in top])
-
-    def run(self, size: int) -> ProbeTrial:
-        trial = self.runner(size)
-        self.trials.append(trial)
-        return trial
-
-
 def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget,
-              rows: int | None = None) -> ProbeTrial:
-    """Runs one traced step of `rows` rows, then MEASURED_STEPS measured ones;
-    returns a `ProbeTrial` with the highest peak and the fastest step. The
-    step is two micro-batches of `size`, or with `rows` (a logical batch) as
-    it trains: split evenly into as many micro-batches as `size` needs
-    (`balanced_micro_batch`; a ragged tail peaks higher than an even one)."""
+              rows: int | None = None, data: Any = None) -> ProbeTrial:
+    """Runs the step `fit` will run at micro-batch `size`: one traced step of
+    `rows` rows, then MEASURED_STEPS measured ones, all through `model.fit`
+    on `data` (a dataset, else `sample`'s arrays; see
+    `kadapt.batching.tensorflow.fit_trial`); returns a `ProbeTrial` with the
+    highest peak and the fastest step. The step is two micro-batches of
+    `size`, or with `rows` (a logical batch) as it trains: split evenly into
+    as many micro-batches as `size` needs (`balanced_micro_batch`)."""
+    from kadapt.batching.tensorflow.fit_trial import fit_steps  # TensorFlow's allocator (JAX plans)
+    import tensorflow as tf
+
     model.micro_batch_size = size if rows is None else balanced_micro_batch(rows, size)
     rows = rows or 2 * size
-    x, y, sample_weight = repeat_rows(sample, rows)
-    device = budget.device
-    peaks, seconds = [], math.inf
     compiles = compile_count(model)
-    import tensorflow as tf  # this probe measures TensorFlow's allocator (JAX plans instead)
-
     try:
-        model.train_on_batch(x, y, sample_weight=sample_weight)  # trace, warm up
-        for _ in range(MEASURED_STEPS):
-            tf.config.experimental.reset_memory_stats(device)
-            start = time.perf_counter()
-            model.train_on_batch(x, y, sample_weight=sample_weight)
-            seconds = min(seconds, time.perf_counter() - start)
-            peaks.append(tf.config.experimental.get_memory_info(device)["peak"])
+        steps = fit_steps(model, sample if data is None else data, sample, rows, 1 + MEASURED_STEPS,
+                          budget.device, lambda count: repeat_rows(sample, count))
     except tf.errors.OpError as error:
         if not is_out_of_memory(error):
             raise
@@ -372,7 +225,8 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     # The CPU allocator's statistics skip small allocations; a step never
     # needs less than its variables, optimizer slots and gradient sum.
     floor = resident_bytes(model)
-    peaks = tuple(int(max(p, floor)) for p in peaks)
+    peaks = tuple(int(max(p, floor)) for p in steps.peaks[1:])  # the first step traced
+    seconds = min(steps.seconds[1:])
     return ProbeTrial(size, max(peaks), seconds / rows, max(peaks) <= budget.bytes, peaks, compiles)
 
 
@@ -485,12 +339,3 @@ def _probe_jax(model, data, memory_budget, prefer, max_micro_batch_size, on_tria
         )
     return probe_micro_batch_jax(model, data, memory_budget, max_micro_batch_size, on_trial,
                                  logical_batch_size)
-
-
-def _too_small_message(budget_bytes, trial):
-    peak = "ran out of memory" if trial.peak_bytes is None else f"peaked at {trial.peak_bytes:,} bytes"
-    return (
-        f"Argument `memory_budget` is smaller than one sample's training step: a "
-        f"step of micro-batches of 1 row {peak}, over the budget. Give a larger "
-        f"budget or a smaller model. Received: memory_budget={budget_bytes:,} bytes"
-    )
