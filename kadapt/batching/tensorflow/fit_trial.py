@@ -7,7 +7,7 @@ the CPU all of it is in the allocator's peak: a trial of `train_on_batch`
 at 37 rows peaked at 40.7 MB where `fit`'s first step at the same size
 peaked at 50.7 MB (docs/probe.md). So a trial calls `fit` on the data `fit`
 will get (the arrays as given when they hold enough full batches, the
-dataset's first batch repeated, else its sample rows repeated), and reads
+dataset repeated, else its sample rows repeated), and reads
 the allocator's peak around each step, as `FirstStepCheck` reads the first.
 """
 
@@ -61,7 +61,7 @@ def feed(data: Any, sample: tuple, rows: int, steps: int, repeat_rows: Any) -> d
     count = int(next(a for a in keras.tree.flatten(sample[0]) if a is not None).shape[0])
     if isinstance(data, tf.data.Dataset):
         if count == rows:
-            return {"x": data.take(1).repeat(), "steps_per_epoch": steps}
+            return {"x": data.repeat(), "steps_per_epoch": steps}
         data, count = sample, 0  # another batch than the dataset's: cut from its rows
     x, y, sample_weight = data
     if count >= steps * rows:
