@@ -11,6 +11,9 @@ from kadapt.batching.peak_search import TYPICAL_TRIALS
 from kadapt.batching.peak_search import PeakSearch
 from kadapt.batching.probe import ProbeTrial
 
+# A policy: no trial runs, so it holds on either backend.
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 MB = 1e6
 BUDGET = int(48 * 2**20)  # 50.3 MB, the budget
 LOGICAL = 1024

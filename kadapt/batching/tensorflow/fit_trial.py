@@ -1,14 +1,14 @@
 """A trial that runs the step `fit` will run: Keras' own data path, each step's peak measured.
 
-`train_on_batch` converts one batch and runs it; `fit` also holds its data
-as tensors (arrays are copied into one tensor for the whole fit), gathers
-each batch in a `tf.data` map and prefetches the next while a step runs. On
-the CPU all of it is in the allocator's peak: a trial of `train_on_batch`
-at 37 rows peaked at 40.7 MB where `fit`'s first step at the same size
-peaked at 50.7 MB (docs/probe.md). So a trial calls `fit` on the data `fit`
-will get (the arrays as given when they hold enough full batches, the
-dataset repeated, else its sample rows repeated), and reads
-the allocator's peak around each step, as `FirstStepCheck` reads the first.
+`train_on_batch` converts one batch and runs it; `fit` also feeds its data
+through tf.data: given arrays it may copy them into the allocator (in three
+of five fits of one process measured), it gathers each batch in a map and
+holds batches ahead of the step. On the CPU all of it is in the
+allocator's peak: in one process `fit` trials peaked 7-12 MiB above
+`train_on_batch` at the same sizes (docs/probe.md). So a trial calls `fit`
+on the data `fit` will get (the arrays as given when they hold enough full
+batches or exactly one, a dataset repeated, else the sample rows repeated),
+and reads the allocator's peak around each step.
 """
 
 from __future__ import annotations
