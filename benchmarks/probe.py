@@ -44,7 +44,7 @@ from kadapt.batching.memory_budget import device_budget  # noqa: E402
 from benchmark_models import conv_bn  # noqa: E402
 
 BATCH = 1024  # the logical batch, also the largest micro-batch worth having
-PROCESSES = 5
+PROCESSES = int(os.environ.get("PROCESSES", 5))  # "auto" processes per model, and as many cached
 MEASURED_STEPS = 3
 TARGET_RATIO = 0.85
 MIB = 2**20
@@ -70,6 +70,9 @@ def two_conv():
 
 
 CASES = [(kadapt.models.small_cnn, "64MiB"), (wide_mlp, "256MiB"), (conv_bn, "128MiB"), (two_conv, "48MiB")]
+# `benchmarks/probe.py MODEL:BUDGET` passes its budget to the fresh processes through the environment.
+for _name, _budget in (pair.split(":") for pair in filter(None, os.environ.get("PROBE_BUDGETS", "").split(","))):
+    CASES = [(b, _budget if b.__name__ == _name else t) for b, t in CASES]
 OPTIMIZERS = {"two_conv": lambda: keras.optimizers.SGD(0.01, momentum=0.9)}  # else Adam
 
 
@@ -141,7 +144,11 @@ def train(index, micro_batch_size, cache_dir=None):
     x, y, _ = data_for(trainer, BATCH)
     steps = StepPeaks()
     start = time.perf_counter()
-    trainer.fit(x, y, batch_size=BATCH, epochs=MEASURED_STEPS, shuffle=False, verbose=0, callbacks=[steps])
+    try:
+        trainer.fit(x, y, batch_size=BATCH, epochs=MEASURED_STEPS, shuffle=False, verbose=0, callbacks=[steps])
+    except ValueError as error:  # the probe found no size within the budget
+        return {"peaks": [], "budget": budget.bytes, "seconds": 0.0, "size": 0, "shrunk": False, "checked": 0,
+                "probed": None, "trials": 0, "compiles": 0, "sequence": f"raised: {error}"[:120]}
     check = getattr(trainer, "first_step_check", None)
     probed = trainer.probe_result
     return {"peaks": steps.peaks, "budget": budget.bytes, "seconds": time.perf_counter() - start,
@@ -187,7 +194,7 @@ def in_fresh_process(function, *args):
 def fits(row):
     """Every measured step within the budget, the checked ones excepted where they shrank the size."""
     judged = row["peaks"][row["checked"]:] if row["shrunk"] else row["peaks"]
-    return max(judged) <= row["budget"]
+    return bool(judged) and max(judged) <= row["budget"]
 
 
 def reference(index):
@@ -205,12 +212,16 @@ def reference(index):
 def main():
     print(f"{'model':10s} {'budget':>7s} {'reference':>9s}   process: size trained with / reference "
           f"(probed or cached size, shrunk?), step peaks MiB; trials (+ fits, x not)")
-    only = sys.argv[1:]  # model names, else all
+    only = dict((name.split(":") + [None])[:2] for name in sys.argv[1:])  # MODEL[:BUDGET], else all
     for index, (build, budget_text) in enumerate(CASES):
         if only and build.__name__ not in only:
             continue
+        if only.get(build.__name__):  # another budget (the BFC allocator's peaks are higher)
+            CASES[index] = (build, only[build.__name__])
+            os.environ["PROBE_BUDGETS"] = ",".join(f"{b.__name__}:{t}" for b, t in CASES)
         truth = reference(index)
         plain = plain_reference(index)
+        print(f"{build.__name__}: reference {truth}, plain Keras {plain}", flush=True)
         caches = [tempfile.mkdtemp(prefix="kadapt-probe-") for _ in range(PROCESSES)]
         probing = [in_fresh_process(train, index, "auto", cache) for cache in caches]
         cached = [in_fresh_process(train, index, "auto", cache) for cache in caches]

@@ -103,7 +103,7 @@ class PeakSearch:
         if above <= cap:  # the line points at or past a size that did not fit: bisect
             return self.untried((best + above) // 2, best, above)
         # Nothing above failed and the line promises under MIN_GAIN more: real
-        # curves bend and jump, so look 2 x MIN_GAIN higher once.
+        # curves bend and jump, so look 2 x MIN_GAIN higher while trials remain.
         return self.untried(min(cap, math.ceil(best * (1 + 2 * MIN_GAIN))), best, cap + 1)
 
     def untried(self, target: int, best: int, above: int) -> int | None:
