@@ -16,8 +16,8 @@ from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.peak_search import FIRST_TRIAL_ROWS
 from kadapt.batching.peak_search import MARGIN
 from kadapt.batching.peak_search import SECOND_TRIAL_FACTOR
+from kadapt.batching.peak_search import too_small_message
 from kadapt.batching.probe import ProbeTrial
-from kadapt.batching.peak_search import too_small_message as _too_small_message
 
 MAX_PLANS = 6  # each one an XLA compile
 
@@ -46,7 +46,7 @@ class PlanSearch:
         size = self.trained_size(min(cap, FIRST_TRIAL_ROWS))
         while not self.run(size).fits:
             if size == 1:
-                raise ValueError(_too_small_message(self.budget_bytes, self.trials[-1]))
+                raise ValueError(too_small_message(self.budget_bytes, self.trials[-1]))
             size = self.trained_size(max(1, size // SECOND_TRIAL_FACTOR))
         second = self.trained_size(self.second_size(size, cap))
         if second not in self.planned():

@@ -23,10 +23,7 @@ from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.out_of_memory import is_out_of_memory
 from kadapt.batching.peak_search import MARGIN  # noqa: F401 (the probe's margin, read by its users)
-from kadapt.batching.peak_search import FIRST_TRIAL_ROWS  # noqa: F401
-from kadapt.batching.peak_search import SECOND_TRIAL_FACTOR  # noqa: F401
 from kadapt.batching.peak_search import PeakSearch
-from kadapt.batching.peak_search import too_small_message as _too_small_message  # noqa: F401
 from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
 
