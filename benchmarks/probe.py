@@ -219,8 +219,9 @@ def main():
         if only.get(build.__name__):  # another budget (the BFC allocator's peaks are higher)
             CASES[index] = (build, only[build.__name__])
             os.environ["PROBE_BUDGETS"] = ",".join(f"{b.__name__}:{t}" for b, t in CASES)
-        truth = reference(index)
-        plain = plain_reference(index)
+        # REFERENCES="36,57": a rerun of the same model and budget reuses the references measured.
+        known = os.environ.get("REFERENCES")
+        truth, plain = map(int, known.split(",")) if known else (reference(index), plain_reference(index))
         print(f"{build.__name__}: reference {truth}, plain Keras {plain}", flush=True)
         caches = [tempfile.mkdtemp(prefix="kadapt-probe-") for _ in range(PROCESSES)]
         probing = [in_fresh_process(train, index, "auto", cache) for cache in caches]

@@ -64,7 +64,7 @@ def _pooled_noise(trials):
     return float(np.sqrt(sum(np.sum((r - 1) ** 2) for r in near) / sum(len(r) - 1 for r in near)))
 
 
-# The probe's trials that fitted: mean peaks (MB) of 16, 37, 64 rows, not monotonic above 37.
+# The probe's trials that fitted: mean peaks (MB) of 16, 37, 48 and 64 rows, not monotonic above 37.
 TRIALS = ((16, 23.7e6), (37, 40.7e6), (48, 49.0e6), (64, 46.0e6))
 
 
@@ -72,8 +72,15 @@ TRIALS = ((16, 23.7e6), (37, 40.7e6), (48, 49.0e6), (64, 46.0e6))
     "size, peak, expected",
     [
         (64, 49.0e6, 64),  # within the budget
-        # 4 MB above the trial at 64: 48 rows would peak at 53 MB, 37 at 44.7 MB.
-        (64, 50.0e6, 37),
+        # 4 MB above the trial at 64: 48 rows would peak at 53 MB, 37 at 44.7 MB; the line,
+        # (49.5 - 50 + 0.5 x 64) x 0.95 / 0.5 = 59.
+        (64, 50.0e6, 59),
+        # 12 MB above: the line says (49.5 - 58 + 32) x 0.95 / 0.5 = 44; 37 rows measured at
+        # 40.7 + 12 MB, over; half of 64 is the floor, so 44.
+        (64, 58.0e6, 44),
+        # 30 MB above: the line says 10, its floor is half (32); 16 rows measured would peak at
+        # 53.7 MB, over.
+        (64, 76.0e6, 32),
         # No trial at 60 rows: the line moved through the point, (49.5 - 55 + 0.5 x 60) x 0.95 / 0.5.
         (60, 55.0e6, 46),
     ],
@@ -81,3 +88,11 @@ TRIALS = ((16, 23.7e6), (37, 40.7e6), (48, 49.0e6), (64, 46.0e6))
 def test_a_first_step_over_the_budget_shrinks_by_both_measurements(size, peak, expected):
     line = MemoryModel(15e6, 0.5e6)
     assert auto_micro_batch.size_after_first_step(size, int(peak), int(49.5e6), line, TRIALS) == expected
+
+
+def test_measured_trials_lift_the_shrink_above_the_lines_answer():
+    # The line (0.2 MB a row) moved through 52 MB at 64 rows says (49.5 - 39.2) x 0.95 / 0.2 = 48;
+    # the trial at 56 rows, measured at 38 MB, fits with this process's 6 MB more.
+    trials = ((16, 20e6), (56, 38e6), (64, 46e6))
+    line = MemoryModel(10e6, 0.2e6)
+    assert auto_micro_batch.size_after_first_step(64, int(52e6), int(49.5e6), line, trials) == 56

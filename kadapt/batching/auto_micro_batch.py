@@ -136,30 +136,31 @@ class FirstStepCheck:
 def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
                           memory_model: MemoryModel | None, trials: tuple = ()) -> int:
     """The micro-batch for the steps after a first step of `size` rows that
-    peaked at `peak_bytes`: `size` within the budget. Over it, both
-    measurements say how much higher this process runs than the probe's:
-    the first step's peak less the trial's at `size` (`trials`: the
-    probe's `(micro_batch_size, mean peak bytes)` of the trials that
-    fitted). The largest smaller trial size whose peak plus that excess
-    fits is taken (peaks are not monotonic in rows, so a measured size, not
-    a line). Where no trial ran at `size` or none smaller fits so, the
-    probe's line moved up through the measured point and solved with the
-    probe's margin, at least half of `size`. Without a line, x0.75.
-    Always smaller than `size`."""
+    peaked at `peak_bytes`: `size` within the budget. Over it, two answers,
+    the larger taken. The probe's line moved up through the measured point
+    (this process's allocator and input pipeline sit higher, a row costs the
+    same) and solved with the probe's margin, at least half of `size`
+    (without a line, x0.75). And the measurements: the first step's peak
+    less the trial's at `size` is how much higher this process runs
+    (`trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
+    trials that fitted); the largest smaller trial size whose peak plus that
+    excess fits (peaks are not monotonic in rows: a measured size, not a
+    line). Always smaller than `size`."""
     if peak_bytes <= budget_bytes:
         return size
-    measured = dict(trials)
-    if size in measured:
-        excess = peak_bytes - measured[size]
-        fitting = [m for m, peak in trials if m < size and peak + excess <= budget_bytes]
-        if fitting:
-            return max(fitting)
     if memory_model is None:
-        return smaller_micro_batch(size)
-    slope = memory_model.bytes_per_row
-    moved = MemoryModel(peak_bytes - slope * size, slope)
-    target = moved.largest_fitting(budget_bytes, probe.MARGIN)
-    return max(1, math.ceil(size / 2), min(target, size - 1))
+        by_line = smaller_micro_batch(size)
+    else:
+        slope = memory_model.bytes_per_row
+        moved = MemoryModel(peak_bytes - slope * size, slope)
+        target = moved.largest_fitting(budget_bytes, probe.MARGIN)
+        by_line = max(1, math.ceil(size / 2), min(target, size - 1))
+    measured = dict(trials)
+    if size not in measured:
+        return by_line
+    excess = peak_bytes - measured[size]
+    fitting = [m for m, peak in trials if m < size and peak + excess <= budget_bytes]
+    return max([by_line, *fitting])
 
 
 def _measured(trials):
