@@ -120,12 +120,13 @@ class PeakSearch:
         """The smallest tried size above `best` that is not chosen by the
         rule, else `cap + 1`: the search looks below it. The largest of them
         is passed once where its peak is a jump (JUMP above the line through
-        the fitting sizes): a kernel's scratch space at that size, which
-        says nothing of the sizes above it."""
+        the fitting sizes, within FAR x `best`): a kernel's scratch space at
+        that size, which says nothing of the sizes above it. Farther out, a
+        line through lower sizes is no judge of a jump."""
         unsafe = sorted(t.micro_batch_size for t in self.trials
                         if t.micro_batch_size > best and not self.safe(t))
         for index, size in enumerate(unsafe):
-            if index + 1 < len(unsafe) or not self.is_jump(size):
+            if index + 1 < len(unsafe) or size > FAR * best or not self.is_jump(size):
                 return size
         return cap + 1
 
