@@ -226,7 +226,7 @@ def main():
         caches = [tempfile.mkdtemp(prefix="kadapt-probe-") for _ in range(PROCESSES)]
         probing = [in_fresh_process(train, index, "auto", cache) for cache in caches]
         cached = [in_fresh_process(train, index, "auto", cache) for cache in caches]
-        report(build().name, budget_text, truth, probing, cached, plain)
+        report(build().name, CASES[index][1], truth, probing, cached, plain)
 
 
 def report(name, budget_text, truth, probing, cached, plain):

@@ -98,10 +98,14 @@ class PeakSearch:
             return None
         above = self.smallest_unsafe_above(best, cap)
         predicted = self.predicted()
+        middle = (best + above) // 2
         if predicted is not None and best * (1 + MIN_GAIN) < predicted < above:
-            return self.untried(self.damped(min(cap, predicted)), best, above)
+            # Below a size that did not fit, the line through lower sizes is no
+            # better a guide than bisection: take the larger step of the two.
+            target = self.damped(min(cap, predicted))
+            return self.untried(target if above > cap else max(target, middle), best, above)
         if above <= cap:  # the line points at or past a size that did not fit: bisect
-            return self.untried((best + above) // 2, best, above)
+            return self.untried(middle, best, above)
         # Nothing above failed and the line promises under MIN_GAIN more: real
         # curves bend and jump, so look 2 x MIN_GAIN higher while trials remain.
         return self.untried(min(cap, math.ceil(best * (1 + 2 * MIN_GAIN))), best, cap + 1)
