@@ -55,8 +55,8 @@ test: install-test data postgres
 	KERAS_BACKEND=jax $(PY) -m pytest -n 2 --durations=6 tests  # the modules marked `backends(..., "jax")` (tests/conftest.py)
 
 benchmarks: install data
-	$(PY) benchmarks/accumulation.py
-	$(PY) benchmarks/probe.py
+	$(PY) benchmarks/accumulation/accumulation.py
+	$(PY) benchmarks/probe/probe.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

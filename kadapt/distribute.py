@@ -2,7 +2,7 @@
 
 kadapt's models (`kadapt.accumulate`, `kadapt.AccumulatingModel`, the mixin)
 train, validate, evaluate and predict under it with `model.fit` (Keras 3 alone
-cannot: keras-team/keras#20585; see `kadapt.batching.multi_worker`).
+cannot: keras-team/keras#20585; see `kadapt.batching.tensorflow.multi_worker`).
 `multi_worker_strategy` checks `TF_CONFIG` before TensorFlow reads it, so a
 malformed one, or one that names this process wrongly, is refused before any
 training, and bounds every collective in time, so a worker that hangs cannot
@@ -79,7 +79,7 @@ def __getattr__(name):
     # `WorkerLostError` (what `fit` raises when a peer is lost) lives with the TensorFlow
     # train function; loaded on use, so this module imports without TensorFlow.
     if name == "WorkerLostError":
-        from kadapt.batching.multi_worker import WorkerLostError
+        from kadapt.batching.tensorflow.multi_worker import WorkerLostError
 
         return WorkerLostError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ imported. Two matter to kadapt on the CPU:
   `tf.config.experimental.get_memory_info("CPU:0")` raises and the memory probe
   cannot measure a step.
 - `TF_CPU_ALLOCATOR_USE_BFC`: the BFC allocator (the GPU's) on the CPU. It also
-  gives statistics; `benchmarks/cpu_allocator.py` measured both, and kadapt
+  gives statistics; `benchmarks/probe/cpu_allocator.py` measured both, and kadapt
   uses `SETTINGS` (figures: benchmarks/README.md#cpu_allocator; design: docs/probe.md).
 
 The `kadapt` command, `tools/probe_gpu.py`, the tests and the benchmarks call
@@ -39,7 +39,8 @@ from kadapt.extras import require
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
-# Chosen by benchmarks/cpu_allocator.py: statistics on every CPU and the fast
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# Chosen by benchmarks/probe/cpu_allocator.py: statistics on every CPU and the fast
 # kernels, with peaks that repeat run to run.
 SETTINGS = {ONEDNN: "1"}
 QUIET_LOG_LEVEL = "2"  # TensorFlow's C++ errors only
@@ -147,6 +148,15 @@ def _write_back(text, keep_all):
 def is_tensorflow_log_line(line: str) -> bool:
     """Whether `line` is one of TensorFlow's C++ (absl) log lines."""
     return bool(_CPP_LOG_LINE.match(line)) or line.startswith(_ABSL_PREAMBLE)
+
+
+def visible_device_entry(index: int, visible: str | None) -> str:
+    """Entry `index` of `CUDA_VISIBLE_DEVICES` (`visible`): a board index or a UUID.
+    Without the variable, TensorFlow's GPU i is board i."""
+    if not visible:
+        return str(index)
+    entries = [entry.strip() for entry in visible.split(",")]
+    return entries[index] if index < len(entries) else str(index)
 
 
 def thread_share(processes: int) -> int:

@@ -15,7 +15,7 @@ from test_environment import run_python
 
 import kadapt
 from kadapt.batching import MemoryBudget
-from kadapt.batching import allocator_region
+from kadapt.batching.tensorflow import allocator_region
 
 REQUEST = 3 * 2**20 + 100  # bytes: over the allocator's first 2 MiB region
 BFC_UNIT = 256
@@ -26,7 +26,7 @@ BUFFER_SCRIPT = """
     environment.configure_tensorflow()
     import tensorflow as tf
     from kadapt.batching import MemoryBudget
-    from kadapt.batching.allocator_region import reserve_region
+    from kadapt.batching.tensorflow.allocator_region import reserve_region
 
     def counted_bytes():
         # The peak restarts from the bytes in use: what the buffer adds is what it is counted as.

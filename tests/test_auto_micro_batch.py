@@ -10,6 +10,7 @@ import tensorflow as tf
 import kadapt
 from kadapt.batching import auto_micro_batch
 from kadapt.batching import probe
+from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 
 
@@ -78,7 +79,7 @@ def test_a_cached_size_over_the_budget_where_it_trains_shrinks_after_the_first_s
     # Another host's probe said 128 rows fit (a line of 1 KiB a row): here a
     # step of 128 rows peaks above the budget.
     line = MemoryModel(budget - 2**20 - 128 * 2**10, 2**10)
-    key = auto_micro_batch.cache_key(model, probe.sample_rows((x, y, None)), probe.device_budget(budget), 128)
+    key = auto_micro_batch.cache_key(model, probe.sample_rows((x, y, None)), device_budget(budget), 128)
     auto_micro_batch._write_cache(key, {"micro_batch_size": 128, "probe": {"memory_model": line.to_dict()}})
     model.fit(x, y, batch_size=128, epochs=1, verbose=0)
     check = model.first_step_check
@@ -102,14 +103,14 @@ def test_size_after_the_first_step_moves_the_line_through_the_measured_peak(peak
 
 def test_the_cache_key_holds_what_a_peak_depends_on(monkeypatch):
     x, y = _data(rows=8)
-    sample, budget = probe.sample_rows((x, y, None)), probe.device_budget("1GiB")
+    sample, budget = probe.sample_rows((x, y, None)), device_budget("1GiB")
 
     def key(jit_compile="auto", budget=budget):
         return auto_micro_batch.cache_key(kadapt.accumulate(_cnn(jit_compile), "auto"), sample, budget, 8)
 
     plain = key()
     assert key() == plain != key(jit_compile=True)
-    assert key(budget=probe.device_budget("2GiB")) != plain
+    assert key(budget=device_budget("2GiB")) != plain
     bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in {"1", "true"}
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "false" if bfc else "true")  # the CPU's other allocator
     assert key() != plain

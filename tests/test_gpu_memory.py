@@ -5,10 +5,10 @@ import types
 
 import pytest
 
-from kadapt.batching import allocator_mode
+from kadapt.batching.tensorflow import allocator_mode
 from kadapt.batching import gpu_memory
 from kadapt.batching import memory_budget
-from kadapt.batching.allocator_region import reserve_region
+from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.cli.probe import gpu_line
 from kadapt.run.errors import UsageError

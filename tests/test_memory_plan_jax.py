@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kadapt.batching import auto_micro_batch
-from kadapt.batching import probe
+from kadapt.batching import micro_batch_probe
 from kadapt.batching.jax import probe as jax_probe
 from kadapt.batching.jax.memory_plan import step_plan
 
@@ -142,7 +142,7 @@ def test_auto_on_jax_probes_by_plan_then_reads_the_cache(monkeypatch):
     auto_micro_batch.resolve_auto_micro_batch(model, x, y, 64, None)
     probed = model.micro_batch_size
     assert isinstance(model.probe_result.trials[0], jax_probe.PlannedTrial)
-    monkeypatch.setattr(probe, "probe_micro_batch", lambda *a, **k: pytest.fail("probed again"))
+    monkeypatch.setattr(micro_batch_probe, "probe_micro_batch", lambda *a, **k: pytest.fail("probed again"))
     model.micro_batch_size = 1
     auto_micro_batch.resolve_auto_micro_batch(model, x, y, 64, None)
     assert model.micro_batch_size == probed
@@ -150,7 +150,7 @@ def test_auto_on_jax_probes_by_plan_then_reads_the_cache(monkeypatch):
 
 def test_probe_on_jax_prefers_the_largest_only():
     with pytest.raises(ValueError, match="Argument `prefer` must be 'largest' on the JAX backend"):
-        probe.probe_micro_batch(mlp(), batch(8), memory_budget="1MiB", prefer="fastest")
+        micro_batch_probe.probe_micro_batch(mlp(), batch(8), memory_budget="1MiB", prefer="fastest")
 
 
 def accumulating(micro_batch_size, **kwargs):

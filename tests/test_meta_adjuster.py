@@ -12,6 +12,7 @@ import kadapt
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import MetaSpec
 from kadapt.meta import Trigger
+from kadapt.meta.actions import ACTIONS
 from kadapt.meta.actions import KEEP as KEEP_INDEX
 from kadapt.meta.features import FEATURE_NAMES
 
@@ -279,7 +280,7 @@ def test_missing_monitor_names_the_logs():
 
 def test_the_default_meta_model_ships_with_the_current_spec():
     adjuster = MetaAdjuster()  # "default": kadapt/meta/pretrained/default.keras, loaded in safe mode
-    assert adjuster.meta_model.output_shape == (None, 7)
+    assert adjuster.meta_model.output_shape == (None, len(ACTIONS))
 
 
 def test_repeated_cuts_stop_at_max_change():
@@ -306,3 +307,23 @@ def test_decisions_reach_a_tensorboard_callback_placed_after_it(tmp_path):
         for raw in tf.data.TFRecordDataset(str(path)):
             tags |= {value.tag for value in tf.compat.v1.Event.FromString(raw.numpy()).summary.value}
     assert {"epoch_meta_learning_rate", "epoch_meta_adjustments"} <= tags
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_a_move_to_the_suggestion_makes_the_optimizer_apply_it_now(stock):
+    from kadapt.meta import actions
+
+    schedule = keras.optimizers.schedules.CosineDecay(0.5, decay_steps=100)
+    optimizer = keras.optimizers.SGD(0.004) if stock else kadapt.optimizers.SGD(schedule)
+    optimizer.iterations.assign(30)
+    live_multiplier = 1.0 if stock else 0.01
+    if not stock:
+        optimizer.learning_rate_multiplier = live_multiplier
+    actions.apply(optimizer, {"learning_rate_to_suggestion": 3.0}, suggestion=0.02)
+    # The oracle: cosine decay at step 30 in closed form, times the multiplier the move set.
+    scheduled = 0.5 * 0.5 * (1 + np.cos(np.pi * 30 / 100))
+    applied = (float(optimizer.learning_rate.numpy()) if stock
+               else scheduled * float(optimizer.learning_rate_multiplier.numpy()))
+    assert applied == pytest.approx(0.06, rel=1e-5)
+    with pytest.raises(ValueError, match="needs a range test's suggestion"):
+        actions.apply(optimizer, {"learning_rate_to_suggestion": 1.0}, suggestion=None)

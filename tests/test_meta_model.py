@@ -15,6 +15,7 @@ from kadapt.meta import load_meta_model
 from kadapt.meta import tasks
 from kadapt.meta import train_meta_model
 from kadapt.meta.actions import ACTIONS
+from kadapt.meta.actions import SUGGESTION_ACTIONS
 from kadapt.meta.actions import KEEP
 from kadapt.meta.collect import Snapshot
 from kadapt.meta.collect import TaskRun
@@ -42,7 +43,12 @@ def test_collect_branches_every_action_and_resumes(tmp_path):
     task = tasks.make_task("iris", 0, learning_rate=0.01, optimizer="sgd")
     appended = collect(store, [task], TINY, progress=False)
     steps = sorted({r.step for r in store})
-    assert steps == [6, 9] and appended == store.count() == 2 * len(ACTIONS)
+    tested = {r.hyperparameters["range_test_rate"] is not None for r in store}
+    assert len(tested) == 1  # a task is range-tested from its start, or not at all
+    # The moves to a suggestion need one, and are branched only where they move the rate.
+    least, most = len(ACTIONS) - len(SUGGESTION_ACTIONS), len(ACTIONS) if tested.pop() else None
+    assert steps == [6, 9] and appended == store.count()
+    assert all(least <= sum(r.step == step for r in store) <= (most or least) for step in steps)
     assert collect(store, [task], TINY, progress=False) == 0  # resumed: nothing recomputed
 
 
@@ -119,12 +125,12 @@ def test_masked_score_error_against_numpy_over_the_tried_candidates():
 
 
 @pytest.mark.parametrize("differences, allowed, min_gain, expected", [
-    ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.05, (KEEP, 0.02, 1)),  # too small a gain: keep
-    ([0.3, -0.2, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.05, (1, 0.2, 1)),  # clearly better: applied
-    ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1], None, 0.0, (1, 0.02, 1)),  # no threshold
-    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [1, 1, 1, 0, 1, 1, 1], 0.05, (KEEP, 0.0, KEEP)),  # best not allowed
-    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [1, 1, 0, 0, 0, 0, 0], 0.05, (1, -0.2, 1)),  # keep not allowed
-    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1], [0] * 7, 0.05, (KEEP, 0.0, KEEP)),  # nothing allowed
+    ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1, 0.2, 0.3], None, 0.05, (KEEP, 0.02, 1)),  # too small a gain: keep
+    ([0.3, -0.2, 0.0, 0.5, 0.5, 0.1, 0.1, 0.2, 0.3], None, 0.05, (1, 0.2, 1)),  # clearly better: applied
+    ([0.3, -0.02, 0.0, 0.5, 0.5, 0.1, 0.1, 0.2, 0.3], None, 0.0, (1, 0.02, 1)),  # no threshold
+    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1, 0.2, 0.3], [1, 1, 1, 0, 1, 1, 1, 1, 1], 0.05, (KEEP, 0.0, KEEP)),  # best not allowed
+    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1, 0.2, 0.3], [1, 1, 0, 0, 0, 0, 0, 0, 0], 0.05, (1, -0.2, 1)),  # keep not allowed
+    ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1, 0.2, 0.3], [0] * 9, 0.05, (KEEP, 0.0, KEEP)),  # nothing allowed
 ])
 def test_choose_abstains_unless_the_predicted_gain_is_clear(differences, allowed, min_gain, expected):
     choice = choose_from(np.asarray(differences), allowed, min_gain)
@@ -191,7 +197,9 @@ def test_collection_covers_conv_recurrent_and_reconstruction_tasks(family, archi
         np.testing.assert_array_equal(task.data[0], task.data[1])
     run = TaskRun(task, TINY, np.random.default_rng(0))
     records = run.run()
-    assert len(records) == 2 * len(ACTIONS) and {r.hyperparameters["architecture"] for r in records} == {architecture}
+    least = len(ACTIONS) - len(SUGGESTION_ACTIONS)
+    most = len(ACTIONS) if run.range_test_rate is not None else least
+    assert 2 * least <= len(records) <= 2 * most and {r.hyperparameters["architecture"] for r in records} == {architecture}
     for r in records:  # scored at the end of the budget, with the short horizon's score beside it
         assert r.outcome["horizon"] == run.total_steps - r.step and r.outcome["short_horizon"] == run.horizon
         assert -5 <= r.outcome["score"] <= 5 and -5 <= r.outcome["score_short"] <= 5

@@ -41,7 +41,7 @@ def test_a_gain_below_min_gain_keeps_and_says_what_it_considered():
 
 
 def test_a_divergence_rolls_back_and_allows_only_cuts_whatever_the_predictor_prefers():
-    differences = np.array([0.3, 0.2, 0.0, -0.5, -0.6, -0.4, -0.4])  # every cut predicted worse than keeping
+    differences = np.array([0.3, 0.2, 0.0, -0.5, -0.6, -0.4, -0.4, -0.7, -0.7])  # every cut predicted worse than keeping
     adjustment, state = AdjustmentPolicy(lambda window: differences).decide(PolicyState(), WINDOW, "divergence", 0.4)
     # Raises and momentum are masked out, and keep too: the better cut is applied whatever its gain.
     assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_DOWN_3, -0.2, "lr x0.3")
@@ -100,8 +100,38 @@ def test_the_last_observation_adjusts_nothing_but_still_rolls_back():
 def test_arguments_are_checked():
     with pytest.raises(TypeError, match="Argument `predict` must be a callable"):
         AdjustmentPolicy("default")
-    with pytest.raises(ValueError, match=r"Argument `allowed` must be a bool array of shape \(7,\)"):
+    with pytest.raises(ValueError, match=r"Argument `allowed` must be a bool array of shape \(9,\)"):
         AdjustmentPolicy(never_called, allowed=np.ones(3, bool))
     with pytest.raises(ValueError, match="min_gain"):
         AdjustmentPolicy(never_called, min_gain=-1.0)
     assert math.isinf(PolicyState().ceiling)
+
+
+TO_SUGGESTION, TO_THREE_SUGGESTIONS = 7, 8
+
+
+def test_a_move_to_the_suggestion_needs_one_and_sets_the_rate_whatever_the_distance():
+    assert ACTIONS[TO_SUGGESTION] == {"learning_rate_to_suggestion": 1.0}
+    policy = AdjustmentPolicy(predicting(TO_THREE_SUGGESTIONS))
+    without, _ = policy.decide(PolicyState(), WINDOW, "plateau", 1e-4)
+    assert without.action == KEEP  # no range test: the move is not on the menu
+    moved, _ = policy.decide(PolicyState(), WINDOW, "plateau", 1e-4, suggestion=0.02)
+    assert moved.action == TO_THREE_SUGGESTIONS and moved.text == "lr to the range test's suggestion x3"
+    # Under the ceiling a divergence left (half the rate that diverged), a move above it is blocked ...
+    capped, _ = policy.decide(PolicyState(ceiling=0.05), WINDOW, "plateau", 1e-3, suggestion=0.02)
+    assert capped.action == KEEP
+    # ... and after a divergence, a move to a suggestion below the live rate is a cut like any other.
+    cut, _ = AdjustmentPolicy(predicting(TO_SUGGESTION)).decide(PolicyState(), WINDOW, "divergence", 1.0,
+                                                                suggestion=0.02)
+    assert cut.rollback and cut.action == TO_SUGGESTION
+    up, _ = AdjustmentPolicy(predicting(TO_SUGGESTION)).decide(PolicyState(), WINDOW, "divergence", 0.01,
+                                                               suggestion=0.02)
+    assert up.action != TO_SUGGESTION
+
+
+def test_a_move_to_where_the_rate_already_is_is_not_on_the_menu():
+    policy = AdjustmentPolicy(predicting(TO_SUGGESTION))
+    same, _ = policy.decide(PolicyState(), WINDOW, "plateau", 0.015, suggestion=0.02)  # 1.33x: keep in all but name
+    assert same.action == KEEP
+    far, _ = policy.decide(PolicyState(), WINDOW, "plateau", 0.01, suggestion=0.02)
+    assert far.action == TO_SUGGESTION

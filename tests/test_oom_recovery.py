@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import kadapt
-from kadapt.batching import oom_recovery
+from kadapt.batching.tensorflow import recovery
 from helpers import OutOfMemoryAbove
 from helpers import OutOfMemoryOnReplicaAbove
 from helpers import max_relative_difference
@@ -60,7 +60,7 @@ def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch)
     # cannot be had on the CPU (the process aborts), so the step of 8 rows
     # raises XLA's message before it runs; the retry traces and compiles a
     # step of 6 rows with XLA.
-    traced = oom_recovery.RecoveringTrainFunction._step_function
+    traced = recovery.RecoveringTrainFunction._step_function
 
     class OutOfMemoryStep:
         def __init__(self, step):
@@ -73,7 +73,7 @@ def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch)
         step = traced(self)
         return step if self.model.micro_batch_size <= 6 else OutOfMemoryStep(step)
 
-    monkeypatch.setattr(oom_recovery.RecoveringTrainFunction, "_step_function", step_function)
+    monkeypatch.setattr(recovery.RecoveringTrainFunction, "_step_function", step_function)
     plain = _model(None, jit_compile=True)
     _fit(plain)
     accumulated = kadapt.accumulate(_model(None, jit_compile=True), 8)

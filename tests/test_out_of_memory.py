@@ -10,9 +10,9 @@ import tensorflow as tf
 
 import kadapt
 from helpers import max_relative_difference
-from kadapt.batching import probe as probe_module
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.out_of_memory import is_out_of_memory
+from kadapt.batching.tensorflow import probe as trial_probe
 
 # (class, message) as TensorFlow 2.21 raises them (sources in kadapt/batching/out_of_memory.py).
 OUT_OF_MEMORY = [
@@ -142,8 +142,8 @@ def _trial(error):
     """A probe trial of 4 rows per micro-batch (of 8 rows) where 4 rows raise `error`."""
     model = _accumulating(error, rows_that_fit=3)
     sample = _batch() + (None,)
-    with probe_module.leaves_no_trace(model, sample):
-        return probe_module.run_trial(model, sample, 4, MemoryBudget(2**30, "CPU:0", "test"))
+    with trial_probe.leaves_no_trace(model, sample):
+        return trial_probe.run_trial(model, sample, 4, MemoryBudget(2**30, "CPU:0", "test"))
 
 
 def test_a_probe_trial_that_runs_out_of_memory_does_not_fit():

@@ -11,6 +11,8 @@ import kadapt
 from helpers import OutOfMemoryOnReplicaAbove
 from kadapt.batching import peak_search
 from kadapt.batching import probe as probe_module
+from kadapt.batching.memory_budget import device_budget
+from kadapt.batching.tensorflow import probe as trial_probe
 
 ROWS = 256
 SIDE = 28  # pixels: a row's activations outweigh the allocator's noise in a peak
@@ -44,14 +46,14 @@ def test_real_trials_choose_a_size_that_fits_near_a_known_fitting_one():
     # The budget is what 100 rows peaked at. The bounds hold whatever the
     # allocator draws (a trace's peak moves by up to ~20% on this CPU): the
     # probe's quality (>= 0.9x the largest, <= 5 trials) is checked on exact
-    # and noisy curves below and where it trains in benchmarks/probe.py.
+    # and noisy curves below and where it trains in benchmarks/probe/probe.py.
     # Garbage of earlier tests, freed by a collection between the reference
     # and the trials, would shift every peak after it: collect it first.
     gc.collect()
     model = kadapt.accumulate(_cnn(), 1)
     x, y = _data()
-    budget = probe_module.device_budget(None, "CPU:0")
-    reference = probe_module.run_trial(model, (x, y, None), 100, budget)
+    budget = device_budget(None, "CPU:0")
+    reference = trial_probe.run_trial(model, (x, y, None), 100, budget)
     result = kadapt.probe_micro_batch(model, (x, y), memory_budget=reference.peak_bytes)
     chosen = result.micro_batch_size
     assert 50 <= chosen <= 150
@@ -86,9 +88,9 @@ def test_a_trials_peak_is_a_plain_training_steps_peak():
         tf.config.experimental.reset_memory_stats("CPU:0")
         model.train_on_batch(x, y)
         plain.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
-    budget = probe_module.device_budget("8GiB", "CPU:0")
-    with probe_module.leaves_no_trace(model, (x, y, None)):
-        trial = probe_module.run_trial(model, (x, y, None), 2, budget)
+    budget = device_budget("8GiB", "CPU:0")
+    with trial_probe.leaves_no_trace(model, (x, y, None)):
+        trial = trial_probe.run_trial(model, (x, y, None), 2, budget)
     snapshot = 3 * 2048 * 2049 * 4
     assert abs(trial.peak_bytes - max(plain)) < snapshot / 3
 
@@ -112,7 +114,7 @@ CURVES = {
     "convex": lambda m: 100e6 + 2e6 * m + 4e3 * m**2,  # 286
     "mildly concave": lambda m: 150e6 + 6e6 * m**0.85,  # 339
     "steps of 64 MiB": lambda m: 2**26 * np.ceil((100e6 + 2.5e6 * m) / 2**26),  # 335
-    # The shape of benchmarks/probe.py's small CNN: a line, a plateau, a jump.
+    # The shape of benchmarks/probe/probe.py's small CNN: a line, a plateau, a jump.
     "plateau": lambda m: 45e6 + 5.1e6 * m if m < 150 else (960e6 if m <= 193 else 1.2e9),  # 193
 }
 

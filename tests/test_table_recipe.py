@@ -41,10 +41,13 @@ def test_the_recipe_compiles_the_named_optimizer(name):
     from kadapt.optimizers import SGD
     from kadapt.optimizers import Adam
     from kadapt.optimizers import Prodigy
+    from kadapt.optimizers import ScheduleFreeAdamW
+    from kadapt.optimizers import ScheduleFreeSGD
     from kadapt.recipes.training import recipe_optimizer
 
     optimizer = recipe_optimizer(FastFitConfig(optimizer=name, schedule="constant", learning_rate=0.01), 10)
-    assert type(optimizer) is {"sgd": SGD, "adam": Adam, "prodigy": Prodigy}[name]
+    assert type(optimizer) is {"sgd": SGD, "adam": Adam, "prodigy": Prodigy, "schedule_free_adamw": ScheduleFreeAdamW,
+                               "schedule_free_sgd": ScheduleFreeSGD}[name]
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.01)
 
 
@@ -56,7 +59,8 @@ def test_an_unchosen_optimizer_is_refused_by_the_recipe():
 
 
 def test_an_unknown_optimizer_is_refused():
-    with pytest.raises(ValueError, match=r"`optimizer` must be one of auto, sgd, adam, prodigy. Received: optimizer='lion'"):
+    with pytest.raises(ValueError, match=r"`optimizer` must be one of auto, sgd, adam, prodigy, "
+                                         r"schedule_free_adamw, schedule_free_sgd. Received: optimizer='lion'"):
         FastFitConfig(optimizer="lion")
 
 

@@ -23,8 +23,8 @@ _NAMES = {
     "device_budget": "kadapt.batching.memory_budget",
     "parse_memory_size": "kadapt.batching.memory_budget",
     "plan_batch": "kadapt.batching.batch_plan",
-    "probe_micro_batch": "kadapt.batching.probe",
-    "reserve_region": "kadapt.batching.allocator_region",
+    "probe_micro_batch": "kadapt.batching.micro_batch_probe",
+    "reserve_region": "kadapt.batching.tensorflow.allocator_region",
 }
 __all__ = sorted([*_NAMES, "AccumulatingWrapper", "accumulate"])
 

@@ -23,15 +23,16 @@ from typing import Any
 
 import keras
 
+from kadapt.batching import micro_batch_probe
 from kadapt.batching import probe
-from kadapt.batching.allocator_mode import allocator_mode
-from kadapt.batching.allocator_region import reserve_region
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.layer_walk import reachable_layers
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.oom_recovery import smaller_micro_batch
+from kadapt.batching.tensorflow.allocator_mode import allocator_mode
+from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.environment import allocator_statistics_available
 
 logger = logging.getLogger("kadapt")
@@ -63,8 +64,8 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
         memory_model, trials = _cached_memory_model(cached), _cached_trials(cached)
     else:
-        result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap,
-                                         logical_batch_size=cap)
+        result = micro_batch_probe.probe_micro_batch(model, data, model.memory_budget,
+                                                     max_micro_batch_size=cap, logical_batch_size=cap)
         model.probe_result = result
         # As many passes as the largest size that fits needs, split evenly (never a sliver).
         model.micro_batch_size = balanced_micro_batch(cap, result.micro_batch_size)
@@ -303,8 +304,8 @@ def resolve_planned_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: 
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
         return
-    result = probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap,
-                                     logical_batch_size=cap)
+    result = micro_batch_probe.probe_micro_batch(model, data, model.memory_budget, max_micro_batch_size=cap,
+                                                 logical_batch_size=cap)
     model.probe_result = result
     model.micro_batch_size = balanced_micro_batch(cap, result.micro_batch_size)
     _write_cache(key, {"micro_batch_size": model.micro_batch_size, "probe": result.to_dict()})

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+from kadapt.environment import VISIBLE_DEVICES
+from kadapt.environment import visible_device_entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,34 +36,14 @@ def tensorflow_memory_limits() -> dict[str, int]:
     """`{"GPU:0": bytes, "CPU:0": bytes, ...}`: the `memory_limit` of each
     device of TensorFlow's eager context, the devices kadapt's steps run on.
 
-    TensorFlow has no public call for it. `device_lib.list_local_devices()`
-    and `tf.compat.v1.Session().list_devices()` create a second set of
-    devices, whose limit TensorFlow computes again from the free memory of
-    that moment, after this process's allocator took its pool (read in the
-    TF sources, not measured). So this reads the eager context's own
-    device list; it is the one place kadapt touches TensorFlow's internals,
-    and returns `{}` where they are gone (the logical device configuration
-    is then the only source).
+    TensorFlow has no public call for it: `kadapt._compat` reads the eager
+    context's own device list (why that one: its docstring), and returns
+    `{}` where the internals it reads are gone (the logical device
+    configuration is then the only source).
     """
-    try:
-        from tensorflow.python import pywrap_tfe
-        from tensorflow.python.client import pywrap_tf_session
-        from tensorflow.python.eager import context
+    from kadapt._compat import tensorflow_device_memory_limits
 
-        handle = context.context()
-        handle.ensure_initialized()
-        listing = pywrap_tfe.TFE_ContextListDevices(handle._context_handle)
-    except (ImportError, AttributeError, TypeError):
-        return {}
-    try:
-        return {
-            short_name(pywrap_tfe.TF_DeviceListName(listing, i)): int(pywrap_tf_session.TF_DeviceListMemoryBytes(listing, i))
-            for i in range(pywrap_tfe.TF_DeviceListCount(listing))
-        }
-    except (AttributeError, TypeError):
-        return {}
-    finally:
-        pywrap_tfe.TF_DeleteDeviceList(listing)
+    return {short_name(name): limit for name, limit in tensorflow_device_memory_limits().items()}
 
 
 def short_name(name: str) -> str:
@@ -109,15 +90,6 @@ def _logical_limit(index):
         return None
     limits = tf.config.get_logical_device_configuration(physical[index]) or []
     return limits[0].memory_limit * 2**20 if limits and limits[0].memory_limit else None
-
-
-def visible_device_entry(index: int, visible: str | None) -> str:
-    """Entry `index` of `CUDA_VISIBLE_DEVICES` (`visible`): a board index or a UUID.
-    Without the variable, TensorFlow's GPU i is board i."""
-    if not visible:
-        return str(index)
-    entries = [entry.strip() for entry in visible.split(",")]
-    return entries[index] if index < len(entries) else str(index)
 
 
 def nvml_total(index: int, visible: str | None = None, nvml=None) -> int | None:

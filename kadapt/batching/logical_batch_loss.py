@@ -29,9 +29,9 @@ from typing import Any
 
 import keras
 from keras import ops
-from keras.src.backend.common.masking import get_keras_mask
-from keras.src.trainers.compile_utils import get_loss
 
+from kadapt._compat import get_keras_mask
+from kadapt._compat import resolve_loss
 from kadapt.batching.layer_walk import reachable_layers
 
 _SUMS = ("sum", "none", None)
@@ -56,7 +56,7 @@ class LogicalBatchLoss(keras.losses.Loss):
 
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         if self._resolved is None:
-            self._resolved = get_loss(self.loss, y_true, y_pred)  # Keras' own resolution
+            self._resolved = resolve_loss(self.loss, y_true, y_pred)  # Keras' own resolution
         value = self._resolved(y_true, y_pred, sample_weight)
         step = getattr(_ACTIVE, "step", None)
         if step is None:
@@ -114,9 +114,7 @@ def _starts_masks(layer):
 
 def mask_of(tensor):
     """The Keras mask a layer attached to `tensor`, or `None`."""
-    # Keras has no public reader: a JAX array takes no attribute, so Keras keeps its masks
-    # in a table by the array's id, which only its own (private) reader consults.
-    return get_keras_mask(tensor)
+    return get_keras_mask(tensor)  # no public reader: kadapt._compat says why
 
 
 def mask_count(mask):

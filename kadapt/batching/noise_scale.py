@@ -21,7 +21,7 @@ optimizer the norms are taken of P g: B = tr(P Sigma P) / |P G|^2, the
 preconditioned noise scale of Pollux (Qiao et al. 2021). P is that of the
 optimizer's state before the step; the first step (v = 0) is not measured.
 How it compares with the plain B_simple on the Fashion-MNIST MLP of
-`benchmarks/noise_scale.py`: benchmarks/README.md#noise_scale.
+`benchmarks/accumulation/noise_scale.py`: benchmarks/README.md#noise_scale.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Out-of-memory recovery: shrink the micro-batch and retry the same batch.
 
 The rule is backend-neutral: `smaller_micro_batch` picks the size to retry
-with and `_shrink` records the event (`oom_events`) or raises
+with and `shrink` records the event (`oom_events`) or raises
 `OutOfMemoryError` after `max_oom_retries`. Each backend's train function
 runs it: `kadapt.batching.tensorflow.recovery.RecoveringTrainFunction`
 (restores what a failed step touched, runs the same batch again; read its
@@ -10,7 +10,6 @@ docstring for tf.distribute) and `kadapt.batching.jax.train_function`.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 
@@ -22,30 +21,20 @@ from kadapt.batching.out_of_memory import explain
 logger = logging.getLogger("kadapt")
 
 SHRINK_FACTOR = 0.75  # without a memory model; gentler than halving
-# TensorFlow's train function, kept reachable here for its users; loaded on first use.
-_TENSORFLOW_NAMES = ("RecoveringTrainFunction", "replica_step_function", "two_step_functions")
 
 
 class OutOfMemoryError(RuntimeError):
     """A training step does not fit even after shrinking the micro-batch."""
 
 
-def __getattr__(name):
-    if name in _TENSORFLOW_NAMES:
-        return getattr(importlib.import_module("kadapt.batching.tensorflow.recovery"), name)
-    if name == "is_out_of_memory":
-        return importlib.import_module("kadapt.batching.out_of_memory").is_out_of_memory
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _proposal(model, micro):
+def proposed_micro_batch(model, micro):
     """The micro-batch this worker would retry with after running out of memory at `micro`."""
     if micro == 1:
         return 1
     return smaller_micro_batch(micro, getattr(model.probe_result, "memory_model", None))
 
 
-def _shrink(model, error, attempt, smaller=None, step=None):
+def shrink(model, error, attempt, smaller=None, step=None):
     """Sets a smaller micro-batch after an OOM (`smaller`, or this process's
     choice), or raises `OutOfMemoryError`. `step`: the logical step, where the
     optimizer's variable does not hold it (JAX's state lives outside it in `fit`)."""
@@ -58,7 +47,7 @@ def _shrink(model, error, attempt, smaller=None, step=None):
             "mixed precision (`keras.mixed_precision.set_global_policy('mixed_float16')`)."
         ) from error
     if smaller is None:
-        smaller = _proposal(model, micro)
+        smaller = proposed_micro_batch(model, micro)
     if step is None:
         step = int(keras.ops.convert_to_numpy(model.optimizer.iterations)) if model.optimizer.built else 0
     model._oom_events.append((step, micro, smaller))

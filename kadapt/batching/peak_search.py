@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from kadapt.batching.memory_model import MemoryModel
+from kadapt.batching.probe import FIRST_TRIAL_ROWS
+from kadapt.batching.probe import MARGIN
+from kadapt.batching.probe import SECOND_TRIAL_FACTOR
+from kadapt.batching.probe import too_small_message
 
-FIRST_TRIAL_ROWS = 16
-SECOND_TRIAL_FACTOR = 4
-MARGIN = 0.05  # of the room above the fixed memory, kept free
 MIN_GAIN = 0.05  # a further trial must promise 5% more rows
 FAR = 1.5  # a target above this x the largest measured size is far
 EXTRAPOLATED_SHARE = 0.75  # of the way from the chosen size to a far target
@@ -222,11 +223,3 @@ class PeakSearch:
         self.trials.append(trial)
         return trial
 
-
-def too_small_message(budget_bytes: int, trial: Any) -> str:
-    peak = "ran out of memory" if trial.peak_bytes is None else f"peaked at {trial.peak_bytes:,} bytes"
-    return (
-        f"Argument `memory_budget` is smaller than one sample's training step: a "
-        f"step of micro-batches of 1 row {peak}, over the budget. Give a larger "
-        f"budget or a smaller model. Received: memory_budget={budget_bytes:,} bytes"
-    )

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kadapt.batching.memory_model import MemoryModel
-from kadapt.batching.peak_search import FIRST_TRIAL_ROWS
-from kadapt.batching.peak_search import MARGIN
-from kadapt.batching.peak_search import SECOND_TRIAL_FACTOR
-from kadapt.batching.peak_search import too_small_message
+from kadapt.batching.probe import FIRST_TRIAL_ROWS
+from kadapt.batching.probe import MARGIN
+from kadapt.batching.probe import SECOND_TRIAL_FACTOR
 from kadapt.batching.probe import ProbeTrial
+from kadapt.batching.probe import too_small_message
 
 MAX_PLANS = 6  # each one an XLA compile
 

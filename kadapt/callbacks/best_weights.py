@@ -9,6 +9,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from kadapt.callbacks.schedule_free_evaluation import at_evaluation_point
+
 STATE_FILE = "best-weights.npz"
 
 
@@ -23,6 +25,10 @@ class BestWeights(keras.callbacks.EarlyStopping):
     an interruption still ends with the best epoch of the whole run, not of
     the epochs after the resume. The file is replaced whole (written aside,
     then renamed), never left half-written.
+
+    With a Schedule-Free optimizer the weights kept are x, the average that
+    `kadapt.callbacks.ScheduleFreeEvaluation` validates, not y, the point
+    the gradients were taken at.
 
     Args:
         monitor: String. The logged value to watch, e.g. `"val_loss"`.
@@ -45,7 +51,8 @@ class BestWeights(keras.callbacks.EarlyStopping):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         before = self.best_weights
-        super().on_epoch_end(epoch, logs)  # a new best is a new list of weights
+        with at_evaluation_point(self.model):
+            super().on_epoch_end(epoch, logs)  # a new best is a new list of weights
         path = self._path()
         if path is not None and self.best_weights is not before:
             self._write(path)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.verbose, args.argv = verbose, argv
     try:
-        if getattr(args, "tensorflow", True):
+        if _loads_tensorflow(args):
             environment.load_tensorflow(verbose=verbose)
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return BROKEN_PIPE_STATUS
+
+
+def _loads_tensorflow(args):
+    """Whether the command loads TensorFlow first. `kadapt report` reads JSON; the
+    `kadapt train --workers N` launcher only starts the workers, each of which loads its own."""
+    launcher = args.command == "train" and args.workers != 1
+    return getattr(args, "tensorflow", True) and not launcher
 
 
 def _silence_stdout():

@@ -118,7 +118,7 @@ def gpu_facts(name: str, list_limits=None) -> dict:
     the budget kadapt takes from them, and what its allocator's peaks count."""
     import tensorflow as tf
 
-    from kadapt.batching import allocator_mode
+    from kadapt.batching.tensorflow import allocator_mode
     from kadapt.batching import gpu_memory
     from kadapt.batching import memory_budget
 

@@ -114,13 +114,13 @@ _OPTIONS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "rec
 
 
 def run_train(args) -> int:
+    out = args.out or _default_out(args)
+    if args.workers != 1:
+        return _launch(args, out)  # before anything that loads a backend: the launcher loads none
     from kadapt.run.pipeline import start_run
     from kadapt.run.pipeline import train
     from kadapt.run.workers import ClusterMember
 
-    out = args.out or _default_out(args)
-    if args.workers != 1:
-        return _launch(args, out)
     member = ClusterMember.from_environment()
     run = start_run({name: getattr(args, name) for name in _OPTIONS}, out,
                     overwrite=args.overwrite, resume=args.resume, member=member)

@@ -175,7 +175,7 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
-        allowed = action_lib.allowed_mask(optimizer)
+        allowed = action_lib.optimizer_mask(optimizer)
         if not allowed[[i for i in range(len(allowed)) if i != action_lib.KEEP]].any():
             raise ValueError(
                 f"MetaAdjuster cannot change anything on optimizer {type(optimizer).__name__}: its "
@@ -358,7 +358,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         reason = self._chiefs_reason(self.trigger.update(watched if finite else math.nan))
         adjustment, self._policy_state = self.policy.decide(
             self._policy_state, self.history.window(), reason, self._rates[0],
-            annealing=self._annealing(), final=self._is_final())
+            annealing=self._annealing(), final=self._is_final(), suggestion=self._range_test_rate)
         self._execute(self._chiefs_choice(adjustment), watched, finite, measured_now)
 
     def _execute(self, adjustment, watched, finite, measured_now):
@@ -386,7 +386,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._last_good, self._pending = self._pending, point
 
     def _apply(self, action):
-        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate)
+        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate, self._range_test_rate)
         self._rates = self._read_rates()
         # A float rate the action just set is not the schedule annealing.
         self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
@@ -409,7 +409,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered))
 
     def _from_chief(self, *values):
-        from kadapt.batching.multi_worker import chief_values
+        from kadapt.batching.tensorflow.multi_worker import chief_values
 
         return chief_values(self._strategy, [float(v) for v in values])
 
@@ -558,7 +558,7 @@ def _multi_worker_strategy(model):
     Only the TensorFlow backend has one (imported only there)."""
     if keras.backend.backend() != "tensorflow":
         return None
-    from kadapt.batching.multi_worker import in_multi_worker_mode
+    from kadapt.batching.tensorflow.multi_worker import in_multi_worker_mode
 
     strategy = model.distribute_strategy
     return strategy if in_multi_worker_mode(strategy) else None

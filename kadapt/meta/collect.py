@@ -298,7 +298,8 @@ class TaskRun:
         base = self.last_good if rollback else Snapshot.take(
             self.model, self.batches, self.step, self.history.last_val_loss)
         window, before = self.history.window(), base.val_loss
-        branches = [self.branch(base, i) for i in np.flatnonzero(action_lib.allowed_mask(self.model.optimizer))]
+        allowed = action_lib.allowed_mask(self.model.optimizer, self.range_test_rate)
+        branches = [self.branch(base, i) for i in np.flatnonzero(allowed)]
         for action_index, branch in branches:
             self.records.append(self.record(window, base, action_index, branch, before, rollback))
         chosen = self.choose(branches)
@@ -319,7 +320,7 @@ class TaskRun:
         base.restore(self.batches)
         self.step = base.step
         hyperparameters = self.hyperparameters()
-        action_lib.apply(self.model.optimizer, action_lib.ACTIONS[action_index])
+        action_lib.apply(self.model.optimizer, action_lib.ACTIONS[action_index], suggestion=self.range_test_rate)
         history = copy.deepcopy(self.history)
         branch = {"hyperparameters": hyperparameters, "continue": None, "continue_history": None,
                   "short_val_loss": math.nan, "val_loss": math.nan, "train_loss": math.nan}

@@ -38,9 +38,8 @@ from kadapt.meta.meta_model import predicted_differences
 from kadapt.validation import check_range
 
 LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation")
-_FACTORS = np.array([a.get("learning_rate_multiplier", 1.0) for a in action_lib.ACTIONS])
-_REDUCTIONS = _FACTORS < 1.0
-_LARGEST_CUT = _FACTORS == _FACTORS.min()
+_LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == min(
+    b.get("learning_rate_multiplier", 1.0) for b in action_lib.ACTIONS) for a in action_lib.ACTIONS])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +141,10 @@ class AdjustmentPolicy:
         self.predict, self.min_gain, self.patience = predict, float(min_gain), int(patience)
 
     def decide(self, state: PolicyState, window: np.ndarray, reason: str | None, learning_rate: float,
-               annealing: bool = False, final: bool = False) -> tuple[Adjustment, PolicyState]:
-        """The `Adjustment` at this observation and the state after it."""
+               annealing: bool = False, final: bool = False,
+               suggestion: float | None = None) -> tuple[Adjustment, PolicyState]:
+        """The `Adjustment` at this observation and the state after it; `suggestion` is a
+        range test's rate (the moves to it are allowed only with one)."""
         if reason is None:
             calm = None if state.since_divergence is None else state.since_divergence + 1
             return Adjustment(), dataclasses.replace(state, since_divergence=calm)
@@ -153,7 +154,7 @@ class AdjustmentPolicy:
             return Adjustment(reason, restart_trigger=True), state
         if final:
             return Adjustment(reason, rollback=divergence, restart_momentum=repeated), state
-        allowed, state = self._allowed(state, divergence, repeated, learning_rate)
+        allowed, state = self._allowed(state, divergence, repeated, learning_rate, suggestion)
         choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, self.min_gain)
         return Adjustment(reason, choice.action, choice.gain, choice.considered, rollback=divergence,
                           restart_momentum=repeated, consulted=True, restart_trigger=True), state
@@ -162,12 +163,14 @@ class AdjustmentPolicy:
         """Whether a divergence now follows the last one within `patience` calm observations."""
         return state.since_divergence is not None and state.since_divergence <= self.patience
 
-    def _allowed(self, state, divergence, repeated, learning_rate):
+    def _allowed(self, state, divergence, repeated, learning_rate, suggestion):
+        factors = action_lib.rate_factors(learning_rate, suggestion)
+        allowed = self.allowed & ~np.isnan(factors)
         if divergence:
             state = PolicyState(min(state.ceiling, learning_rate / 2), 0)
-            return self.allowed & (_LARGEST_CUT if repeated else _REDUCTIONS), state
-        too_high = (_FACTORS > 1) & (_FACTORS * learning_rate > state.ceiling)
-        return self.allowed & ~too_high, state
+            return allowed & (_LARGEST_CUT if repeated else factors < 1.0), state
+        too_high = (factors > 1) & (factors * learning_rate > state.ceiling)
+        return allowed & ~too_high, state
 
 
 def _check_allowed(allowed):

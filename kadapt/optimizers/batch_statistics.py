@@ -32,7 +32,7 @@ def recompute_batch_statistics(model: keras.Model, batches: Iterable[Any], steps
         steps: Non-negative int. At most this many batches are run. Defaults to `50`.
 
     Returns:
-        The number of forward passes run.
+        The number of forward passes run: 0 for a model without BatchNorm.
 
     Example:
 
@@ -49,6 +49,8 @@ def recompute_batch_statistics(model: keras.Model, batches: Iterable[Any], steps
     steps = check_non_negative_int(steps, "steps")
     norms = [layer for layer in reachable_layers(model)
              if isinstance(layer, keras.layers.BatchNormalization)]
+    if not norms:
+        return 0
     momenta = [layer.momentum for layer in norms]
     passes = 0
     try:

@@ -99,11 +99,14 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
         rate = ops.cast(self.learning_rate, "float32") * ops.cast(self._multiplier, "float32") * warmup
         lr_max = ops.maximum(rate, self._lr_max)
         weight = ops.power(step, self.r) * ops.power(lr_max, self.weight_lr_power)
+        # No step averaged yet: the first step, or the start put back by a rollback
+        # (`kadapt.meta.rollback`), which leaves `iterations` counting on.
+        first = ops.equal(ops.convert_to_tensor(self._weight_sum), 0.0)
         weight_sum = self._weight_sum + weight
         self._lr_max.assign(lr_max)
         self._weight_sum.assign(weight_sum)
         average_weight = ops.where(weight_sum > 0, weight / ops.maximum(weight_sum, 1e-38), 0.0)
-        return {"rate": rate, "average_weight": average_weight, "step": step}
+        return {"rate": rate, "average_weight": average_weight, "step": step, "first": first}
 
     def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         dtype = variable.dtype
@@ -112,8 +115,7 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
         y = ops.where(at_x, ops.convert_to_tensor(self._y[key]), ops.convert_to_tensor(variable))
         # z starts at the weights of the first step, as Keras' EMA starts: an
         # initializer reading the weights cannot be lifted out of an XLA step.
-        first = ops.equal(ops.convert_to_tensor(self.iterations), 0)
-        z = ops.where(first, y, ops.convert_to_tensor(self._z[key]))
+        z = ops.where(self._step_scalars["first"], y, ops.convert_to_tensor(self._z[key]))
         direction = self.direction(ops.cast(gradient, dtype), key)
         if self.schedule_free_weight_decay:
             direction = direction + self.schedule_free_weight_decay * y

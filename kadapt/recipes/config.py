@@ -7,7 +7,9 @@ from kadapt.validation import check_range
 SCHEDULES = ("triangular", "cosine", "constant")
 # The optimizers a recipe can train with, by name (`kadapt.recipes.training.OPTIMIZER_BUILDERS` builds them);
 # `"auto"` lets `kadapt train` choose one for the network (`kadapt.recipes.optimizer_choice`).
-OPTIMIZERS = ("sgd", "adam", "prodigy")
+OPTIMIZERS = ("sgd", "adam", "prodigy", "schedule_free_adamw", "schedule_free_sgd")
+# Schedule-Free averages its iterates instead of following a schedule (`kadapt.optimizers.ScheduleFreeAdamW`).
+SCHEDULE_FREE = ("schedule_free_adamw", "schedule_free_sgd")
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 EXPAND_METHODS = ("mixup", "cutmix", "cutout")
 AUTO = "auto"  # a `learning_rate` the range test finds (`kadapt.find_learning_rate`)
@@ -46,7 +48,13 @@ class FastFitConfig:
             records' choice, measured on `fast_resnet`); `"adam"`:
             `kadapt.optimizers.Adam`; `"prodigy"`: `kadapt.optimizers.Prodigy`
             (its rate multiplies the step size it estimates); each on the
-            schedule, with the decoupled weight decay. `"auto"`: `kadapt train` picks one for the
+            schedule, with the decoupled weight decay. `"schedule_free_adamw"`,
+            `"schedule_free_sgd"`: `kadapt.optimizers.ScheduleFreeAdamW` and
+            `ScheduleFreeSGD` at the `"constant"` schedule only (they average
+            the iterates instead; any other is a `ValueError`), their weight
+            decay applied at the gradient point; the model evaluated,
+            restored and saved is their average x, its BatchNorm statistics
+            recomputed there (`kadapt.callbacks.ScheduleFreeEvaluation`). `"auto"`: `kadapt train` picks one for the
             network and rows (`kadapt.recipes.optimizer_choice.choose_optimizer`);
             `fast_fit` trains `fast_resnet`, so `"sgd"`.
         learning_rate: Peak learning rate (for the mean loss of a batch), or
@@ -95,8 +103,8 @@ class FastFitConfig:
     bias_lr_multiplier: float = 4.0
     schedule: str = switch("triangular", "triangular LR with momentum 0.9, cosine LR with cosine momentum, or "
                                          "a constant LR", choices=SCHEDULES)
-    optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, prodigy (learning-rate-free; "
-                                  "its reference defaults), or auto: sgd for "
+    optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, prodigy, schedule_free_adamw, "
+                                  "schedule_free_sgd (learning-rate-free; their reference defaults), or auto: sgd for "
                                   "fast_resnet and small_cnn on images, adam for any other network or rows, "
                                   "each at its measured rate and schedule unless given", choices=(AUTO, *OPTIMIZERS))
     learning_rate: float | str = switch(0.2, "peak learning rate (where --optimizer auto chooses adam, adam's "
@@ -134,6 +142,7 @@ class FastFitConfig:
                              f"Received: optimizer={self.optimizer!r}")
         if self.learning_rate != AUTO:
             _check_rate(self.learning_rate)
+        self._check_schedule_free()
         check_range("warmup_fraction", self.warmup_fraction, low=0.0, high=1.0, high_open=True)
         check_range("weight_decay", self.weight_decay, low=0.0)
         check_range("label_smoothing", self.label_smoothing, low=0.0, high=1.0)
@@ -157,6 +166,18 @@ class FastFitConfig:
                     "an epoch's weights would discard the average. Pass restore_best_weights=False. "
                     f"Received: ema_momentum={self.ema_momentum}, restore_best_weights=True"
                 )
+
+    def _check_schedule_free(self):
+        if self.optimizer not in SCHEDULE_FREE:
+            return
+        if self.schedule != "constant":
+            raise ValueError(f"Argument `schedule` must be 'constant' with optimizer={self.optimizer!r}: Schedule-Free "
+                             f"averages its iterates instead of annealing the rate. Pass schedule='constant'. "
+                             f"Received: schedule={self.schedule!r}")
+        if self.ema_momentum is not None:
+            raise ValueError(f"Argument `ema_momentum` must be None with optimizer={self.optimizer!r}: Schedule-Free "
+                             f"averages the weights itself. Pass ema_momentum=None. "
+                             f"Received: ema_momentum={self.ema_momentum}")
 
     @property
     def augments(self) -> bool:

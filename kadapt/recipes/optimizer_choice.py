@@ -5,7 +5,7 @@ The recipe's SGD (Nesterov, peak 0.2, triangular) was measured on
 batch normalization absorbs any input scale. On any other network it was
 not: on scikit-learn's tables with a user's MLP it left runs at chance
 (DESIGN.md, "A user's own data"). There Adam is the choice, at the rate and
-schedule `benchmarks/table_recipe.py` measured (benchmarks/README.md#table_recipe).
+schedule `benchmarks/recipe/table_recipe.py` measured (benchmarks/README.md#table_recipe).
 """
 
 import dataclasses
@@ -20,9 +20,11 @@ RECIPE_NETWORK = "fast_resnet"
 IMAGE_NETWORKS = (RECIPE_NETWORK, "small_cnn")
 # (learning rate, schedule) of each optimizer where the user gives none; one row per name of OPTIMIZERS.
 # Prodigy's are its reference defaults (prodigyopt: rate 1.0, constant), at which it was the anchor closest
-# to the grid's best on the held-out tasks (benchmarks/README.md#meta_adjust).
+# to the grid's best on the held-out tasks (benchmarks/README.md#meta_adjust); Schedule-Free's are its
+# reference defaults too (schedulefree 1.4.1: AdamW 0.0025, SGD 1.0), at the only schedule it takes.
 MEASURED = {"sgd": (FastFitConfig().learning_rate, FastFitConfig().schedule), "adam": (1e-2, "triangular"),
-            "prodigy": (1.0, "constant")}
+            "prodigy": (1.0, "constant"), "schedule_free_adamw": (0.0025, "constant"),
+            "schedule_free_sgd": (1.0, "constant")}
 
 
 @dataclasses.dataclass(frozen=True)

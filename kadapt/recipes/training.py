@@ -16,17 +16,21 @@ from kadapt.augment import expand
 from kadapt.batching import accumulate
 from kadapt.callbacks import BestWeights
 from kadapt.callbacks import MomentumScheduler
+from kadapt.callbacks import ScheduleFreeEvaluation
 from kadapt.extras import require
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import Adam
 from kadapt.optimizers import Prodigy
 from kadapt.optimizers import SGD
+from kadapt.optimizers import ScheduleFreeAdamW
+from kadapt.optimizers import ScheduleFreeSGD
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import choose_precision
 from kadapt.precision import policy_name
 from kadapt.range_test import find_learning_rate
 from kadapt.recipes.config import AUTO
+from kadapt.recipes.config import SCHEDULE_FREE
 from kadapt.recipes.inference import predict_with_tta
 from kadapt.recipes.task import Task
 from kadapt.schedules import CosineAnnealing
@@ -118,8 +122,17 @@ def _prodigy(rate, config):
                    use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
 
 
+def _schedule_free(optimizer):
+    def build(rate, config):  # a float: the config allows Schedule-Free only the constant schedule
+        return optimizer(rate, weight_decay=config.weight_decay)
+
+    return build
+
+
 # One builder per name of `kadapt.recipes.config.OPTIMIZERS`: `(rate or schedule, FastFitConfig) -> optimizer`.
-OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam, "prodigy": _prodigy}
+OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam, "prodigy": _prodigy,
+                      "schedule_free_adamw": _schedule_free(ScheduleFreeAdamW),
+                      "schedule_free_sgd": _schedule_free(ScheduleFreeSGD)}
 
 
 def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None, task=Task()):
@@ -241,6 +254,11 @@ def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs
     """The recipe's training, in its order: best-weights keeper, schedule
     callbacks, on-the-fly augmentation of `batches`, then `trainer.fit`.
 
+    With a Schedule-Free optimizer, `ScheduleFreeEvaluation` goes last, on
+    the augmented training batches: validation, the best weights kept and
+    the model `fit` leaves are at x, the average, with BatchNorm statistics
+    recomputed there.
+
     Both front doors (`fast_fit`, `kadapt train`) train through this.
 
     Args:
@@ -274,6 +292,8 @@ def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs
     best = best_weights_callback(config, monitor, backup_dir=backup_dir)
     callbacks = arrange_callbacks(recipe_callbacks(config, total_steps), best)
     augmented = augmented_batches(batches, config, seed, first_batch=first_epoch * steps_per_epoch)
+    if config.optimizer in SCHEDULE_FREE:  # after the best weights: their restored x gets its statistics
+        callbacks = [*callbacks, ScheduleFreeEvaluation(augmented)]
     history = trainer.fit(augmented, epochs=epochs, steps_per_epoch=steps_per_epoch,
                           validation_data=validation_data, callbacks=callbacks, verbose=verbose,
                           shuffle=False,  # the dataset shuffles; Keras would only warn

@@ -14,6 +14,7 @@ from kadapt.recipes.batch_size import recipe_batch_size
 from kadapt.recipes.config import FastFitConfig
 from kadapt.recipes.config import command_line_switches
 from kadapt.recipes.config import switch_flag
+from kadapt.recipes.optimizer_choice import MEASURED
 from kadapt.run.errors import UsageError
 
 MODEL_NAMES = ("auto", "fast_resnet", "small_cnn", "mlp")
@@ -184,8 +185,10 @@ def _check_recipe(recipe):
     if ema is not None and recipe.get("restore_best_weights", True):
         raise UsageError(f"--ema averages the weights, and --restore-best on would replace the average with "
                          f"one epoch's weights: add --restore-best off. Received: --ema={ema}")
+    # The schedule not given is the optimizer's measured one, as `choose_optimizer` will choose it.
+    schedule = {"schedule": MEASURED[recipe["optimizer"]][1]} if recipe.get("optimizer") in MEASURED else {}
     try:
-        FastFitConfig(**recipe)
+        FastFitConfig(**{**schedule, **recipe})
     except ValueError as error:
         raise UsageError(in_flags(str(error))) from None
 

@@ -9,8 +9,8 @@ def budget_line(model_name: str, budget) -> str:
     line = f"probing {model_name} on {budget.device}, budget {budget.bytes / MIB:.1f} MiB ({budget.source})"
     if not budget.device.upper().startswith("GPU"):
         return line
-    from kadapt.batching.allocator_mode import COUNTS
-    from kadapt.batching.allocator_mode import allocator_mode
+    from kadapt.batching.tensorflow.allocator_mode import COUNTS
+    from kadapt.batching.tensorflow.allocator_mode import allocator_mode
 
     mode = allocator_mode(budget.device)
     return f"{line}; allocator {mode}: peaks count {COUNTS[mode]}"
@@ -18,8 +18,8 @@ def budget_line(model_name: str, budget) -> str:
 
 def check_probe_allocator(device: str) -> None:
     """Raises `UsageError` where the probe's trial steps cannot be trusted (GPU memory growth)."""
-    from kadapt.batching.allocator_mode import allocator_mode
-    from kadapt.batching.allocator_mode import growth_reason
+    from kadapt.batching.tensorflow.allocator_mode import allocator_mode
+    from kadapt.batching.tensorflow.allocator_mode import growth_reason
     from kadapt.run.errors import UsageError
 
     if device.upper().startswith("GPU") and allocator_mode(device) == "bfc-growth":

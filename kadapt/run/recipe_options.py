@@ -46,8 +46,8 @@ def recipe_config(config, data):
     defaults = FastFitConfig()
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
-    # the given switches were judged by RunConfig
-    return with_choice(defaults.replace(**given), optimizer_choice(config, data))
+    # the given switches were judged by RunConfig; the choice first: Schedule-Free takes only its schedule
+    return with_choice(defaults, optimizer_choice(config, data)).replace(**given)
 
 
 def optimizer_choice(config, data):

@@ -20,6 +20,9 @@ multi-host job) is a `ClusterMember`:
   MetaAdjuster and the best-weights choice decide the same on every worker.
 
 All of it runs on Keras' TensorFlow backend only (`kadapt.extras.require_tensorflow`).
+The launcher itself loads no backend: it only starts the workers, each of
+which loads its own, and asks a short-lived child process how many GPUs
+TensorFlow sees (a backend loaded here could hold memory the workers need).
 """
 
 import dataclasses
@@ -35,12 +38,26 @@ import time
 from pathlib import Path
 
 from kadapt import environment
-from kadapt.batching.gpu_memory import VISIBLE_DEVICES
-from kadapt.batching.gpu_memory import visible_device_entry
-from kadapt.extras import require_tensorflow
+from kadapt.environment import VISIBLE_DEVICES
+from kadapt.environment import visible_device_entry
+from kadapt.extras import MissingExtraError
+from kadapt.extras import UnsupportedBackendError
 from kadapt.run.errors import UsageError
 
 THREADS_VARIABLE = "KADAPT_WORKER_THREADS"
+FEATURE = "Multi-worker training (`kadapt train --workers`)"
+# Run in a child process by `visible_gpu_count`: the GPUs TensorFlow sees, or the error that says why
+# this host cannot run the workers (Keras on another backend, TensorFlow not installed).
+GPU_COUNT = f"""
+import json
+from kadapt.extras import MissingExtraError, UnsupportedBackendError, require_tensorflow
+try:
+    tf = require_tensorflow({FEATURE!r})
+    print(json.dumps({{"gpus": len(tf.config.list_physical_devices("GPU"))}}))
+except (MissingExtraError, UnsupportedBackendError) as error:
+    print(json.dumps({{"error": type(error).__name__, "message": str(error)}}))
+"""
+CHILD_ERRORS = {error.__name__: error for error in (MissingExtraError, UnsupportedBackendError)}
 POLL_SECONDS = 0.2
 STOP_GRACE_SECONDS = 30  # after one worker failed, the others get this long to end on their own
 
@@ -84,7 +101,7 @@ class ClusterMember:
 
     def smallest(self, value):
         """The minimum of `value` (an int) over all workers: one collective."""
-        from kadapt.batching.multi_worker import gather_values
+        from kadapt.batching.tensorflow.multi_worker import gather_values
 
         return int(gather_values(self.strategy, [float(value)]).min())
 
@@ -96,7 +113,6 @@ def launch_local_workers(count, argv, echo=print):
     logs (named on failure). When a worker fails, the others end within
     `STOP_GRACE_SECONDS` (they notice the lost peer) or are stopped.
     """
-    require_tensorflow("Multi-worker training (`kadapt train --workers`)")
     gpus = worker_gpus(count, visible_gpu_count(), os.environ.get(VISIBLE_DEVICES))
     ports = [free_port() for _ in range(count)]
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
@@ -150,11 +166,17 @@ def worker_gpus(count: int, gpu_count: int, visible: str | None) -> list[str] | 
 
 
 def visible_gpu_count() -> int:
-    """The GPUs TensorFlow sees in this process (after `CUDA_VISIBLE_DEVICES`).
-    Lists physical devices only: this process takes no GPU memory."""
-    tf = require_tensorflow("Multi-worker training (`kadapt train --workers`)")
-
-    return len(tf.config.list_physical_devices("GPU"))
+    """The GPUs TensorFlow sees (after `CUDA_VISIBLE_DEVICES`), as a child
+    process lists them, so that this one loads no backend. Raises what
+    `kadapt.extras.require_tensorflow` raises there: `UnsupportedBackendError`
+    (Keras on another backend) or `MissingExtraError` (no TensorFlow)."""
+    done = subprocess.run([sys.executable, "-c", GPU_COUNT], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"Listing TensorFlow's GPUs in a child process failed: {done.stderr.strip()[-2000:]}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    if "error" in answer:
+        raise CHILD_ERRORS[answer["error"]](answer["message"])
+    return answer["gpus"]
 
 
 def _wait(processes, logs, echo):

@@ -166,7 +166,7 @@ def planned_micro_batch(model: keras.Model, micro_batch_size: int | None) -> Ite
             f"plan a plain model on a batch of that many rows. Received: "
             f"micro_batch_size={micro_batch_size} for model={model.name!r}"
         )
-    # kadapt's own field, as `probe.leaves_no_trace` keeps it: the public
+    # kadapt's own field, as `tensorflow.probe.leaves_no_trace` keeps it: the public
     # property reads "auto" before a probe, which its setter refuses.
     saved = model._micro_batch_size
     model.micro_batch_size = micro_batch_size

@@ -21,8 +21,8 @@ import jax
 import keras
 
 from kadapt.batching.jax import host_loop
-from kadapt.batching.oom_recovery import _shrink
-from kadapt.batching.out_of_memory import is_out_of_memory
+from kadapt.batching.jax.out_of_memory import is_out_of_memory
+from kadapt.batching.oom_recovery import shrink
 
 
 class JaxTrainFunction:
@@ -52,13 +52,13 @@ class JaxTrainFunction:
     def _run_with_recovery(self, state, data):
         model = self.model
         attempt = 0
-        while True:  # ends by returning, or by _shrink raising
+        while True:  # ends by returning, or by shrink raising
             try:
                 return self._step_function()(state, data)
             except Exception as error:
                 if model.max_oom_retries == 0 or not is_out_of_memory(error):
                     raise
-                _shrink(model, error, attempt, step=_iterations(model, state))
+                shrink(model, error, attempt, step=_iterations(model, state))
                 attempt += 1
 
     def _step_function(self):

@@ -24,9 +24,12 @@ import keras
 import tensorflow as tf
 
 from kadapt.batching import training_state
-from kadapt.batching.oom_recovery import _proposal
-from kadapt.batching.oom_recovery import _shrink
-from kadapt.batching.out_of_memory import is_out_of_memory
+from kadapt.batching.oom_recovery import proposed_micro_batch
+from kadapt.batching.oom_recovery import shrink
+from kadapt.batching.tensorflow.out_of_memory import is_out_of_memory
+from kadapt.batching.tensorflow.step_functions import replica_step_function
+from kadapt.batching.tensorflow.step_functions import traces
+from kadapt.batching.tensorflow.step_functions import two_step_functions
 
 
 class RecoveringTrainFunction:
@@ -49,7 +52,7 @@ class RecoveringTrainFunction:
         """Traces of the step so far, each an XLA compile under `jit_compile`:
         one per micro-batch size (a trace-time constant) and input shape."""
         halves = () if self._halves_traced is None else self._halves_traced[1:]
-        return self._retired_traces + sum(_traces(f) for f in (self._step, *halves))
+        return self._retired_traces + sum(traces(f) for f in (self._step, *halves))
 
     def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         outputs = None
@@ -74,14 +77,14 @@ class RecoveringTrainFunction:
             training_state.state_variables(model, include_weights=False, include_slots=False)
         )
         attempt = 0
-        while True:  # ends by returning, or by _shrink raising
+        while True:  # ends by returning, or by shrink raising
             try:
                 return self._step_function()(data)
             except tf.errors.OpError as error:
                 if not is_out_of_memory(error):
                     raise
                 training_state.restore(saved)
-                _shrink(model, error, attempt)
+                shrink(model, error, attempt)
                 attempt += 1
 
     def _run_with_recovery_on_every_replica(self, data):
@@ -118,7 +121,7 @@ class RecoveringTrainFunction:
             training_state.restore(saved)
             reason = error or tf.errors.ResourceExhaustedError(
                 None, None, f"another worker of the job ran out of memory ({failed} of them)")
-            _shrink(model, reason, attempt, smaller=smallest)
+            shrink(model, reason, attempt, smaller=smallest)
             attempt += 1
 
     def _halves(self):
@@ -126,7 +129,7 @@ class RecoveringTrainFunction:
         micro = self.model.micro_batch_size
         if self._halves_traced is None or self._halves_traced[0] != micro:
             if self._halves_traced is not None:
-                self._retired_traces += sum(_traces(f) for f in self._halves_traced[1:])
+                self._retired_traces += sum(traces(f) for f in self._halves_traced[1:])
             self._halves_traced = (micro, *two_step_functions(self.model))
         return self._halves_traced[1:]
 
@@ -134,68 +137,17 @@ class RecoveringTrainFunction:
         """The traced one-step function for the current micro-batch size."""
         micro = self.model.micro_batch_size
         if self._step is None or micro != self._traced_micro_batch_size:
-            self._retired_traces += _traces(self._step)
+            self._retired_traces += traces(self._step)
             self._step = replica_step_function(self.model, self.model.train_step)
             self._traced_micro_batch_size = micro
         return self._step
-
-
-def replica_step_function(model: keras.Model, step: Callable) -> Callable:
-    """`step` (a model's `train_step` or `test_step`) run on every replica, traced
-    unless the model runs eagerly; returns the first replica's outputs."""
-    strategy = model.distribute_strategy
-
-    def one_step(data):
-        outputs = strategy.run(step, args=(data,))
-        # Metric results are synchronized across replicas: any replica's
-        # values are the global ones.
-        return tf.nest.map_structure(
-            lambda value: strategy.experimental_local_results(value)[0], outputs
-        )
-
-    return _traced(model, one_step)
-
-
-def _traced(model, function):
-    """`function` as a `tf.function` with the model's compile settings, or as it is when the model runs eagerly."""
-    if model.run_eagerly:
-        return function
-    return tf.function(tf.autograph.experimental.do_not_convert(function), reduce_retracing=True,
-                       jit_compile=model.jit_compile)
-
-
-def _traces(function):
-    """How often `function` was traced: 0 for none or one that runs eagerly."""
-    count = getattr(function, "experimental_get_tracing_count", None)
-    return 0 if count is None else count()
-
-
-def two_step_functions(model: keras.Model) -> tuple[Callable, Callable]:
-    """`(compute, finish)`: the model's `compute_step` on every replica, and
-    its `finish_step` on those outputs (returning the first replica's
-    metrics), each traced unless the model runs eagerly."""
-    strategy = model.distribute_strategy
-
-    def compute(data):
-        return strategy.run(model.compute_step, args=(data,))
-
-    def finish_replica(*outputs):
-        # Copies made here carry this replica's device: the all-reduce finds no destination
-        # for a function's inputs as they are ("destinations can not be empty").
-        return model.finish_step(*tf.nest.map_structure(tf.identity, outputs))
-
-    def finish(outputs):
-        results = strategy.run(finish_replica, args=outputs)
-        return tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], results)
-
-    return _traced(model, compute), _traced(model, finish)
 
 
 def _agree(model, error):
     """`(how many workers ran out of memory, the micro-batch all retry with)`
     after this process's `compute` half raised `error` (or `None`)."""
     micro = model.micro_batch_size
-    proposal = micro if error is None else _proposal(model, micro)
+    proposal = micro if error is None else proposed_micro_batch(model, micro)
     if not _in_multi_worker_mode(model):
         return int(error is not None), proposal  # one process: the half failed on every replica
     return _exchange(model.distribute_strategy, error is not None, proposal)
@@ -204,14 +156,14 @@ def _agree(model, error):
 def _exchange(strategy, failed, proposal):
     """One collective over all workers: how many ran out of memory, and the
     smallest micro-batch any of them proposes."""
-    from kadapt.batching.multi_worker import gather_values
+    from kadapt.batching.tensorflow.multi_worker import gather_values
 
     values = gather_values(strategy, [float(failed), float(proposal)]).astype(int)
     return int(values[:, 0].sum()), int(values[:, 1].min())
 
 
 def _in_multi_worker_mode(model):
-    from kadapt.batching.multi_worker import in_multi_worker_mode
+    from kadapt.batching.tensorflow.multi_worker import in_multi_worker_mode
 
     return in_multi_worker_mode(model.distribute_strategy)
 

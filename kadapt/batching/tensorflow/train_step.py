@@ -14,7 +14,7 @@ from kadapt.batching.noise_scale import NoiseScale
 from kadapt.batching.noise_scale import squared_preconditioner
 from kadapt.batching.tensorflow import gradient_sum
 from kadapt.batching.tensorflow import micro_batches
-from kadapt.batching import multi_worker
+from kadapt.batching.tensorflow import multi_worker
 from kadapt.batching.tensorflow.micro_batches import batch_size_of as rows_of
 from kadapt.batching.tensorflow.recovery import RecoveringTrainFunction
 

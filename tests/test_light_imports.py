@@ -1,0 +1,86 @@
+"""With TensorFlow installed and Keras on JAX, importing kadapt loads no TensorFlow.
+
+(tests/test_without_tensorflow.py blocks TensorFlow's import instead: this also catches an
+import that a `try: import tensorflow` would have hidden there.)"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMEWORKS = ("tensorflow", "jax", "keras")
+
+
+def loaded_after(code, backend):
+    """The frameworks in `sys.modules` of a fresh process after `code` runs, on Keras `backend`."""
+    environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    report = f"import json, sys\n{code}\nprint(json.dumps([m for m in {FRAMEWORKS!r} if m in sys.modules]))"
+    done = subprocess.run([sys.executable, "-c", report], env=environment, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_tensorflow_is_installed_so_the_light_imports_mean_something():
+    assert "tensorflow" in loaded_after("import tensorflow", "jax")
+
+
+def test_kadapt_and_kadapt_meta_load_no_tensorflow_on_jax():
+    loaded = loaded_after("import kadapt, kadapt.meta, kadapt.batching", "jax")
+    assert "tensorflow" not in loaded, loaded
+
+
+def test_importing_kadapt_loads_no_framework():
+    # So a program, and the `kadapt` command, can set TensorFlow's process settings first.
+    assert loaded_after("import kadapt", "tensorflow") == []
+
+
+LAUNCHER = """
+import json, subprocess, sys
+
+started, real = [], subprocess.Popen
+
+
+class Finished:
+    returncode = 0
+
+    def poll(self):
+        return 0
+
+    def wait(self):
+        return 0
+
+
+def popen(command, *args, **kwargs):
+    if command[1:3] == ["-m", "kadapt.cli"]:  # a worker: recorded, not run
+        started.append(command[3:])
+        return Finished()
+    return real(command, *args, **kwargs)
+
+
+subprocess.Popen = popen
+from kadapt.cli import main
+
+code = main(["train", "--workers", "2", "--data", "digits", "--out", sys.argv[1]])
+print(json.dumps({"code": code, "started": started,
+                  "loaded": [m for m in ("tensorflow", "jax", "keras") if m in sys.modules]}))
+"""
+
+
+def test_the_workers_launcher_loads_no_backend(tmp_path):
+    # The workers are recorded instead of started; the launcher still asks a child process for the GPUs.
+    out = str(tmp_path / "run")
+    environment = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", LAUNCHER, out], env=environment, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["code"] == 0
+    assert report["started"] == [["train", "--data", "digits", "--out", out]] * 2
+    assert report["loaded"] == []
