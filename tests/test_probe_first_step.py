@@ -1,5 +1,5 @@
-"""The probe's trial is the step `fit` runs: its peak predicts the first real step's, and a
-first step over the budget shrinks by both measurements."""
+"""The probe's trial is the step `fit` runs: its peak predicts the real steps', and first
+steps over the budget shrink by both measurements."""
 
 import gc
 
@@ -28,7 +28,8 @@ def _private_cache(tmp_path, monkeypatch):
 
 def _conv():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((SIDE, SIDE, 3)), keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+    model = keras.Sequential([keras.Input((SIDE, SIDE, 3)),
+                              keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
                               keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -39,8 +40,9 @@ def test_the_chosen_trials_peak_is_the_real_steps_within_the_noise():
     gc.collect()
     rng = np.random.default_rng(0)
     x, y = rng.random((ROWS, SIDE, SIDE, 3), dtype=np.float32), rng.integers(0, 10, ROWS)
-    # 16 MiB a step of 128 rows, 20 MiB one of 256 (measured). A dataset of tensors made once: `fit` given arrays copies them into the allocator in some
-    # fits of a process and not in others (docs/probe.md), which no trial can foresee.
+    # 16 MiB a step of 128 rows, 20 MiB one of 256 (measured). A dataset of tensors made once:
+    # `fit` given arrays copies them into the allocator in some fits of a process and not in
+    # others (docs/probe.md), which no trial can foresee.
     dataset = tf.data.Dataset.from_tensor_slices((tf.constant(x), tf.constant(y))).batch(BATCH)
     budget = tf.config.experimental.get_memory_info("CPU:0")["current"] + 10 * MIB
     model = kadapt.accumulate(_conv(), "auto", memory_budget=budget)
