@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import kadapt
 from helpers import OutOfMemoryOnReplicaAbove
+from kadapt.batching import peak_search
 from kadapt.batching import probe as probe_module
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.tensorflow import probe as trial_probe
@@ -56,11 +57,11 @@ def test_real_trials_choose_a_size_that_fits_near_a_known_fitting_one():
     result = kadapt.probe_micro_batch(model, (x, y), memory_budget=reference.peak_bytes)
     chosen = result.micro_batch_size
     assert 50 <= chosen <= 150
-    assert len(result.trials) <= probe_module.MAX_TRIALS
+    assert len(result.trials) <= peak_search.MAX_TRIALS
     # The probe's own rule: the largest size whose trial fitted with room for the noise it saw.
-    search = probe_module.MicroBatchSearch(None, result.budget.bytes)
+    search = peak_search.PeakSearch(None, result.budget.bytes)
     search.trials = list(result.trials)
-    assert chosen == (search.best_fitting() or max(t.micro_batch_size for t in result.trials if t.fits))
+    assert chosen == search.chosen()
     assert [t.compiles for t in result.trials] == [1] * len(result.trials)  # a trace per size
     assert result.memory_model.bytes_per_row > 0
     assert result.plan(512).num_micro_batches == int(np.ceil(512 / chosen))
@@ -123,7 +124,7 @@ def test_search_on_exact_curves_meets_the_targets(name):
     curve = CURVES[name]
     cap = 4096
     largest = max(m for m in range(1, cap + 1) if curve(m) <= BUDGET)
-    search = probe_module.MicroBatchSearch(_simulated(curve), BUDGET)
+    search = peak_search.PeakSearch(_simulated(curve), BUDGET)
     chosen = search.largest(cap)
     assert chosen <= largest
     assert chosen >= 0.9 * largest
@@ -142,14 +143,14 @@ def test_search_keeps_room_for_the_noise_its_trials_saw():
 
     sigma = np.std(factors / factors.mean(), ddof=1)  # the same relative spread at every size
     room = max(m for m in range(1, 4097) if curve(m) * factors.mean() * (1 + 2 * sigma) <= BUDGET)
-    search = probe_module.MicroBatchSearch(runner, BUDGET)
+    search = peak_search.PeakSearch(runner, BUDGET)
     chosen = search.largest(4096)
     assert 0.9 * room <= chosen <= room
     assert len(search.trials) <= 5
 
 
 def test_search_returns_the_cap_when_it_fits():
-    search = probe_module.MicroBatchSearch(_simulated(CURVES["affine"]), BUDGET)
+    search = peak_search.PeakSearch(_simulated(CURVES["affine"]), BUDGET)
     # 16 rows peak at 248 MB: budget / that per row promises >= 58 rows.
     assert search.largest(50) == 50
     assert [t.micro_batch_size for t in search.trials] == [16, 50]

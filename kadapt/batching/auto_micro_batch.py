@@ -38,6 +38,10 @@ from kadapt.environment import allocator_statistics_available
 logger = logging.getLogger("kadapt")
 KERAS_DEFAULT_BATCH_SIZE = 32
 MIB = 2**20
+# The first step of a `fit` peaks lower than the next: tf.data fills its
+# prefetch buffers while it runs (measured on the CPU: 16 then 20.5 MiB held
+# before a step of 128 rows of 32x32x3). The check reads both.
+CHECKED_STEPS = 2
 
 
 def cache_path() -> Path:
@@ -58,7 +62,7 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         reserve_region(budget)  # the region the cached size was measured in (a probe holds its own)
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
-        memory_model = _cached_memory_model(cached)
+        memory_model, trials = _cached_memory_model(cached), _cached_trials(cached)
     else:
         result = micro_batch_probe.probe_micro_batch(model, data, model.memory_budget,
                                                      max_micro_batch_size=cap, logical_batch_size=cap)
@@ -71,14 +75,14 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
             "budget %d bytes, %s)", model.micro_batch_size, len(result.trials), result.compiles,
             result.micro_batch_size, budget.bytes, budget.source,
         )
-        memory_model = result.memory_model
+        memory_model, trials = result.memory_model, _measured(result.trials)
     if model.distribute_strategy.num_replicas_in_sync > 1:
         return  # replicas and workers must agree on one size: only OOM recovery changes theirs
     if not allocator_statistics_available(budget.device):
         logger.warning("micro_batch_size=%d is not checked on the first step: %s keeps no allocator "
                        "statistics", model.micro_batch_size, budget.device)
         return
-    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model)
+    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model, trials)
     model.train_function = model.first_step_check
 
 
@@ -88,18 +92,21 @@ class FirstStepCheck:
     A size is judged where the model trains with it: a cached size was
     measured in another process, whose allocator layout can sit 15-20%
     lower (docs/probe.md), and training holds what no trial does (the
-    logical batch, prefetched input). This runs the first step, reads its
-    peak and, over the budget, sets the size `size_after_first_step`
-    re-solves before the next step; then it hands the model back its own
-    train function. `peak_bytes` and `shrunk_to` record what it saw.
+    logical batch, prefetched input). This runs the first CHECKED_STEPS
+    steps, reads their peak and, over the budget, sets the size
+    `size_after_first_step` re-solves before the next step; then it hands
+    the model back its own train function. `peak_bytes` and `shrunk_to` record what it saw.
+    `trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
+    trials that fitted.
     """
 
     def __init__(self, model: keras.Model, budget: MemoryBudget, cap: int,
-                 memory_model: MemoryModel | None) -> None:
+                 memory_model: MemoryModel | None, trials: tuple = ()) -> None:
         self.model, self.budget, self.cap = model, budget, cap
-        self.memory_model = memory_model
+        self.memory_model, self.trials = memory_model, trials
         self.train_function = model.make_train_function()
         self.peak_bytes = self.shrunk_to = None
+        self.steps = 0
 
     def __call__(self, iterator: Any) -> Any:
         import tensorflow as tf  # the TensorFlow backend's check (JAX plans instead)
@@ -107,12 +114,16 @@ class FirstStepCheck:
         device = self.budget.device
         tf.config.experimental.reset_memory_stats(device)
         logs = self.train_function(iterator)
-        self.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
-        self.model.train_function = self.train_function
+        peak = tf.config.experimental.get_memory_info(device)["peak"]
+        self.peak_bytes, self.steps = max(peak, self.peak_bytes or 0), self.steps + 1
         size = self.model.micro_batch_size
-        smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model)
+        smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model,
+                                        self.trials)
+        if smaller == size and self.steps < CHECKED_STEPS:
+            return logs
+        self.model.train_function = self.train_function
         if smaller == size:
-            logger.info("first step at micro_batch_size=%d peaked at %.1f MiB, within the budget (%.1f MiB)",
+            logger.info("first steps at micro_batch_size=%d peaked at %.1f MiB, within the budget (%.1f MiB)",
                         size, self.peak_bytes / MIB, self.budget.bytes / MIB)
             return logs
         self.shrunk_to = balanced_micro_batch(self.cap, smaller)
@@ -124,22 +135,45 @@ class FirstStepCheck:
 
 
 def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
-                          memory_model: MemoryModel | None) -> int:
+                          memory_model: MemoryModel | None, trials: tuple = ()) -> int:
     """The micro-batch for the steps after a first step of `size` rows that
-    peaked at `peak_bytes`: `size` within the budget; over it, the probe's
-    line moved up through the measured point (this process's allocator and
-    input pipeline sit higher, the cost of a row is the same) and solved
-    with the probe's margin. The point is this process's own level, so the
-    spread the probe saw between its processes' traces is not added again.
-    Without a line, x0.75. Always smaller than `size`, at least half of it."""
+    peaked at `peak_bytes`: `size` within the budget. Over it, two answers,
+    the larger taken. The probe's line moved up through the measured point
+    (this process's allocator and input pipeline sit higher, a row costs the
+    same) and solved with the probe's margin, at least half of `size`
+    (without a line, x0.75). And the measurements: the first step's peak
+    less the trial's at `size` is how much higher this process runs
+    (`trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
+    trials that fitted); the largest smaller trial size whose peak plus that
+    excess fits (peaks are not monotonic in rows: a measured size, not a
+    line). Always smaller than `size`."""
     if peak_bytes <= budget_bytes:
         return size
     if memory_model is None:
-        return smaller_micro_batch(size)
-    slope = memory_model.bytes_per_row
-    moved = MemoryModel(peak_bytes - slope * size, slope)
-    target = moved.largest_fitting(budget_bytes, probe.MARGIN)
-    return max(1, math.ceil(size / 2), min(target, size - 1))
+        by_line = smaller_micro_batch(size)
+    else:
+        slope = memory_model.bytes_per_row
+        moved = MemoryModel(peak_bytes - slope * size, slope)
+        target = moved.largest_fitting(budget_bytes, probe.MARGIN)
+        by_line = max(1, math.ceil(size / 2), min(target, size - 1))
+    measured = dict(trials)
+    if size not in measured:
+        return by_line
+    excess = peak_bytes - measured[size]
+    fitting = [m for m, peak in trials if m < size and peak + excess <= budget_bytes]
+    return max([by_line, *fitting])
+
+
+def _measured(trials):
+    """`(micro_batch_size, mean peak bytes)` of the trials that fitted."""
+    return tuple((t.micro_batch_size, t.mean_peak_bytes) for t in trials if t.fits)
+
+
+def _cached_trials(entry):
+    """`_measured` of a cache entry's probe (its trials as dicts)."""
+    trials = [probe.ProbeTrial(**{**t, "step_peaks": tuple(t.get("step_peaks", ()))})
+              for t in entry.get("probe", {}).get("trials", ())]
+    return _measured(trials)
 
 
 def _cached_memory_model(entry):

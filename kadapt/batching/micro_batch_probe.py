@@ -31,21 +31,20 @@ def probe_micro_batch(
 ) -> ProbeResult:
     """Finds the largest micro-batch whose training step fits in memory.
 
-    Runs real trial steps of the accumulating train step (of the logical
-    batch where given, else of two micro-batches; optimizer slots and the
-    gradient sum are included either way) and measures three
-    steps of each with `tf.config.experimental.reset_memory_stats` /
-    `get_memory_info`: a size fits when each step's peak is within the
-    budget. Peaks vary from run to run, so a size is chosen only when its
+    Runs trial steps of the accumulating train step as `fit` runs it (of
+    the logical batch where given, only sizes it trains as, else of two
+    micro-batches; through `model.fit`, so the input pipeline counts) and
+    measures three steps of each with `tf.config.experimental.reset_memory_stats`
+    / `get_memory_info`: a size fits when each step's peak is within the
+    budget. Peaks are not monotonic in rows (kernels change with the batch
+    size), so each size is judged by its own peaks, and chosen only when its
     mean peak plus two standard deviations of a step's peak (pooled over the
-    trials near the top) fits too. It fits
-    peak = a + b * m through the trials (following a far extrapolation 75%
-    of the way), then verifies the predicted largest size (keeping 5% of the
-    room above `a` free) with a trial of its own. It never returns a size it
-    did not run. At most 5 trials once a size fits. A
-    `ResourceExhaustedError` counts as "does not fit". The trials leave no
-    trace: weights, optimizer state, BatchNorm statistics, metrics and
-    `iterations` are restored.
+    fitting trials near the top) fits too; a line through the largest
+    fitting trials only proposes the next size
+    (`kadapt.batching.peak_search.PeakSearch`). It never returns a size it
+    did not run. About 5 trials, at most 8. A `ResourceExhaustedError`
+    counts as "does not fit". The trials leave no trace: weights, optimizer
+    state, BatchNorm statistics, metrics and `iterations` are restored.
 
     It needs TensorFlow's allocator statistics for the device; on the CPU
     they exist only with oneDNN on (see `kadapt.environment`), and without

@@ -1,7 +1,7 @@
 """`PlanSearch`: the largest micro-batch whose planned peak fits, from few plans.
 
 A plan (XLA's buffers of the compiled step) is the same on every compile, so
-the search needs none of `MicroBatchSearch`'s room for noisy peaks: plan
+the search needs none of `PeakSearch`'s room for noisy peaks: plan
 FIRST_PLAN_ROWS, a second size from it, fit peak = a + b * m through the two
 highest planned sizes, plan the largest size the line allows with the
 probe's margin, and refit through it until the line names a planned size.

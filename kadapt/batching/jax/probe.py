@@ -3,7 +3,7 @@
 On Keras' JAX backend the compiled step's buffers are known before it runs
 (`kadapt.batching.jax.memory_plan`), identical on every compile: the probe
 plans trial sizes instead of running them (`PlanSearch`: a plan has no
-run-to-run noise for `MicroBatchSearch`'s room to cover) and returns the
+run-to-run noise for `PeakSearch`'s room to cover) and returns the
 same `ProbeResult` as the TensorFlow probe.
 """
 

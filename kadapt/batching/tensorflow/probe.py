@@ -3,15 +3,14 @@
 `probe_micro_batch_tensorflow` runs what `kadapt.probe_micro_batch` runs on
 TensorFlow: trial steps of the accumulating train step whose peaks
 `tf.config.experimental.reset_memory_stats` / `get_memory_info` read, sizes
-chosen by `kadapt.batching.probe.MicroBatchSearch`; the trials leave no
-trace (`leaves_no_trace`).
+chosen by `kadapt.batching.peak_search.PeakSearch`; each trial runs the
+step through `fit` (`kadapt.batching.tensorflow.fit_trial`); the trials
+leave no trace (`leaves_no_trace`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,13 +22,15 @@ from kadapt.batching import training_state
 from kadapt.batching.batch_plan import balanced_micro_batch
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
-from kadapt.batching.probe import MicroBatchSearch
+from kadapt.batching.peak_search import PeakSearch
 from kadapt.batching.probe import ProbeResult
 from kadapt.batching.probe import ProbeTrial
+from kadapt.batching.probe import is_dataset
 from kadapt.batching.probe import repeat_rows
 from kadapt.batching.probe import row_count
 from kadapt.batching.probe import sample_rows
 from kadapt.batching.tensorflow.allocator_region import reserve_region
+from kadapt.batching.tensorflow.fit_trial import fit_steps
 from kadapt.batching.tensorflow.out_of_memory import is_out_of_memory
 from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
@@ -64,11 +65,12 @@ def probe_micro_batch_tensorflow(
     report = on_trial or (lambda trial: None)
 
     def runner(size):
-        trial = run_trial(model, sample, size, budget, rows)
+        trial = run_trial(model, sample, size, budget, rows, data if is_dataset(data) else None)
         report(trial)
         return trial
 
-    search = MicroBatchSearch(runner, budget.bytes)
+    trained_size = None if rows is None else (lambda size: balanced_micro_batch(rows, size))
+    search = PeakSearch(runner, budget.bytes, trained_size)
     with leaves_no_trace(model, sample):
         chosen = search.largest(cap)
         if prefer == "fastest":
@@ -77,26 +79,20 @@ def probe_micro_batch_tensorflow(
 
 
 def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget,
-              rows: int | None = None) -> ProbeTrial:
-    """Runs one traced step of `rows` rows, then MEASURED_STEPS measured ones;
-    returns a `ProbeTrial` with the highest peak and the fastest step. The
-    step is two micro-batches of `size`, or with `rows` (a logical batch) as
-    it trains: split evenly into as many micro-batches as `size` needs
-    (`balanced_micro_batch`; a ragged tail peaks higher than an even one)."""
+              rows: int | None = None, data: Any = None) -> ProbeTrial:
+    """Runs the step `fit` will run at micro-batch `size`: one traced step of
+    `rows` rows, then MEASURED_STEPS measured ones, all through `model.fit`
+    on `data` (a dataset, else `sample`'s arrays; see
+    `kadapt.batching.tensorflow.fit_trial`); returns a `ProbeTrial` with the
+    highest peak and the fastest step. The step is two micro-batches of
+    `size`, or with `rows` (a logical batch) as it trains: split evenly into
+    as many micro-batches as `size` needs (`balanced_micro_batch`)."""
     model.micro_batch_size = size if rows is None else balanced_micro_batch(rows, size)
     rows = rows or 2 * size
-    x, y, sample_weight = repeat_rows(sample, rows)
-    device = budget.device
-    peaks, seconds = [], math.inf
     compiles = compile_count(model)
     try:
-        model.train_on_batch(x, y, sample_weight=sample_weight)  # trace, warm up
-        for _ in range(MEASURED_STEPS):
-            tf.config.experimental.reset_memory_stats(device)
-            start = time.perf_counter()
-            model.train_on_batch(x, y, sample_weight=sample_weight)
-            seconds = min(seconds, time.perf_counter() - start)
-            peaks.append(tf.config.experimental.get_memory_info(device)["peak"])
+        steps = fit_steps(model, sample if data is None else data, sample, rows, 1 + MEASURED_STEPS,
+                          budget.device, lambda count: repeat_rows(sample, count))
     except tf.errors.OpError as error:
         if not is_out_of_memory(error):
             raise
@@ -105,7 +101,8 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     # The CPU allocator's statistics skip small allocations; a step never
     # needs less than its variables, optimizer slots and gradient sum.
     floor = resident_bytes(model)
-    peaks = tuple(int(max(p, floor)) for p in peaks)
+    peaks = tuple(int(max(p, floor)) for p in steps.peaks[1:])  # the first step traced
+    seconds = min(steps.seconds[1:])
     return ProbeTrial(size, max(peaks), seconds / rows, max(peaks) <= budget.bytes, peaks, compiles)
 
 

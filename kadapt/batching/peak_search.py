@@ -1,0 +1,225 @@
+"""`PeakSearch`: the largest micro-batch whose measured peaks fit, without assuming a line.
+
+Peaks are not monotonic in rows on every device: oneDNN on the CPU (as
+cuDNN's algorithm choice on a GPU) picks kernels with different scratch
+space by batch size, and a logical batch split into micro-batches with a
+ragged tail peaks higher than an even split. Measured on an AMD EPYC (a two
+conv net, 1,024-row logical batch): 64 rows peaked at 49.7 MB, 57 rows at
+66.5 MB, 69 rows at 72.6 MB (docs/probe.md).
+
+So each size is judged by its own measured peaks: it fits when every step
+did, and it is chosen when its mean peak plus NOISE_SIGMAS pooled standard
+deviations (of the fitting trials near the top) fits too. The line
+peak = a + b * m through the two largest fitting trials only proposes where
+to look next; a size that fits is never dropped because a smaller one did
+not, and the search looks only between the largest size chosen so far and
+the smallest tried above it that was not. Typically five trials, at most
+eight; it never returns a size it did not run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kadapt.batching.memory_model import MemoryModel
+from kadapt.batching.probe import FIRST_TRIAL_ROWS
+from kadapt.batching.probe import MARGIN
+from kadapt.batching.probe import SECOND_TRIAL_FACTOR
+from kadapt.batching.probe import too_small_message
+
+MIN_GAIN = 0.05  # a further trial must promise 5% more rows
+FAR = 1.5  # a target above this x the largest measured size is far
+EXTRAPOLATED_SHARE = 0.75  # of the way from the chosen size to a far target
+TYPICAL_TRIALS = 5  # with a chosen size, the search ends here
+MAX_TRIALS = 8  # reached only while no trial has fit with room for the noise
+# A size is chosen when its mean peak plus this many standard deviations of a
+# step's peak fits: about 1 step in 40 above it, were the peaks normal.
+NOISE_SIGMAS = 2.0
+# A failing size whose mean peak is this far above the line through the fitting
+# sizes is a jump (the issue's 57 and 69 rows: 40-45% above), not the line's end.
+JUMP = 0.15
+
+
+class PeakSearch:
+    """The search policy of `probe_micro_batch`, apart from how trials run.
+
+    Args:
+        runner: Callable `size -> ProbeTrial` that runs (or simulates) a
+            trial; `fits`, `peak_bytes`, `step_peaks` and, for `fastest`,
+            `samples_per_second` are read.
+        budget_bytes: Int. Peak bytes a trial may reach and still fit.
+        trained_size: Callable `size -> size` or `None`: the micro-batch a
+            size trains as (a logical batch split evenly runs
+            `balanced_micro_batch(B, m) <= m`), so only sizes that train are
+            tried, once each. Defaults to `None` (every size as it is).
+
+    Example:
+
+    ```python
+    search = PeakSearch(lambda m: run_trial(model, sample, m, budget), budget.bytes)
+    chosen = search.largest(1024)
+    ```
+    """
+
+    def __init__(self, runner: Callable[[int], Any], budget_bytes: int,
+                 trained_size: Callable[[int], int] | None = None) -> None:
+        self.runner, self.budget_bytes = runner, budget_bytes
+        self.trained_size = trained_size or (lambda size: size)
+        self.trials = []
+
+    def largest(self, cap: int) -> int:
+        """The largest tried size that fits with room for the noise (else the
+        largest that fitted), at most `cap`."""
+        size = self.trained_size(min(cap, FIRST_TRIAL_ROWS))
+        while not self.run(size).fits:
+            if size == 1:
+                raise ValueError(too_small_message(self.budget_bytes, self.trials[-1]))
+            size = self.trained_size(max(1, size // SECOND_TRIAL_FACTOR))
+        self.try_size(self.trained_size(self.second_size(size, cap)))
+        while len(self.trials) < MAX_TRIALS:
+            size = self.next_size(cap)
+            if size is None:
+                break
+            self.run(size)
+        return self.chosen()
+
+    def chosen(self) -> int:
+        """The largest size chosen by the rule; where the noise seen late
+        leaves none, the largest that fitted (it did fit)."""
+        return self.best_safe() or max(t.micro_batch_size for t in self.trials if t.fits)
+
+    def next_size(self, cap: int) -> int | None:
+        """The next size to try, or `None` when the search is done."""
+        best = self.best_safe()
+        if best and len(self.trials) >= TYPICAL_TRIALS:
+            return None
+        above = self.smallest_unsafe_above(best, cap)
+        predicted = self.predicted()
+        middle = (best + above) // 2
+        if predicted is not None and best * (1 + MIN_GAIN) < predicted < above:
+            # Below a size that did not fit, the line through lower sizes is no
+            # better a guide than bisection: take the larger step of the two.
+            target = self.damped(min(cap, predicted))
+            return self.untried(target if above > cap else max(target, middle), best, above)
+        if above <= cap:  # the line points at or past a size that did not fit: bisect
+            return self.untried(middle, best, above)
+        # Nothing above failed and the line promises under MIN_GAIN more: real
+        # curves bend and jump, so look 2 x MIN_GAIN higher while trials remain.
+        return self.untried(min(cap, math.ceil(best * (1 + 2 * MIN_GAIN))), best, cap + 1)
+
+    def untried(self, target: int, best: int, above: int) -> int | None:
+        """The first size from `target` up that trains as a new size in
+        (best, above), if any."""
+        tried = {t.micro_batch_size for t in self.trials}
+        for size in range(max(target, best + 1), above):
+            trained = self.trained_size(size)
+            if best < trained < above and trained not in tried:
+                return trained
+        return None
+
+    def smallest_unsafe_above(self, best: int, cap: int) -> int:
+        """The smallest tried size above `best` that is not chosen by the
+        rule, else `cap + 1`: the search looks below it. The largest of them
+        is passed once where its peak is a jump (JUMP above the line through
+        the fitting sizes, within FAR x `best`): a kernel's scratch space at
+        that size, which says nothing of the sizes above it. Farther out, a
+        line through lower sizes is no judge of a jump."""
+        unsafe = sorted(t.micro_batch_size for t in self.trials
+                        if t.micro_batch_size > best and not self.safe(t))
+        for index, size in enumerate(unsafe):
+            if index + 1 < len(unsafe) or size > FAR * best or not self.is_jump(size):
+                return size
+        return cap + 1
+
+    def is_jump(self, size: int) -> bool:
+        memory_model = self.memory_model()
+        trial = next(t for t in self.trials if t.micro_batch_size == size)
+        if memory_model is None or trial.peak_bytes is None:
+            return False
+        return trial.mean_peak_bytes > (1 + JUMP) * memory_model.peak_bytes(size)
+
+    def second_size(self, first: int, cap: int) -> int:
+        """A second size far enough from the first for a good slope: 90% of
+        budget / (first peak per row), at least SECOND_TRIAL_FACTOR x the
+        first (peak / rows over-counts a row's cost, so this is low)."""
+        trial = self.trials[-1]
+        if not trial.peak_bytes:
+            return min(cap, first * SECOND_TRIAL_FACTOR)
+        estimate = int(0.9 * self.budget_bytes * first / trial.peak_bytes)
+        return min(cap, max(first * SECOND_TRIAL_FACTOR, estimate))
+
+    def predicted(self) -> int | None:
+        """The largest size the line through the two largest fitting trials
+        allows with room for the noise and the margin (`None` without two)."""
+        memory_model = self.memory_model()
+        if memory_model is None:
+            return None
+        room = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
+        return memory_model.largest_fitting(room, MARGIN)
+
+    def damped(self, target: int) -> int:
+        """A target far beyond every measured size, pulled back
+        EXTRAPOLATED_SHARE of the way from the chosen size: a line is least
+        sure far from its points."""
+        measured = max(t.micro_batch_size for t in self.trials if t.peak_bytes is not None)
+        if target <= FAR * measured:
+            return target
+        best = self.best_safe()
+        return best + math.ceil(EXTRAPOLATED_SHARE * (target - best))
+
+    def fastest(self, largest: int) -> int:
+        """The fitting size with the best samples/s, after up to three more
+        powers of two below `largest`."""
+        smallest = min(t.micro_batch_size for t in self.trials if t.fits)
+        tried = {t.micro_batch_size for t in self.trials}
+        powers = [2**k for k in range(32) if smallest < 2**k < largest and 2**k not in tried]
+        for size in powers[-3:]:
+            self.run(size)
+        fitting = [t for t in self.trials if t.fits]
+        return max(fitting, key=lambda t: t.samples_per_second).micro_batch_size
+
+    def best_safe(self) -> int:
+        return max((t.micro_batch_size for t in self.trials if self.safe(t)), default=0)
+
+    def noise(self) -> float:
+        """The relative standard deviation of one step's peak, pooled over the
+        measured steps of the fitting trials of at least half the largest
+        fitting size (a small trial's peak is mostly the fixed part; a size
+        that does not fit, often one where the kernels jump, says nothing of
+        the sizes that do); 0 before two steps of one such trial are known."""
+        measured = [t for t in self.trials if t.fits and len(t.step_peaks) > 1]
+        if not measured:
+            return 0.0
+        top = max(t.micro_batch_size for t in measured)
+        near = [np.asarray(t.step_peaks) / np.mean(t.step_peaks) for t in measured
+                if 2 * t.micro_batch_size >= top]
+        squares = sum(float(np.sum((r - 1.0) ** 2)) for r in near)
+        return math.sqrt(squares / sum(len(r) - 1 for r in near))
+
+    def safe(self, trial: Any) -> bool:
+        """Fits, and keeps fitting: its mean peak plus NOISE_SIGMAS pooled
+        standard deviations within the budget."""
+        limit = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
+        return trial.fits and trial.mean_peak_bytes <= limit
+
+    def memory_model(self) -> MemoryModel | None:
+        """The line through the two largest fitting trials (their mean peaks)."""
+        fitting = sorted((t for t in self.trials if t.fits), key=lambda t: t.micro_batch_size)
+        if len({t.micro_batch_size for t in fitting}) < 2:
+            return None
+        top = fitting[-2:]
+        return MemoryModel.fit([t.micro_batch_size for t in top], [t.mean_peak_bytes for t in top])
+
+    def try_size(self, size: int) -> None:
+        if size not in {t.micro_batch_size for t in self.trials}:
+            self.run(size)
+
+    def run(self, size: int) -> Any:
+        trial = self.runner(size)
+        self.trials.append(trial)
+        return trial
+
