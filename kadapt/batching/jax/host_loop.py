@@ -30,14 +30,20 @@ import keras
 
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import logical_batch_loss
+from kadapt.batching.jax.data_parallel import batch_shards
 
 # Platforms whose XLA runs a convolution's gradient in a loop body slowly (measured on "cpu").
 PLATFORMS = ("cpu",)
 
 
 def wanted(model: keras.Model) -> bool:
-    """Whether `model`'s accumulating step should loop on the host here."""
-    return jax.devices()[0].platform in PLATFORMS and not logical_batch_loss.may_mask(model)
+    """Whether `model`'s accumulating step should loop on the host here: not
+    under a mesh (`keras.distribution`), where each micro-step would be a
+    program of its own with collectives; with many in flight, the CPU's
+    in-process collectives aborted a step after 40 s waiting for a device
+    (48 one-row micro-steps on 4 simulated devices)."""
+    return (jax.devices()[0].platform in PLATFORMS and not logical_batch_loss.may_mask(model)
+            and batch_shards() == 1)
 
 
 class HostLoopStep:

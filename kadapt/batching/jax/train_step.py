@@ -44,6 +44,12 @@ class JaxAccumulation:
             self.train_function = JaxTrainFunction(self)
         return self.train_function
 
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any) -> Any:
+        from kadapt.batching.jax.data_parallel import check_fit_batches
+
+        check_fit_batches(x, batch_size)  # under a mesh: every batch splits over its batch axis
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
+
     def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
                      training: bool = True) -> Any:
         step = logical_batch_loss.active_step()
