@@ -10,11 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from once_per_session import once_per_session
 from test_meta_adjuster import regression_data
 
 from kadapt.batching.jax import data_parallel
@@ -28,33 +28,17 @@ MESHES = ("2", "4")
 
 @pytest.fixture(scope="module")
 def meshes(tmp_path_factory):
-    """The job's results: run once per test session, by whichever worker asks first."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    results, failed = root / "data-parallel.json", root / "data-parallel.failed"
-    try:
-        os.close(os.open(root / "data-parallel.lock", os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        return _wait_for(results, failed)
-    partial = root / "data-parallel.partial.json"
-    done = subprocess.run([sys.executable, str(JOB), str(partial)], capture_output=True, text=True,
+    """The job's results, made once per test session."""
+    return once_per_session(tmp_path_factory, "data-parallel", lambda: _run_job(tmp_path_factory), JOB_SECONDS)
+
+
+def _run_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data-parallel") / "results.json"
+    done = subprocess.run([sys.executable, str(JOB), str(out)], capture_output=True, text=True,
                           timeout=JOB_SECONDS, env={**os.environ, "PYTHONPATH": _path()})
     if done.returncode != 0:
-        failed.write_text(done.stderr[-4000:])
         pytest.fail(f"{JOB.name} exited with {done.returncode}:\n{done.stderr[-4000:]}")
-    partial.replace(results)
-    return json.loads(results.read_text())
-
-
-def _wait_for(results, failed):
-    deadline = time.monotonic() + JOB_SECONDS
-    while time.monotonic() < deadline:
-        if results.exists():
-            return json.loads(results.read_text())
-        if failed.exists():
-            pytest.fail(f"{JOB.name} failed in another worker:\n{failed.read_text()}")
-        time.sleep(0.5)
-    pytest.fail(f"{JOB.name} gave no results within {JOB_SECONDS} s")
+    return json.loads(out.read_text())
 
 
 def _path():
