@@ -94,3 +94,33 @@ def _multiples(batch_size, shards):
     below = batch_size // shards * shards
     above = below + shards
     return f"{below} or {above}" if below else str(above)
+
+
+def device_local(rows: int, micro: int) -> int:
+    """The shards a logical batch of `rows` splits into micro-batches of
+    `micro` by: each device's micro-batch i is rows of its own share of the
+    batch (no rows move between devices); 1 (global rows, in order) without
+    a mesh or where `rows` or `micro` does not divide over its batch axis."""
+    shards = batch_shards()
+    return shards if shards > 1 and rows % shards == 0 and micro % shards == 0 else 1
+
+
+def local_slice(t: Any, start: Any, size: int, shards: int) -> Any:
+    """Rows `start:start + size` of every device's share of `t` (`shards` of
+    them, from `device_local`), as one micro-batch of `size` rows: device d's
+    rows `d * rows / shards + start / shards` onwards. `start` may be traced."""
+    if shards == 1:
+        return jax.lax.dynamic_slice_in_dim(t, start, size)
+    shares = t.reshape((shards, t.shape[0] // shards, *t.shape[1:]))
+    part = jax.lax.dynamic_slice_in_dim(shares, start // shards, size // shards, axis=1)
+    return part.reshape((size, *t.shape[1:]))
+
+
+def local_stack(t: Any, micro: int, num_full: int, shards: int) -> Any:
+    """The first `num_full` micro-batches of `t` stacked on a new leading
+    axis (for `lax.scan`), each made of every device's own rows."""
+    if shards == 1:
+        return t[: num_full * micro].reshape((num_full, micro, *t.shape[1:]))
+    shares = t.reshape((shards, t.shape[0] // shards, *t.shape[1:]))[:, : num_full * micro // shards]
+    stacked = shares.reshape((shards, num_full, micro // shards, *t.shape[1:]))
+    return jax.numpy.swapaxes(stacked, 0, 1).reshape((num_full, micro, *t.shape[1:]))
