@@ -8,9 +8,12 @@ included. Keras' own message for a batch that does not divide is JAX's
 sharding error; kadapt checks the batch size at `fit` and names the fix.
 
 The accumulating step itself is one SPMD program of the logical batch: XLA
-partitions the micro-steps and the one update over the mesh, so every device
-takes the same micro-batch, and out-of-memory recovery's smaller micro-batch
-is every device's at once. Its memory plan (`kadapt.batching.jax.memory_plan`)
+partitions the micro-steps and the one update over the mesh, and
+out-of-memory recovery's smaller micro-batch is every device's at once. A
+micro-batch counts global rows; where it divides over the batch axis, micro-
+batch i is made of rows of every device's own share of the logical batch
+(`local_slice`, `local_stack`), so no rows move between devices: the sum
+over the logical batch is the same, in another order. Its memory plan (`kadapt.batching.jax.memory_plan`)
 is of that partitioned program: the batch and state carry the mesh's
 shardings, and XLA reports one device's buffers.
 """
