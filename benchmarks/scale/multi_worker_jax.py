@@ -1,7 +1,7 @@
 """Samples per second of 1 JAX process against 2 (`kadapt.jax_processes`, gloo CPU collectives on
 127.0.0.1), at the same global batch, and how far the 2 processes' weights are from the 1's.
 
-The JAX counterpart of benchmarks/multi_worker.py (TensorFlow's MultiWorkerMirroredStrategy). Both
+The JAX counterpart of benchmarks/scale/multi_worker.py (TensorFlow's MultiWorkerMirroredStrategy). Both
 arms train `kadapt.accumulate(small_cnn)` (Fashion-MNIST-shaped random rows) with SGD on the same
 global batches of 2 x --batch rows in micro-batches of --batch rows (under a mesh a micro-batch
 counts global rows: one per process then), --steps timed steps after --warmup; each process is
@@ -9,8 +9,8 @@ pinned to one CPU core of its own (`os.sched_setaffinity`) and XLA to one thread
 is one JAX process without `jax.distributed`; the 2-process arm feeds each process its half of
 every batch (`process_rows`). Scaling = samples/s(2) / samples/s(1) (ideal 2.0).
 
-    python benchmarks/multi_worker_jax.py                     # batch 128 per process, 20 timed steps
-    python benchmarks/multi_worker_jax.py --steps 5 --warmup 2
+    python benchmarks/scale/multi_worker_jax.py                     # batch 128 per process, 20 timed steps
+    python benchmarks/scale/multi_worker_jax.py --steps 5 --warmup 2
 """
 
 import argparse
