@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -159,9 +160,7 @@ def _launch(args, out):
 
 
 def _check_workers_backend():
-    import keras
-
-    backend = keras.backend.backend()
+    backend = _configured_backend()
     if backend == "jax":
         raise UsageError("--workers starts TensorFlow workers; on JAX it starts none yet: train several JAX "
                          "processes from Python with kadapt.jax_processes (docs/multi-worker.md, 'JAX'), or set "
@@ -170,6 +169,18 @@ def _check_workers_backend():
         raise UsageError(f"--workers runs on TensorFlow (and several JAX processes from Python); Keras' "
                          f"{backend!r} backend has no multi-process path in kadapt: set KERAS_BACKEND=tensorflow. "
                          f"Received: --workers on KERAS_BACKEND={backend}")
+
+
+def _configured_backend():
+    """Keras' backend as Keras will choose it, read without loading Keras (the
+    launcher loads no backend): `KERAS_BACKEND`, else `keras.json`'s, else TensorFlow."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    settings = Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "keras.json"
+    try:
+        return json.loads(settings.read_text()).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
 
 
 def _without_workers(argv):
