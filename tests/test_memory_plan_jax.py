@@ -111,9 +111,13 @@ def test_a_planned_model_trains_as_one_never_planned():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_probe_needs_a_budget_where_the_device_reports_no_limit():
-    with pytest.raises(ValueError, match="Argument `memory_budget` must be given on a device that reports no memory limit"):
-        jax_probe.probe_micro_batch_jax(mlp(), batch(8))
+def test_the_budget_of_a_device_that_reports_no_limit_is_half_the_available_ram_as_on_tensorflow(monkeypatch):
+    monkeypatch.delenv("KADAPT_MEMORY_BUDGET", raising=False)
+    monkeypatch.setattr(jax_probe, "available_ram", lambda: 3 * 2**30)
+    budget = jax_probe.plan_budget(None)
+    assert jax.devices()[0].memory_stats() is None  # JAX's CPU
+    assert budget.bytes == 3 * 2**29 and budget.source == f"50% of available RAM; {budget.device} reports no memory limit"
+    assert jax_probe.probe_micro_batch_jax(mlp(), batch(8)).budget == budget
 
 
 def test_budget_below_the_smallest_plan_is_an_error():

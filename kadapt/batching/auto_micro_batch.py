@@ -319,12 +319,15 @@ def plan_cache_key(model: keras.Model, sample: tuple, budget: MemoryBudget, cap:
     backend, the device's kind, the budget and the cap."""
     import jax  # JAX is optional
 
+    from kadapt.batching.jax.data_parallel import batch_shards
+
     device = jax.devices()[0]
     signature = {
         **_model_signature(model, sample),
         "backend": "jax",
         "device": budget.device,
         "device_name": device.device_kind,
+        "batch_shards": batch_shards(),  # a plan under a mesh is one device's share
         "budget": budget.bytes,
         "cap": cap,
         "versions": [jax.__version__, keras.__version__],

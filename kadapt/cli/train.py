@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -147,6 +148,7 @@ def _launch(args, out):
 
     if args.workers < 1:
         raise UsageError(f"--workers must be a positive int. Received: {args.workers}")
+    _check_workers_backend()
     if os.environ.get("TF_CONFIG"):
         raise UsageError("--workers starts its own local cluster, but TF_CONFIG is set (this process is "
                          "already one worker of a cluster): drop --workers, or unset TF_CONFIG.")
@@ -155,6 +157,30 @@ def _launch(args, out):
     if args.out is None:
         argv += ["--out", out]  # one directory for all: the default name has the time in it
     return launch_local_workers(args.workers, argv, echo=_echo)
+
+
+def _check_workers_backend():
+    backend = _configured_backend()
+    if backend == "jax":
+        raise UsageError("--workers starts TensorFlow workers; on JAX it starts none yet: train several JAX "
+                         "processes from Python with kadapt.jax_processes (docs/multi-worker.md, 'JAX'), or set "
+                         "KERAS_BACKEND=tensorflow. Received: --workers on KERAS_BACKEND=jax")
+    if backend != "tensorflow":
+        raise UsageError(f"--workers runs on TensorFlow (and several JAX processes from Python); Keras' "
+                         f"{backend!r} backend has no multi-process path in kadapt: set KERAS_BACKEND=tensorflow. "
+                         f"Received: --workers on KERAS_BACKEND={backend}")
+
+
+def _configured_backend():
+    """Keras' backend as Keras will choose it, read without loading Keras (the
+    launcher loads no backend): `KERAS_BACKEND`, else `keras.json`'s, else TensorFlow."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    settings = Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "keras.json"
+    try:
+        return json.loads(settings.read_text()).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
 
 
 def _without_workers(argv):

@@ -244,7 +244,7 @@ def _probe_skipped(run):
     units = model_output_units(run.model)
     if run.config.memory_budget is not None or run.member is not None or units is None:
         return None
-    budget = device_budget(None)
+    budget = _budget(None)
     bound = step_bytes_bound(run.model.count_params(), units, _share(run))
     if not trivially_fits(bound, budget.bytes):
         return None
@@ -254,7 +254,7 @@ def _probe_skipped(run):
 
 def _probe(run, echo):
     config, data = run.config, run.data
-    budget = device_budget(config.memory_budget)
+    budget = _budget(config.memory_budget)
     check_probe_allocator(budget.device)
     echo(budget_line(run.model_name, budget))
     model = run.model
@@ -272,7 +272,18 @@ def _probe(run, echo):
         )
     except ValueError as error:  # the budget holds not even one row
         reason = " ".join(str(error).split()).replace("Argument `memory_budget` is", "it is")
-        raise UsageError(f"--memory-budget {config.memory_budget} is too small for this model: {reason}") from None
+        given = (f"--memory-budget {config.memory_budget}" if config.memory_budget is not None
+                 else f"The default memory budget ({budget.bytes / 2**20:.0f} MiB, {budget.source})")
+        raise UsageError(f"{given} is too small for this model: {reason}") from None
+
+
+def _budget(memory_budget):
+    """The probe's budget: on JAX the plan's (`plan_budget`: XLA's device, whose CPU reports no limit)."""
+    if keras.backend.backend() == "jax":
+        from kadapt.batching.jax.probe import plan_budget  # JAX is optional
+
+        return plan_budget(memory_budget)
+    return device_budget(memory_budget)
 
 
 def _plan(batch_size, micro):

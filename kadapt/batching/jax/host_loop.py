@@ -30,14 +30,24 @@ import keras
 
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import logical_batch_loss
+from kadapt.batching.jax.data_parallel import batch_shards
+from kadapt.batching.jax.data_parallel import device_local
+from kadapt.batching.jax.data_parallel import local_slice
 
 # Platforms whose XLA runs a convolution's gradient in a loop body slowly (measured on "cpu").
 PLATFORMS = ("cpu",)
 
 
 def wanted(model: keras.Model) -> bool:
-    """Whether `model`'s accumulating step should loop on the host here."""
-    return jax.devices()[0].platform in PLATFORMS and not logical_batch_loss.may_mask(model)
+    """Whether `model`'s accumulating step should loop on the host here: not
+    under a mesh of several devices in this process (`keras.distribution`),
+    where each micro-step would be a program of its own with collectives;
+    with many in flight, the CPU's in-process collectives aborted a step
+    after 40 s waiting for a device (48 one-row micro-steps on 4 simulated
+    devices). One device per process (`kadapt.jax_processes`) collects over
+    gloo between processes instead."""
+    return (jax.devices()[0].platform in PLATFORMS and not logical_batch_loss.may_mask(model)
+            and (batch_shards() == 1 or jax.local_device_count() == 1))
 
 
 class HostLoopStep:
@@ -83,8 +93,9 @@ class HostLoopStep:
         if first:
             carry = ([jax.numpy.zeros(v.shape, "float32") for v in trainable], jax.numpy.zeros((), "float32"),
                      *carry)
+        shards = device_local(logical_rows, model.micro_batch_size)
         rows = keras.tree.map_structure(
-            lambda t: None if t is None else jax.lax.dynamic_slice_in_dim(t, start, size), batch)
+            lambda t: None if t is None else local_slice(t, start, size, shards), batch)
         sample_weight = batch[2]
         context = (trainable, optimizer_variables, logical_batch_loss.LogicalTotals(sample_weight), logical_rows)
         with ghost_batch_norm.per_logical_step_momentum(ghost_batch_norm.batch_norm_layers(model), num_micro):

@@ -11,6 +11,8 @@ import jax
 import keras
 import numpy as np
 
+from kadapt.batching.jax.data_parallel import sharded_batch
+from kadapt.batching.jax.data_parallel import sharded_state
 from kadapt.validation import check_micro_batch_size
 
 
@@ -55,7 +57,8 @@ def step_plan(model: keras.Model, batch: Any, micro_batch_size: int | None = Non
 
     Lowers and compiles `jax.jit(model.train_step, donate_argnums=0)` (as
     Keras' JAX trainer jits it) on abstract shapes (`jax.ShapeDtypeStruct`)
-    of the model's state and of `batch`: no step runs and no device memory
+    of the model's state and of `batch`, sharded as under the current
+    `keras.distribution` (the plan is then one device's): no step runs and no device memory
     is taken for the batch. It leaves no trace: the model's variables, its
     optimizer and `train_function` are untouched. A model or compiled
     loss/metrics not yet built are built from the batch's shapes as
@@ -87,9 +90,9 @@ def step_plan(model: keras.Model, batch: Any, micro_batch_size: int | None = Non
     """
     check_jax_backend()
     check_compiled(model)
-    specs = abstract_batch(batch)
+    specs = sharded_batch(abstract_batch(batch))  # under a mesh: one device's buffers
     with planned_micro_batch(model, micro_batch_size), built_for_plan(model, specs):
-        state = abstract_state(model)
+        state = sharded_state(state_variables(model), abstract_state(model))
         compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, specs).compile()
     analysis = compiled.memory_analysis()
     return StepPlan(

@@ -26,8 +26,10 @@ from kadapt.batching.jax.memory_plan import check_jax_backend
 from kadapt.batching.jax.memory_plan import planned_micro_batch
 from kadapt.batching.jax.memory_plan import state_variables
 from kadapt.batching.jax.memory_plan import step_plan
+from kadapt.batching.memory_budget import CPU_RAM_FRACTION
 from kadapt.batching.memory_budget import ENVIRONMENT_VARIABLE
 from kadapt.batching.memory_budget import MemoryBudget
+from kadapt.batching.memory_budget import available_ram
 from kadapt.batching.memory_budget import gpu_margin
 from kadapt.batching.memory_budget import parse_memory_size
 from kadapt.batching.plan_search import PlanSearch
@@ -86,8 +88,8 @@ def probe_micro_batch_jax(
             rows, repeated where needed.
         memory_budget: Bytes, a string like `"2GiB"`, or `None`: then
             `$KADAPT_MEMORY_BUDGET`, else the device's `bytes_limit` less
-            kadapt's GPU margin. JAX's CPU devices report no limit: give one.
-            Defaults to `None`.
+            kadapt's GPU margin; on JAX's CPU, which reports no limit, half
+            the RAM available (`plan_budget`). Defaults to `None`.
         max_micro_batch_size: Positive int or `None`. The largest size worth
             having. Defaults to the rows of `data`.
         on_trial: Callable `ProbeTrial -> None` or `None`, called after each
@@ -131,7 +133,9 @@ def probe_micro_batch_jax(
 def plan_budget(memory_budget: int | str | None) -> MemoryBudget:
     """The budget: the argument, else `$KADAPT_MEMORY_BUDGET`, else the
     device's `bytes_limit` less `gpu_margin` (what a plan does not hold:
-    autotuning workspaces, the allocator's free space between buffers)."""
+    autotuning workspaces, the allocator's free space between buffers); on a
+    device that reports no limit (JAX's CPU) `CPU_RAM_FRACTION` of the RAM
+    available now, as on TensorFlow's CPU."""
     device = str(jax.devices()[0])
     if memory_budget is not None:
         return MemoryBudget(parse_memory_size(memory_budget), device, "memory_budget argument")
@@ -140,11 +144,8 @@ def plan_budget(memory_budget: int | str | None) -> MemoryBudget:
         return MemoryBudget(size, device, ENVIRONMENT_VARIABLE)
     limit = (device_memory_stats() or {}).get("bytes_limit")
     if not limit:
-        raise ValueError(
-            f"Argument `memory_budget` must be given on a device that reports no memory "
-            f"limit ({device}: JAX's `memory_stats()` is None on the CPU), e.g. "
-            f"memory_budget='2GiB', or set ${ENVIRONMENT_VARIABLE}. Received: memory_budget=None"
-        )
+        return MemoryBudget(int(available_ram() * CPU_RAM_FRACTION), device,
+                            f"{CPU_RAM_FRACTION:.0%} of available RAM; {device} reports no memory limit")
     return MemoryBudget(int(limit) - gpu_margin(int(limit)), device,
                         f"bytes_limit {limit / 2**30:.1f} GiB less kadapt's GPU margin")
 

@@ -27,6 +27,7 @@ from keras import ops
 
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import logical_batch_loss
+from kadapt.batching.jax import data_parallel
 
 _ZERO = 0.0
 
@@ -43,6 +44,12 @@ class JaxAccumulation:
         if self.train_function is None or force:
             self.train_function = JaxTrainFunction(self)
         return self.train_function
+
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any) -> Any:
+        from kadapt.batching.jax.data_parallel import check_fit_batches
+
+        check_fit_batches(x, batch_size)  # under a mesh: every batch splits over its batch axis
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
                      training: bool = True) -> Any:
@@ -65,7 +72,7 @@ class JaxAccumulation:
         with ghost_batch_norm.per_logical_step_momentum(layers, num_full + (tail > 0)):
             carry = self._accumulate_full(carry, batch, micro, num_full, context)
             if tail:
-                carry = self._micro_step(carry, _rows_from(batch, num_full * micro), context)
+                carry = self._micro_step(carry, _local_rows(batch, num_full * micro, tail, micro), context)
         gradients, loss, non_trainable, metrics_variables = carry
         trainable, optimizer_variables = self._apply_once(gradients, trainable, optimizer_variables)
         logs, metrics_variables = self._track_loss(loss, rows, metrics_variables)
@@ -77,8 +84,11 @@ class JaxAccumulation:
         if num_full == 1:
             # No loop for one: XLA on the CPU runs a convolution's gradient inside a loop
             # body far slower than outside one (measured 40x, JAX 0.10).
-            return step(carry, _rows_to(batch, micro))
-        carry, _ = jax.lax.scan(lambda c, rows: (step(c, rows), None), carry, _stack(batch, micro, num_full))
+            return step(carry, _local_rows(batch, 0, micro, micro))
+        shards = data_parallel.device_local(_rows(batch[0]), micro)
+        stacked = keras.tree.map_structure(
+            lambda t: None if t is None else data_parallel.local_stack(t, micro, num_full, shards), batch)
+        carry, _ = jax.lax.scan(lambda c, rows: (step(c, rows), None), carry, stacked)
         return carry
 
     def _micro_step(self, carry, rows, context):
@@ -170,6 +180,13 @@ def _stack(batch, micro, num_full):
     return keras.tree.map_structure(
         lambda t: None if t is None else ops.reshape(t[: num_full * micro], (num_full, micro, *t.shape[1:])),
         batch)
+
+
+def _local_rows(batch, start, size, micro):
+    """Rows `start:start + size` of the micro-batch layout (`data_parallel.device_local`)."""
+    shards = data_parallel.device_local(_rows(batch[0]), micro)
+    return keras.tree.map_structure(
+        lambda t: None if t is None else data_parallel.local_slice(t, start, size, shards), batch)
 
 
 def _rows_to(batch, end):
