@@ -181,7 +181,7 @@ def main():
     seconds = time.perf_counter() - started
     print(f"load average at the end: {load_text()}; {seconds:.0f} s; results: {args.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    results = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    results = {"config": {k: _jsonable(v) for k, v in vars(args).items()},
                "summary": evaluation.summarize(runs), "runs": runs, "overhead": overhead, "seconds": seconds}
     args.out.write_text(json.dumps(_jsonable(results), indent=1))
 
@@ -210,6 +210,8 @@ def _restored(value):
 
 
 def _jsonable(value):
+    if isinstance(value, Path):
+        return str(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -16,7 +16,6 @@ every batch (`process_rows`). Scaling = samples/s(2) / samples/s(1) (ideal 2.0).
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,9 +56,9 @@ def _flat(values):
 
 
 def _run(processes, args):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from kadapt.run.workers import free_port
+
+    port = free_port()
     environment = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3",
                    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
     if processes > 1:
