@@ -19,12 +19,12 @@ pytestmark = pytest.mark.backends("tensorflow", "jax")
 STEPS = 25
 
 
-def _model(optimizer):
+def _model(optimizer, jit_compile="auto"):
     # Zero weights at the start: w0 - w is then exactly -w. From other weights,
     # the first steps at d0 = 1e-6 move them by ~1e-6, where w0 - w keeps two
     # digits in float32 and any two float32 implementations differ by ~1%.
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, kernel_initializer="zeros")])
-    model.compile(optimizer=optimizer, loss="mse")
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit_compile)
     return model
 
 
@@ -99,6 +99,15 @@ def test_matches_reference(case):
     params, d = _reference(STEPS, **config)
     assert d > 10 * config.get("d0", 1e-6)
     _assert_matches(model, params, d, TOLERANCE.get(case, 1e-6))
+
+
+def test_xla_compiled_step_matches_reference():
+    # The step compiled whole by XLA (TensorFlow's default leaves it to Keras' choice).
+    config = dict(CASES["defaults"])
+    model = _model(kadapt.optimizers.Prodigy(**config), jit_compile=True)
+    _fit(model, STEPS)
+    params, d = _reference(STEPS, **config)
+    _assert_matches(model, params, d, TOLERANCE.get("defaults", 1e-6))
 
 
 def test_accumulated_steps_equal_full_batch():
