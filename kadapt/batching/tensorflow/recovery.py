@@ -28,6 +28,7 @@ from kadapt.batching.oom_recovery import proposed_micro_batch
 from kadapt.batching.oom_recovery import shrink
 from kadapt.batching.tensorflow.out_of_memory import is_out_of_memory
 from kadapt.batching.tensorflow.step_functions import replica_step_function
+from kadapt.batching.tensorflow.step_functions import rows_unknown
 from kadapt.batching.tensorflow.step_functions import traces
 from kadapt.batching.tensorflow.step_functions import two_step_functions
 
@@ -65,13 +66,13 @@ class RecoveringTrainFunction:
     def _run_with_recovery(self, data):
         model = self.model
         if model.max_oom_retries == 0:
-            return self._step_function()(data)
+            return self._traced_step(data)(data)
         if _replicas(model) > 1 or _in_multi_worker_mode(model):
             return self._run_with_recovery_on_every_replica(data)
         if self._needs_trace and not model.run_eagerly:
             # Trace first: the first trace creates the model's, the metrics'
             # and the optimizer's variables, which the snapshot must include.
-            self._step_function().get_concrete_function(data)
+            self._traced_step(data)
             self._needs_trace = False
         saved = training_state.snapshot(
             training_state.state_variables(model, include_weights=False, include_slots=False)
@@ -79,7 +80,7 @@ class RecoveringTrainFunction:
         attempt = 0
         while True:  # ends by returning, or by shrink raising
             try:
-                return self._step_function()(data)
+                return self._traced_step(data)(data)
             except tf.errors.OpError as error:
                 if not is_out_of_memory(error):
                     raise
@@ -132,6 +133,21 @@ class RecoveringTrainFunction:
                 self._retired_traces += sum(traces(f) for f in self._halves_traced[1:])
             self._halves_traced = (micro, *two_step_functions(self.model))
         return self._halves_traced[1:]
+
+    def _traced_step(self, data):
+        """`_step_function()`, traced once for any number of rows shaped as `data`'s.
+
+        Keras traces its step for the dataset's element spec, whose batch
+        dimension is unknown; this function sees each batch as a concrete
+        tensor, and a trace for the first batch's rows alone would trace
+        again at the epoch's smaller last batch (`reduce_retracing` relaxes
+        the shape only on the second call): two traces, two XLA compiles under
+        `jit_compile`. Traced first for a spec with the rows left unknown,
+        every batch of the run calls that one trace."""
+        function = self._step_function()
+        if not self.model.run_eagerly and traces(function) == 0:
+            function.get_concrete_function(rows_unknown(data))
+        return function
 
     def _step_function(self):
         """The traced one-step function for the current micro-batch size."""

@@ -39,6 +39,19 @@ def _traced(model, function):
                        jit_compile=model.jit_compile)
 
 
+def rows_unknown(data):
+    """`data`'s structure with each dense tensor of rank >= 1 replaced by a
+    `tf.TensorSpec` of its shape with the first (row) dimension unknown; other
+    leaves (`None`, sparse and ragged tensors, Python values) as they are."""
+
+    def spec(value):
+        if isinstance(value, tf.Tensor) and value.shape.rank:
+            return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+        return value
+
+    return tf.nest.map_structure(spec, data)
+
+
 def traces(function):
     """How often `function` was traced: 0 for none or one that runs eagerly."""
     count = getattr(function, "experimental_get_tracing_count", None)
