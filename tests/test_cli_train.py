@@ -84,6 +84,19 @@ def test_config_run_history_and_probe_records(trained):
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history)
 
 
+def test_run_records_and_prints_where_its_seconds_went(trained):
+    output, run = trained
+    seconds = json.loads((run / "run.json").read_text())["seconds"]
+    in_run = ["data", "network", "pipeline", "probe", "range test", "first step", "epochs", "evaluation", "saving"]
+    assert list(seconds) == ["start-up", *in_run]  # the command's process: start-up first, then in order
+    assert all(value >= 0 for value in seconds.values())
+    assert seconds["probe"] > 0 and seconds["first step"] > 0 and seconds["epochs"] > 0  # --memory-budget probes
+    # The phases from the data on cover the run: wall_seconds counts from `train`'s start, after data and network.
+    record = json.loads((run / "run.json").read_text())
+    assert sum(seconds[name] for name in in_run[2:]) == pytest.approx(record["wall_seconds"], abs=1.0)
+    assert re.search(r"^time: start-up [\d.]+ s, .*probe [\d.]+ s, .*epochs [\d.]+ s.*\(total \d+ s\)$", output, re.M)
+
+
 def triangle(step, total, warmup, peak):
     """The closed form: 0 -> peak over `warmup` steps, then linearly to 0 at `total`."""
     return peak * step / warmup if step < warmup else peak * (total - step) / (total - warmup)
@@ -184,6 +197,7 @@ def test_report_prints_a_summary_and_writes_nothing(trained, capsys):
     assert re.search(r"batch plan +logical batch 16", out)
     assert re.search(r"test accuracy +\d\.\d{4}", out)
     assert re.search(r"saved weights +epoch [12], the best val_loss", out)
+    assert re.search(r"time split +start-up [\d.]+ s, .*epochs [\d.]+ s.*\(total \d+ s\)", out)
     history = json.loads((run / "history.json").read_text())
     table = out[out.index("epoch  "):].splitlines()
     assert table[0].split() == ["epoch", "loss", "accuracy", "val", "loss", "val", "accuracy"]

@@ -7,6 +7,8 @@ Arms (each over --seeds, one after another in this process):
   meta_off   the same with `--meta off`
   bfloat16   the kadapt arm with `--precision bfloat16` (Keras' mixed_bfloat16 policy)
 
+Each run's time split (`kadapt.run.phases`: data, network, pipeline, probe, first step, epochs,
+evaluation, saving) is printed and kept in the results, the baseline's by the same clock.
 Wall time runs from the first data touch (loading the files) to the end of the final test
 evaluation (the command's own for the kadapt arms: test-time flips and shifts), less the time of
 the per-epoch test evaluations that only this benchmark makes to give the time to 91%.
@@ -37,6 +39,8 @@ from fashion_mnist_fast import arm_summary  # noqa: E402  (the same summary as t
 from kadapt.recipes import predict_with_tta  # noqa: E402
 from kadapt.run import start_run  # noqa: E402
 from kadapt.run import train  # noqa: E402
+from kadapt.run.phases import FirstStepClock  # noqa: E402
+from kadapt.run.phases import PhaseClock  # noqa: E402
 from kadapt.run.config import resolve_config  # noqa: E402
 
 BASELINE_EPOCHS = 10
@@ -69,18 +73,24 @@ class TestAccuracy(keras.callbacks.Callback):
 
 
 def run_baseline(seed, options, epochs):
-    start = time.perf_counter()
-    (x, y), (x_test, y_test) = kadapt.datasets.fashion_mnist()
-    rows = options.get("train_rows")
-    x, y = (x[:rows], y[:rows]) if rows else (x, y)
-    keras.utils.set_random_seed(seed)
-    model = kadapt.models.small_cnn()
-    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    curve = TestAccuracy(x_test / 255.0, y_test, start, {"flip": False})
-    model.fit(x / 255.0, y, batch_size=BASELINE_BATCH_SIZE, epochs=epochs, callbacks=[curve], verbose=0)
-    logits = predict_with_tta(model, x_test / 255.0, flip=False)  # the final evaluation, on the clock
+    start, clock = time.perf_counter(), PhaseClock()
+    with clock.phase("data"):
+        (x, y), (x_test, y_test) = kadapt.datasets.fashion_mnist()
+        rows = options.get("train_rows")
+        x, y = (x[:rows], y[:rows]) if rows else (x, y)
+        x, x_test = x / 255.0, x_test / 255.0
+    with clock.phase("network"):
+        keras.utils.set_random_seed(seed)
+        model = kadapt.models.small_cnn()
+        model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    curve, first_step = TestAccuracy(x_test, y_test, start, {"flip": False}), FirstStepClock()
+    with clock.fit(first_step):
+        model.fit(x, y, batch_size=BASELINE_BATCH_SIZE, epochs=epochs, callbacks=[first_step, curve], verbose=0)
+    clock.add("epochs", -curve.evaluation_seconds)  # the benchmark's own per-epoch evaluations, off the clock
+    with clock.phase("evaluation"):
+        logits = predict_with_tta(model, x_test, flip=False)  # the final evaluation, on the clock
     accuracy = float(np.mean(logits.argmax(-1) == y_test))
-    return {"accuracy": accuracy, "wall_seconds": curve.elapsed(), "curve": curve.curve}
+    return {"accuracy": accuracy, "wall_seconds": curve.elapsed(), "curve": curve.curve, "seconds": clock.to_dict()}
 
 
 def run_kadapt(seed, options, meta):
@@ -90,10 +100,18 @@ def run_kadapt(seed, options, meta):
         curve = TestAccuracy(run.data.x_test, run.data.y_test, start, run.recipe.test_time_augmentation)
         record = train(run, echo=lambda line: print("  " + line, flush=True), callbacks=[curve])
         decisions = run.directory.read_jsonl("meta_decisions.jsonl")
-    return {"accuracy": record["test_accuracy"], "wall_seconds": curve.elapsed(),
+    seconds = dict(record["seconds"])
+    seconds["epochs"] = round(seconds["epochs"] - curve.evaluation_seconds, 1)  # the benchmark's own evaluations
+    return {"accuracy": record["test_accuracy"], "wall_seconds": curve.elapsed(), "seconds": seconds,
             "curve": curve.curve, "micro_batch_size": record["micro_batch_size"],
             "weights_epoch": record["weights"]["epoch"],
             "decisions": [f"step {d['step']}: {d['trigger']} -> {d['action']}" for d in decisions]}
+
+
+def mean_split(runs):
+    """The mean seconds of each phase over `runs` (each run's `"seconds"`)."""
+    return {name: round(float(np.mean([run["seconds"].get(name, 0.0) for run in runs])), 1)
+            for name in runs[0]["seconds"]}
 
 
 def seconds_to(curve, accuracy):
@@ -155,7 +173,8 @@ def main():
                        loadavg_before=load_before, loadavg_after=os.getloadavg())
             results["runs"].append(run)
             print(json.dumps({k: v for k, v in run.items() if k != "curve"}), flush=True)
-        results["arms"][arm] = arm_summary([r for r in results["runs"] if r["arm"] == arm])
+        runs = [r for r in results["runs"] if r["arm"] == arm]
+        results["arms"][arm] = {**arm_summary(runs), "mean_seconds": mean_split(runs)}
         print(arm, json.dumps(results["arms"][arm]), flush=True)
     results["verdict"] = verdict(results["arms"])
     print("\n".join(results["verdict"]))

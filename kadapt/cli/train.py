@@ -118,13 +118,16 @@ def run_train(args) -> int:
     out = args.out or _default_out(args)
     if args.workers != 1:
         return _launch(args, out)  # before anything that loads a backend: the launcher loads none
+    from kadapt.run.phases import PhaseClock
+    from kadapt.run.phases import process_age
     from kadapt.run.pipeline import start_run
     from kadapt.run.pipeline import train
     from kadapt.run.workers import ClusterMember
 
     member = ClusterMember.from_environment()
     run = start_run({name: getattr(args, name) for name in _OPTIONS}, out,
-                    overwrite=args.overwrite, resume=args.resume, member=member)
+                    overwrite=args.overwrite, resume=args.resume, member=member,
+                    clock=PhaseClock(start_up=process_age()))
     try:
         train(run, echo=_echo, verbose=fit_verbosity(args.fit_verbose, sys.stdout))
     except KeyboardInterrupt:

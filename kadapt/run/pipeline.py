@@ -38,6 +38,8 @@ from kadapt.run.config import with_batch_size
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
 from kadapt.run.networks import build_network
+from kadapt.run.phases import FirstStepClock
+from kadapt.run.phases import PhaseClock
 from kadapt.run.plots import draw_plots
 from kadapt.run.probe_text import budget_line
 from kadapt.run.probe_text import check_probe_allocator
@@ -67,37 +69,42 @@ class Run:
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
     range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
+    clock: PhaseClock = dataclasses.field(default_factory=PhaseClock)  # the seconds of each phase
 
     def scope(self):
         """The distribution strategy's scope in a multi-worker run (else a no-op)."""
         return self.member.strategy.scope() if self.member else contextlib.nullcontext()
 
 
-def start_run(options, out, overwrite=False, resume=False, member=None):
+def start_run(options, out, overwrite=False, resume=False, member=None, clock=None):
     """Validates the options, data, network and output directory, then
     creates the directory. Raises `UsageError` before writing anything.
 
     With `member` (a multi-worker run), the network is built under its
     strategy, and a worker that is not the chief writes into a scratch
-    directory instead of `out`."""
+    directory instead of `out`. `clock` (a `kadapt.run.phases.PhaseClock`,
+    a new one by default) times the phases from here on."""
+    clock = PhaseClock() if clock is None else clock
     directory = RunDirectory(out)
     replace = directory.check_new_run(overwrite, resume)
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
     if member is not None and not member.is_chief:
         directory, replace = RunDirectory(member.scratch_directory(out, resume)), True
-    data = load_data(config)
+    with clock.phase("data"):
+        data = load_data(config)
     config = with_batch_size(config, len(data.x_train))
     if member is not None:
         _check_split(config.batch_size, member.workers)
     settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
     name = network_name(config, data)
-    precision = _precision(config, settings, name, data, directory if resume else None, member)
-    keras.utils.set_random_seed(config.seed)
-    with global_policy(precision.policy):
-        model = build_network(name, data, settings)
+    with clock.phase("network"):
+        precision = _precision(config, settings, name, data, directory if resume else None, member)
+        keras.utils.set_random_seed(config.seed)
+        with global_policy(precision.policy):
+            model = build_network(name, data, settings)
     run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision,
-              range_test=found)
+              range_test=found, clock=clock)
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -152,12 +159,13 @@ def train(run, echo=print, callbacks=(), verbose=1):
     something at every epoch end. `verbose` is `Model.fit`'s: 1 a progress
     bar, 2 one line per epoch (for logs and pipes), 0 nothing."""
     started = time.time()
-    config, directory, data = run.config, run.directory, run.data
-    rows = recipe.expanded(data.x_train, data.targets(data.y_train), run.recipe, data.num_classes, config.seed)
-    steps = {"train_rows": len(rows[0]),
-             **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
-    with run.scope():
-        recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
+    config, directory, data, clock = run.config, run.directory, run.data, run.clock
+    with clock.phase("pipeline"):
+        rows = recipe.expanded(data.x_train, data.targets(data.y_train), run.recipe, data.num_classes, config.seed)
+        steps = {"train_rows": len(rows[0]),
+                 **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
+        with run.scope():
+            recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     choice = optimizer_choice(config, data)
     echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "
@@ -169,13 +177,17 @@ def train(run, echo=print, callbacks=(), verbose=1):
     _write_config(directory, config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
-        micro = _micro_batch_size(run, echo)
-        resolved.update(_range_test(run, rows, steps, micro, echo))
+        with clock.phase("probe"):
+            micro = _micro_batch_size(run, echo)
+        with clock.phase("range test"):
+            resolved.update(_range_test(run, rows, steps, micro, echo))
         _write_config(directory, config, {**resolved, "plan": _plan(_share(run), micro)})
         with run.scope():
             trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
-        best = _fit(run, trainer, rows, steps, micro, list(callbacks), verbose)
+        first_step = FirstStepClock()
+        with clock.fit(first_step):
+            best = _fit(run, trainer, rows, steps, micro, [first_step, *callbacks], verbose)
     except KeyboardInterrupt:
         directory.update_run(status="interrupted", interrupted_at=_now())
         draw_plots(directory)
@@ -333,25 +345,30 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
 
 
 def _finish(run, trainer, best, started, echo):
-    directory, data = run.directory, run.data
-    scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe, data.task)
-    _save_model(run)
+    directory, data, clock = run.directory, run.data, run.clock
+    with clock.phase("evaluation"):
+        scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe, data.task)
+    with clock.phase("saving"):
+        _save_model(run)
     history = directory.read_json(files.HISTORY, {})
     record = {
         "status": "completed", "finished_at": _now(),
-        "wall_seconds": round(time.time() - started, 1),
         "epochs_completed": len(history.get("epoch", [])),
         "steps_completed": int(trainer.optimizer.iterations.numpy()),
         "weights": _weights_record(best, history),
         **{f"test_{name}": value for name, value in scores.items()},
     }
     directory.update_run(**record)
-    plots = draw_plots(directory)
+    with clock.phase("saving"):
+        plots = draw_plots(directory)  # they read run.json's scores
+    record.update(wall_seconds=round(time.time() - started, 1), seconds=clock.to_dict())
+    directory.update_run(wall_seconds=record["wall_seconds"], seconds=record["seconds"])
     echo(f"{scores_text(record)} after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
     decisions = directory.read_jsonl(files.META_DECISIONS)
     if run.meta_adjuster is not None or decisions:  # with --meta off, the dead-run rescue's
         echo(_decisions_text(decisions))
+    echo(clock.text())
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
     return directory.read_json(files.RUN)
 

@@ -31,7 +31,15 @@ def summary(directory):
         rows.append((label, scores_text(record, label=False)))
     if "wall_seconds" in record:
         rows.append(("wall time", f"{record['wall_seconds']:.0f} s"))
+    if "seconds" in record:
+        rows.append(("time split", seconds_text(record["seconds"])))
     return rows
+
+
+def seconds_text(seconds):
+    """`{phase: seconds}` (`run.json`'s `"seconds"`) as one line: each phase of 0.05 s or more, then the total."""
+    parts = [f"{name} {value:.1f} s" for name, value in seconds.items() if value >= 0.05]
+    return f"{', '.join(parts)} (total {sum(seconds.values()):.0f} s)"
 
 
 def scores_text(record, label=True):
