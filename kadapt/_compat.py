@@ -16,6 +16,7 @@ from typing import Any
 PRIVATE_NAMES = {
     "keras.src.backend.common.masking": ("get_keras_mask",),
     "keras.src.trainers.compile_utils": ("get_loss",),
+    "keras.src.trainers.trainer": ("Trainer._symbolic_build",),
     "tensorflow.python.eager.context": ("context",),
     "tensorflow.python.pywrap_tfe": ("TFE_ContextListDevices", "TF_DeviceListCount", "TF_DeviceListName",
                                      "TF_DeleteDeviceList"),
@@ -35,8 +36,32 @@ def missing_private_names() -> list[str]:
         except ImportError:
             missing += [f"{module_name}.{name}" for name in names]
             continue
-        missing += [f"{module_name}.{name}" for name in names if not hasattr(module, name)]
+        missing += [f"{module_name}.{name}" for name in names if not _has_path(module, name)]
     return missing
+
+
+def _has_path(module: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not hasattr(module, part):
+            return False
+        module = getattr(module, part)
+    return True
+
+
+def build_training_state(model: Any, data_batch: Any) -> None:
+    """Creates `model`'s, its compiled metrics' and loss's and its optimizer's
+    variables for batches shaped as `data_batch` (`(x, y, sample_weight)`),
+    without running a step.
+
+    Keras' TensorFlow trainer builds them this way only under a distribution
+    strategy; otherwise the first trace of the train step creates them, and a
+    `tf.function` whose first trace creates variables traces a second time
+    (a second XLA compile under `jit_compile`): plain Keras does so too.
+    `keras.src.trainers.trainer.Trainer._symbolic_build` is the step Keras
+    runs for this (symbolic tensors, nothing computed); there is no public
+    entry.
+    """
+    model._symbolic_build(data_batch=data_batch)
 
 
 def get_keras_mask(tensor: Any) -> Any:

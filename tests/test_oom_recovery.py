@@ -55,6 +55,17 @@ def test_recovers_and_ends_with_the_full_batch_weights():
     np.testing.assert_allclose(history.history["mae"], plain_history.history["mae"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("max_oom_retries", [0, 3])
+def test_a_fit_with_a_short_last_batch_traces_the_step_once(max_oom_retries):
+    # 32 rows in batches of 12: 12, 12, 8. Keras traces its step once for the dataset's
+    # spec (rows unknown); the accumulating step, fed each batch as a tensor, did twice.
+    accumulated = kadapt.accumulate(_model(None), 4, max_oom_retries=max_oom_retries)
+    x, y = _data()
+    accumulated.fit(x, y, batch_size=12, epochs=2, verbose=0, shuffle=False)
+    assert accumulated.train_function.compiles == 1
+    assert int(accumulated.optimizer.iterations) == 6
+
+
 def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch):
     # On a GPU Keras compiles the step with XLA. A real XLA allocation failure
     # cannot be had on the CPU (the process aborts), so the step of 8 rows

@@ -23,6 +23,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kadapt._compat import build_training_state
 from kadapt.batching import training_state
 from kadapt.batching.oom_recovery import proposed_micro_batch
 from kadapt.batching.oom_recovery import shrink
@@ -143,9 +144,14 @@ class RecoveringTrainFunction:
         again at the epoch's smaller last batch (`reduce_retracing` relaxes
         the shape only on the second call): two traces, two XLA compiles under
         `jit_compile`. Traced first for a spec with the rows left unknown,
-        every batch of the run calls that one trace."""
+        every batch of the run calls that one trace; and with the model's,
+        metrics' and optimizer's variables made before it (Keras makes them in
+        the first trace without a distribution strategy, and a trace that
+        makes variables is traced again)."""
         function = self._step_function()
         if not self.model.run_eagerly and traces(function) == 0:
+            # Variables made in a trace make `tf.function` trace again: make them first.
+            build_training_state(self.model, data)
             function.get_concrete_function(rows_unknown(data))
         return function
 
