@@ -30,6 +30,7 @@ from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.start_judge import SPREAD
 from kadapt.meta.triggers import Trigger
+from kadapt.meta.worker_agreement import WorkerAgreement
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import check_range
@@ -37,7 +38,6 @@ from kadapt.validation import check_range
 DECISIONS_FILE = "meta_decisions.jsonl"
 STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
 _ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
-_REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress")  # Trigger.update's answers
 
 
 class MetaAdjuster(keras.callbacks.Callback):
@@ -186,7 +186,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                                        self._trigger_template.patience)
         self._policy_state = PolicyState()
         self._initial_learning_rate = applied_learning_rate(optimizer)
-        self._strategy = _multi_worker_strategy(self.model)
+        self._agreement = WorkerAgreement.of(self.model)
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
         self.decisions, self._step = [], int(optimizer.iterations.numpy())
@@ -355,11 +355,11 @@ class MetaAdjuster(keras.callbacks.Callback):
         observation = self._observation(loss, val_loss)
         self.history.observe(observation)
         finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
-        reason = self._chiefs_reason(self.trigger.update(watched if finite else math.nan))
+        reason = self._agreement.reason(self.trigger.update(watched if finite else math.nan))
         adjustment, self._policy_state = self.policy.decide(
             self._policy_state, self.history.window(), reason, self._rates[0],
             annealing=self._annealing(), final=self._is_final(), suggestion=self._range_test_rate)
-        self._execute(self._chiefs_choice(adjustment), watched, finite, measured_now)
+        self._execute(self._agreement.adjustment(adjustment), watched, finite, measured_now)
 
     def _execute(self, adjustment, watched, finite, measured_now):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
@@ -390,28 +390,6 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._rates = self._read_rates()
         # A float rate the action just set is not the schedule annealing.
         self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-
-    def _chiefs_reason(self, reason):
-        """`reason`, or in a multi-worker job the chief's: the logs are synchronized, yet a
-        worker on other hardware could round a threshold differently, and every worker must
-        act at the same observation."""
-        if self._strategy is None:
-            return reason
-        (code,) = self._from_chief(_REASONS.index(reason))
-        return _REASONS[int(code)]
-
-    def _chiefs_choice(self, adjustment):
-        """`adjustment`, or in a multi-worker job with the chief's action: every worker applies
-        the same one at this step."""
-        if self._strategy is None or not adjustment.consulted:
-            return adjustment
-        index, gain, considered = self._from_chief(adjustment.action, adjustment.gain, adjustment.considered)
-        return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered))
-
-    def _from_chief(self, *values):
-        from kadapt.batching.tensorflow.multi_worker import chief_values
-
-        return chief_values(self._strategy, [float(v) for v in values])
 
     def _annealing(self):
         """Whether the schedule (the rate before the live multiplier) fell since the last observation."""
@@ -551,17 +529,6 @@ def _apply_rate(optimizer, live, rate):
 
 def _json_number(value):
     return float(value) if math.isfinite(value) else None
-
-
-def _multi_worker_strategy(model):
-    """The model's `MultiWorkerMirroredStrategy` spanning several processes, else `None`.
-    Only the TensorFlow backend has one (imported only there)."""
-    if keras.backend.backend() != "tensorflow":
-        return None
-    from kadapt.batching.tensorflow.multi_worker import in_multi_worker_mode
-
-    strategy = model.distribute_strategy
-    return strategy if in_multi_worker_mode(strategy) else None
 
 
 def _load(meta_model):
