@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import os
 from pathlib import Path
@@ -18,7 +17,8 @@ from kadapt.meta import rollback
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
 from kadapt.meta.branch_trials import branch_scores
-from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
+from kadapt.meta.decision_log import DecisionLog
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import check_spec
@@ -35,7 +35,6 @@ from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import check_range
 
-DECISIONS_FILE = "meta_decisions.jsonl"
 STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
 _ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
 
@@ -164,14 +163,19 @@ class MetaAdjuster(keras.callbacks.Callback):
             raise TypeError("Argument `range_test` must be a kadapt.meta.RangeTestStart or None. "
                             f"Received: range_test={range_test!r}")
         self.range_test = range_test
-        self.decisions = []
+        self.decision_log = DecisionLog(self.log_dir, verbose)
 
     def __deepcopy__(self, memo):
         # KerasTuner deep-copies callbacks per trial: share the (read-only) meta-model.
         clone = copy.copy(self)
         clone._trigger_template = copy.deepcopy(self._trigger_template, memo)
-        clone.decisions = []
+        clone.decision_log = DecisionLog(self.log_dir, self.verbose)
         return clone
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decisions of the current (or last) `fit`, as written to `log_dir/meta_decisions.jsonl`."""
+        return self.decision_log.decisions
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
@@ -189,19 +193,17 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._agreement = WorkerAgreement.of(self.model)
         self.history = FeatureHistory()
         self.trigger = copy.deepcopy(self._trigger_template)
-        self.decisions, self._step = [], int(optimizer.iterations.numpy())
+        self._step = int(optimizer.iterations.numpy())
         self._last_good = self._pending = None
         if self.model.trainable_variables:
             self._hold_start()
-        self._epoch_decisions, self._interval_start = 0, (0, 0.0)
+        self._interval_start = (0, 0.0)
         self._last_epoch_ending = False
         self._scheduled = []
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
         self._range_test_rate = None  # the test's suggestion: a feature of every later observation
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            (self.log_dir / DECISIONS_FILE).touch()
+        self.decision_log.begin()
 
     def _hold_start(self):
         """Takes the first state a rollback can return to. A model that its first `fit` step
@@ -217,7 +219,8 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._began = True
             self._resume(epoch)
         self._last_epoch_ending = False
-        self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
+        self._epoch, self._interval_start = epoch, (0, 0.0)
+        self.decision_log.begin_epoch()
         self._epoch_start_step = self._step
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -268,7 +271,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         if not observed:
             self._rates = self._read_rates()
         logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
-        logs["meta_adjustments"] = self._epoch_decisions
+        logs["meta_adjustments"] = self.decision_log.count_this_epoch
         if self.backup_dir is not None:
             self._save(epoch + 1)
 
@@ -343,9 +346,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._initial_learning_rate = rate  # later changes stay within MAX_CHANGE of the found rate
 
     def _log_range_test(self, action, detail):
-        self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "range_test",
-                   "adjustment": {}, "action": action, "predicted_gain": None, "rollback": False,
-                   "features": {}, "range_test": detail})
+        self.decision_log.range_test(action, detail, self._step, getattr(self, "_epoch", 0))
 
     def _total_steps(self):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
@@ -374,7 +375,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         if adjustment.restart_trigger:
             self.trigger.adjusted()
         if adjustment.logged:
-            self._log(self._record(adjustment, self.history.window()))
+            self.decision_log.adjustment(adjustment, self.history.window(), self._rates, self._step,
+                                         getattr(self, "_epoch", 0))
 
     def _advance_rollback_point(self, watched, measured_now):
         point = rollback.take(self.model, watched)
@@ -423,15 +425,6 @@ class MetaAdjuster(keras.callbacks.Callback):
             return min(self._step / (epochs * steps), 1.0)
         return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
 
-    def _record(self, adjustment, window):
-        record = {"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": adjustment.reason,
-                  "adjustment": dict(action_lib.ACTIONS[adjustment.action]), "action": adjustment.text,
-                  "predicted_gain": round(adjustment.gain, 4), "rollback": adjustment.rollback,
-                  "features": _summary(window), "learning_rate": self._rates[0], "momentum": self._rates[1]}
-        if adjustment.consulted:
-            record["applied"] = not adjustment.abstained
-        return record
-
     def get_state(self) -> dict[str, Any]:
         """Everything the adjuster's later decisions depend on, as arrays and JSON values.
 
@@ -463,12 +456,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
         self._range_test_rate = state.get("range_test_rate")
-        self.decisions = list(state["decisions"])
-        if self.log_dir is not None:
-            lines = "".join(json.dumps(decision) + "\n" for decision in self.decisions)
-            aside = self.log_dir / (DECISIONS_FILE + ".partial")
-            aside.write_text(lines)
-            os.replace(aside, self.log_dir / DECISIONS_FILE)
+        self.decision_log.restore(state["decisions"])
 
     def _save(self, epochs_done):
         """Writes the state after `epochs_done` epochs beside the backup; keeps the last two
@@ -501,20 +489,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             return
         if (value <= self.target) if self.mode == "min" else (value >= self.target):
             self.model.stop_training = True
-            self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "target",
-                       "adjustment": {}, "action": "stop", "predicted_gain": None, "rollback": False,
-                       "features": {self.monitor: value}})
-
-    def _log(self, decision):
-        self.decisions.append(decision)
-        self._epoch_decisions += 1
-        if self.log_dir is not None:
-            with open(self.log_dir / DECISIONS_FILE, "a") as file:
-                file.write(json.dumps(decision) + "\n")
-        if self.verbose:
-            gain = decision["predicted_gain"]
-            print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']}"
-                  + ("" if gain is None else f" (predicted gain {gain:+.3f})"), flush=True)
+            self.decision_log.target_reached(self.monitor, value, self._step, getattr(self, "_epoch", 0))
 
 
 def _apply_rate(optimizer, live, rate):
@@ -569,7 +544,3 @@ def _finite(value):
 
 def _all_finite(variables):
     return all(bool(np.all(np.isfinite(v.numpy()))) for v in variables)
-
-
-def _summary(window):
-    return {name: round(float(value), 4) for name, value in zip(FEATURE_NAMES, window[-1])}
