@@ -16,7 +16,6 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta import rollback
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
-from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
 from kadapt.meta.decision_log import DecisionLog
 from kadapt.meta.features import FeatureHistory
@@ -27,8 +26,8 @@ from kadapt.meta.observation import observe_model
 from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 from kadapt.meta.policy import model_predictor
+from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.range_test_start import RangeTestStart
-from kadapt.meta.start_judge import SPREAD
 from kadapt.meta.triggers import Trigger
 from kadapt.meta.worker_agreement import WorkerAgreement
 from kadapt.optimizers.live_variables import applied_learning_rate
@@ -281,72 +280,17 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def _start_from_range_test(self):
         """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
-        budget = self._total_steps()
-        num_steps = self.range_test.num_steps(budget)
-        if num_steps is None:
-            self._log_range_test("keep", {"why": f"no room for a range test in a budget of {budget} steps"})
-            return
-        live = applied_learning_rate(self.model.optimizer)
-        try:
-            result = self.range_test.run(self.model, num_steps)
-        except ValueError as error:
-            # A curve no rate can be read off: the test ran (up to num_steps), the rate stays.
-            self._charge(num_steps)
-            self._log_range_test("keep", {"why": str(error), "learning_rate": live})
-            return
-        self._charge(result.steps_run)
-        self._range_test_rate = float(result.suggestion)
-        detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
-        settable = action_lib.can_adjust_learning_rate(self.model.optimizer)
-        if self.range_test.judge is None:
-            rate = self.range_test.choose(live, result.suggestion)
-            why = f"within {self.range_test.factor:g}x of the suggestion"
-        if not settable:
-            rate, why = None, "the optimizer's rate cannot be set live"
-        elif self.range_test.judge is not None:
-            rate, why, judged = self._judge_start(live, result.suggestion, budget)
-            detail.update(judged)
-        if rate is None:
-            self._log_range_test("keep", {**detail, "why": why})
-        else:
-            self._set_learning_rate(live, rate)
-            self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
-
-    def _judge_start(self, live, suggestion, budget):
-        """Branches from the state now at each candidate rate (their steps charged) and returns
-        the judge's rate (`None`: keep), why it kept, and the candidates' scores to log."""
-        judge = self.range_test.judge
-        rates = judge.candidates(live, suggestion)
-        if rates == (live,):  # the suggestion is within SPREAD of the live rate: nothing to judge, nothing charged
-            return None, f"within {SPREAD:g}x of the suggestion", {}
-        steps = judge.steps_per_branch(budget, len(rates))
-        if steps < 1:
-            return None, f"no room for branches in a budget of {budget} steps", {}
-        try:
-            train, held = self.range_test.branch_batches(steps, judge.held_batches)
-        except ValueError as error:
-            return None, str(error), {}
-        optimizer = self.model.optimizer
-        trials = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
-        self._charge(steps * len(rates))
-        judged = {"branch_steps": steps, "held_batches": len(held), "held_loss": _json_number(trials.start),
-                  "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
-                               for rate, score in trials.scores.items()]}
-        why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
-        return judge.choose(live, trials.start, trials.scores), why, judged
+        run = run_range_test(self.range_test, self.model, self._total_steps())
+        self._charge(run.steps)
+        self._range_test_rate = run.suggestion
+        if run.learning_rate is not None and not hasattr(self.model.optimizer, "learning_rate_multiplier"):
+            self._initial_learning_rate = run.learning_rate  # later changes stay within MAX_CHANGE of the found rate
+        self.decision_log.range_test(run.action, run.detail, self._step, getattr(self, "_epoch", 0))
 
     def _charge(self, steps):
         self._range_test_steps += steps
         self._step += steps
         self._epoch_start_step += steps
-
-    def _set_learning_rate(self, live, rate):
-        _apply_rate(self.model.optimizer, live, rate)
-        if not hasattr(self.model.optimizer, "learning_rate_multiplier"):
-            self._initial_learning_rate = rate  # later changes stay within MAX_CHANGE of the found rate
-
-    def _log_range_test(self, action, detail):
-        self.decision_log.range_test(action, detail, self._step, getattr(self, "_epoch", 0))
 
     def _total_steps(self):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
@@ -490,20 +434,6 @@ class MetaAdjuster(keras.callbacks.Callback):
         if (value <= self.target) if self.mode == "min" else (value >= self.target):
             self.model.stop_training = True
             self.decision_log.target_reached(self.monitor, value, self._step, getattr(self, "_epoch", 0))
-
-
-def _apply_rate(optimizer, live, rate):
-    """Makes `optimizer` apply `rate` where it applies `live` now: through its live multiplier
-    (which keeps a schedule's shape), or as its float rate."""
-    if hasattr(optimizer, "learning_rate_multiplier"):
-        multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-        optimizer.learning_rate_multiplier = multiplier * rate / live
-    else:
-        optimizer.learning_rate = rate
-
-
-def _json_number(value):
-    return float(value) if math.isfinite(value) else None
 
 
 def _load(meta_model):
