@@ -3,39 +3,33 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 import keras
-import numpy as np
 
 from kadapt.meta import actions as action_lib
-from kadapt.meta import rollback
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
+from kadapt.meta.adjustment_runner import AdjustmentRunner
+from kadapt.meta.adjustment_runner import Progress
 from kadapt.meta.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
 from kadapt.meta.decision_log import DecisionLog
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import load_meta_model
-from kadapt.meta.observation import observe_model
 from kadapt.meta.policy import AdjustmentPolicy
-from kadapt.meta.policy import PolicyState
 from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.triggers import Trigger
 from kadapt.meta.worker_agreement import WorkerAgreement
-from kadapt.optimizers.live_variables import applied_learning_rate
-from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import check_range
 
 STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
-_ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
 
 
 class MetaAdjuster(keras.callbacks.Callback):
@@ -78,12 +72,13 @@ class MetaAdjuster(keras.callbacks.Callback):
     no validation loss); epoch ends still check `target` and non-finite losses.
 
     The decision itself is `kadapt.meta.policy.AdjustmentPolicy`'s, a pure
-    object fed the window, the rate and the trigger's reason; the callback
-    executes it (rollback, action, log). With `backup_dir` (the directory of
-    the run's `BackupAndRestore`) its whole state — history, trigger, rollback
-    points, ceiling, decisions — is saved there at every epoch end and restored
-    when a resumed `fit` begins its first epoch, so the resumed run adjusts as
-    the uninterrupted one would.
+    object fed the window, the rate and the trigger's reason; an
+    `AdjustmentRunner` (`kadapt.meta.adjustment_runner`) executes it
+    (rollback, action, log), and the callback tells it when. With
+    `backup_dir` (the directory of the run's `BackupAndRestore`) its whole
+    state — history, trigger, rollback points, ceiling, decisions — is saved
+    there at every epoch end and restored when a resumed `fit` begins its
+    first epoch, so the resumed run adjusts as the uninterrupted one would.
 
     With `range_test` (a `kadapt.meta.RangeTestStart`, which holds the data:
     Keras shows a callback none of fit's), a learning-rate range test runs
@@ -176,6 +171,21 @@ class MetaAdjuster(keras.callbacks.Callback):
         """The decisions of the current (or last) `fit`, as written to `log_dir/meta_decisions.jsonl`."""
         return self.decision_log.decisions
 
+    @property
+    def policy(self) -> AdjustmentPolicy:
+        """The policy deciding at each observation, once training began."""
+        return self._runner.policy
+
+    @property
+    def history(self) -> FeatureHistory:
+        """The run's feature history (`kadapt.meta.features`), once training began."""
+        return self._runner.history
+
+    @property
+    def trigger(self) -> Trigger:
+        """This run's trigger (a copy of the one given), once training began."""
+        return self._runner.trigger
+
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
         allowed = action_lib.optimizer_mask(optimizer)
@@ -185,33 +195,16 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
-        self.policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
-                                       self._trigger_template.patience)
-        self._policy_state = PolicyState()
-        self._initial_learning_rate = applied_learning_rate(optimizer)
-        self._agreement = WorkerAgreement.of(self.model)
-        self.history = FeatureHistory()
-        self.trigger = copy.deepcopy(self._trigger_template)
-        self._step = int(optimizer.iterations.numpy())
-        self._last_good = self._pending = None
-        if self.model.trainable_variables:
-            self._hold_start()
+        policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
+                                  self._trigger_template.patience)
+        self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
+                                        self.decision_log, WorkerAgreement.of(self.model))
+        self._step, self._epoch = int(optimizer.iterations.numpy()), 0
         self._interval_start = (0, 0.0)
         self._last_epoch_ending = False
-        self._scheduled = []
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
-        self._range_test_rate = None  # the test's suggestion: a feature of every later observation
         self.decision_log.begin()
-
-    def _hold_start(self):
-        """Takes the first state a rollback can return to. A model that its first `fit` step
-        builds (a subclassed model never called before) has no variables before that step, so
-        its first state is the one after it."""
-        optimizer = self.model.optimizer
-        if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
-            optimizer.build(self.model.trainable_variables)
-        self._last_good = self._pending = rollback.take(self.model)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self._began:
@@ -234,15 +227,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._step = self._epoch_start_step + batch + 1
         if self._range_test_steps and self._step >= (self._total_steps() or math.inf):
             self.model.stop_training = True  # the range test's steps were charged to the budget
-        if self._last_good is None:
-            self._hold_start()
+        self._runner.after_step(float(logs["loss"]) if logs and "loss" in logs else None)
         if not logs or "loss" not in logs:
             return
-        if self._last_good.value == math.inf:
-            # The first batch's loss was measured at the initial weights: the reference for
-            # "exploded", and the value of the initial state a rollback may return to.
-            self._last_good = self._pending = dataclasses.replace(self._last_good, value=float(logs["loss"]))
-            self.trigger.seed(self._last_good.value)
         if self.check_every == "epoch" or self._step % self.check_every:
             return
         seen = batch + 1
@@ -250,7 +237,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         start_seen, start_total = self._interval_start
         self._interval_start = (seen, total)
         loss = (total - start_total) / max(seen - start_seen, 1)
-        self._observe(loss, None, loss, measured_now=False)
+        self._runner.observe(loss, None, loss, measured_now=False, progress=self._progress())
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs if logs is not None else {}
@@ -266,26 +253,23 @@ class MetaAdjuster(keras.callbacks.Callback):
             name = self.monitor if self.mode == "min" else "val_loss"
             watched = float(logs[name]) if name in logs else loss
             # A validation value is measured at the weights as they are now.
-            self._observe(loss, logs.get("val_loss"), watched, measured_now=name in logs and name.startswith("val_"))
-        if not observed:
-            self._rates = self._read_rates()
-        logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
+            self._runner.observe(loss, logs.get("val_loss"), watched,
+                                 measured_now=name in logs and name.startswith("val_"), progress=self._progress())
+        rates = self._runner.rates if observed else self._runner.read_rates()
+        logs["meta_learning_rate"], logs["meta_momentum"] = rates
         logs["meta_adjustments"] = self.decision_log.count_this_epoch
         if self.backup_dir is not None:
             self._save(epoch + 1)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._last_good is not None and not _all_finite(self.model.variables):
-            rollback.restore(self.model, self._last_good)
+        self._runner.finish()
 
     def _start_from_range_test(self):
         """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
         run = run_range_test(self.range_test, self.model, self._total_steps())
         self._charge(run.steps)
-        self._range_test_rate = run.suggestion
-        if run.learning_rate is not None and not hasattr(self.model.optimizer, "learning_rate_multiplier"):
-            self._initial_learning_rate = run.learning_rate  # later changes stay within MAX_CHANGE of the found rate
-        self.decision_log.range_test(run.action, run.detail, self._step, getattr(self, "_epoch", 0))
+        self._runner.start_from(run)
+        self.decision_log.range_test(run.action, run.detail, self._step, self._epoch)
 
     def _charge(self, steps):
         self._range_test_steps += steps
@@ -296,63 +280,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         return epochs * steps if epochs and steps else None
 
-    def _observe(self, loss, val_loss, watched, measured_now):
-        observation = self._observation(loss, val_loss)
-        self.history.observe(observation)
-        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
-        reason = self._agreement.reason(self.trigger.update(watched if finite else math.nan))
-        adjustment, self._policy_state = self.policy.decide(
-            self._policy_state, self.history.window(), reason, self._rates[0],
-            annealing=self._annealing(), final=self._is_final(), suggestion=self._range_test_rate)
-        self._execute(self._agreement.adjustment(adjustment), watched, finite, measured_now)
-
-    def _execute(self, adjustment, watched, finite, measured_now):
-        """Does what the policy chose: roll back, move the rollback point, apply, log."""
-        if adjustment.rollback:
-            rollback.restore(self.model, self._last_good, restart_momentum=adjustment.restart_momentum)
-            self._pending = self._last_good
-            self.trigger.rebaseline(self._last_good.value)
-        elif finite:
-            self._advance_rollback_point(watched, measured_now)
-        if adjustment.consulted:
-            self._apply(action_lib.ACTIONS[adjustment.action])
-        if adjustment.restart_trigger:
-            self.trigger.adjusted()
-        if adjustment.logged:
-            self.decision_log.adjustment(adjustment, self.history.window(), self._rates, self._step,
-                                         getattr(self, "_epoch", 0))
-
-    def _advance_rollback_point(self, watched, measured_now):
-        point = rollback.take(self.model, watched)
-        if measured_now:
-            self._last_good = self._pending = point
-        else:
-            # A training loss was measured before the latest updates: the weights now are
-            # confirmed good only by the next observation.
-            self._last_good, self._pending = self._pending, point
-
-    def _apply(self, action):
-        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate, self._range_test_rate)
-        self._rates = self._read_rates()
-        # A float rate the action just set is not the schedule annealing.
-        self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-
-    def _annealing(self):
-        """Whether the schedule (the rate before the live multiplier) fell since the last observation."""
-        scheduled = self._scheduled
-        return len(scheduled) >= 2 and scheduled[-1] < scheduled[-2] * (1 - _ANNEALING_TOLERANCE)
-
-    def _read_rates(self):
-        optimizer = self.model.optimizer
-        return applied_learning_rate(optimizer), current_momentum(optimizer)
-
-    def _observation(self, loss, val_loss):
-        self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
-        epochs, steps = self.params.get("epochs"), self.params.get("steps")
-        observation = observe_model(self.model, self._step, loss, val_loss, self._budget_used(),
-                                    epochs * steps if epochs and steps else None, self._range_test_rate)
-        self._rates = observation.learning_rate, observation.momentum
-        return observation
+    def _progress(self):
+        """Where the run stands now, for the runner's observation."""
+        return Progress(self._step, self._epoch, self._total_steps(), self._budget_used(), self._is_final())
 
     def _is_final(self):
         """Whether this observation is the last of the run."""
@@ -367,7 +297,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         if epochs and steps:
             return min(self._step / (epochs * steps), 1.0)
-        return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
+        return min(self._epoch / epochs, 1.0) if epochs else 0.0
 
     def get_state(self) -> dict[str, Any]:
         """Everything the adjuster's later decisions depend on, as arrays and JSON values.
@@ -377,11 +307,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer slots), the schedule's last rates, the initial rate and the
         decisions so far. Call it while training (after `on_train_begin`).
         """
-        state = dataclasses.asdict(self._policy_state)
-        return {"history": self.history.get_state(), "trigger": self.trigger.get_state(), "policy": state,
-                "last_good": rollback.to_state(self._last_good), "pending": rollback.to_state(self._pending),
-                "scheduled": list(self._scheduled), "initial_learning_rate": float(self._initial_learning_rate),
-                "range_test_steps": self._range_test_steps, "range_test_rate": self._range_test_rate,
+        return {**self._runner.get_state(), "range_test_steps": self._range_test_steps,
                 "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -390,16 +316,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         The decision log (`log_dir/meta_decisions.jsonl`) is rewritten to hold
         exactly the restored decisions.
         """
-        self._last_good = rollback.from_state(state["last_good"], self.model)
-        self._pending = rollback.from_state(state["pending"], self.model)
-        self.history.set_state(state["history"])
-        self.trigger.set_state(state["trigger"])
-        self._policy_state = PolicyState(**state["policy"])
-        self._scheduled = [float(v) for v in state["scheduled"]]
-        self._initial_learning_rate = float(state["initial_learning_rate"])
+        self._runner.set_state(state)
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
-        self._range_test_rate = state.get("range_test_rate")
         self.decision_log.restore(state["decisions"])
 
     def _save(self, epochs_done):
@@ -433,7 +352,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             return
         if (value <= self.target) if self.mode == "min" else (value >= self.target):
             self.model.stop_training = True
-            self.decision_log.target_reached(self.monitor, value, self._step, getattr(self, "_epoch", 0))
+            self.decision_log.target_reached(self.monitor, value, self._step, self._epoch)
 
 
 def _load(meta_model):
@@ -470,7 +389,3 @@ def _check_mode(mode, monitor):
 
 def _finite(value):
     return value is not None and math.isfinite(float(value))
-
-
-def _all_finite(variables):
-    return all(bool(np.all(np.isfinite(v.numpy()))) for v in variables)
