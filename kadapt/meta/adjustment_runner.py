@@ -96,10 +96,11 @@ class AdjustmentRunner:
 
     def __init__(self, model: keras.Model, policy: AdjustmentPolicy, trigger: Trigger, log: DecisionLog,
                  agreement: WorkerAgreement | None = None) -> None:
-        for name, value, kind in (("policy", policy, AdjustmentPolicy), ("trigger", trigger, Trigger),
-                                  ("log", log, DecisionLog)):
+        for name, value, kind, text in (("policy", policy, AdjustmentPolicy, "kadapt.meta.AdjustmentPolicy"),
+                                        ("trigger", trigger, Trigger, "kadapt.meta.Trigger"),
+                                        ("log", log, DecisionLog, "kadapt.meta.decision_log.DecisionLog")):
             if not isinstance(value, kind):
-                raise TypeError(f"Argument `{name}` must be a {kind.__name__}. Received: {name}={value!r}")
+                raise TypeError(f"Argument `{name}` must be a {text}. Received: {name}={value!r}")
         self.model, self.policy, self.trigger, self.log = model, policy, trigger, log
         self.agreement = agreement or WorkerAgreement()
         self.policy_state = PolicyState()
