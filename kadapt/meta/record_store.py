@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import numbers
 import os
 import pathlib
@@ -15,8 +14,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.meta import task_leases
 from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.store_format import CLAIMS
 from kadapt.meta.store_format import COLUMNS
 from kadapt.meta.store_format import FORMAT  # noqa: F401  (still importable from here)
 from kadapt.meta.store_format import RECORDS
@@ -33,7 +32,6 @@ NullPool = require("sqlalchemy.pool", extra="store").NullPool
 # only runs out when some writer is stuck.
 BUSY_TIMEOUT_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 10  # a PostgreSQL server that does not answer in this is unreachable
-_CLAIM_LOCK = 0x6B61646171  # serializes task claims on a server (SQLite's BEGIN IMMEDIATE does it there)
 
 
 class RecordStore:
@@ -186,35 +184,16 @@ class RecordStore:
         over. A task counts as finished when `finish_task` stored it, or when
         records of its run are in the store (a store collected before claims).
         """
-        names = _checked_names(tasks)
+        names = task_leases.checked_names(tasks)
         lease = checked_lease(lease_seconds)
         with self._connect(write=True) as connection:
-            self._lock_claims(connection)
-            now = _now(connection)
-            held = {task: (holder, expires, finished) for task, holder, expires, finished in connection.execute(
-                sa.select(CLAIMS.c.task, CLAIMS.c.owner, CLAIMS.c.expires, CLAIMS.c.finished)
-                .where(CLAIMS.c.task.in_(names)))}
-            stored = _stored_runs(connection, names)
-            for name in names:
-                holder, expires, finished = held.get(name, (None, -math.inf, False))
-                if finished or name in stored or (expires > now and holder != owner):
-                    continue
-                if name in held:
-                    connection.execute(CLAIMS.update().where(CLAIMS.c.task == name)
-                                       .values(owner=owner, expires=now + lease))
-                else:
-                    connection.execute(CLAIMS.insert(), [{"task": name, "owner": owner,
-                                                           "expires": now + lease, "finished": False}])
-                return name
-        return None
+            return task_leases.claim(connection, names, owner, lease)
 
     def renew_claims(self, owner: str, lease_seconds: float) -> None:
         """Extends the leases of `owner`'s unfinished claims to `lease_seconds` from now."""
         lease = checked_lease(lease_seconds)
         with self._connect(write=True) as connection:
-            self._lock_claims(connection)
-            connection.execute(CLAIMS.update().where((CLAIMS.c.owner == owner) & ~CLAIMS.c.finished)
-                               .values(expires=_now(connection) + lease))
+            task_leases.renew(connection, owner, lease)
 
     def finish_task(self, task: str, owner: str, records: Iterable[AdjustmentRecord]) -> int:
         """Stores a claimed task's records and marks it finished, in one transaction.
@@ -223,40 +202,25 @@ class RecordStore:
         finished the task first (it took the task over after `owner`'s lease
         ran out), so each task's records are stored exactly once.
         """
-        (name,) = _checked_names([task])
+        (name,) = task_leases.checked_names([task])
         rows = [(f"records[{index}]", _to_row(_checked_record(f"records[{index}]", record)))
                 for index, record in enumerate(records)]
         with self._connect(write=True) as connection:
-            self._lock_claims(connection)
-            finished = connection.execute(sa.select(CLAIMS.c.finished).where(CLAIMS.c.task == name)).scalar()
-            if finished or _stored_runs(connection, [name]):
+            if not task_leases.finish(connection, name, owner, lambda: self._insert_rows(connection, rows)):
                 return 0
-            self._insert_rows(connection, rows)
-            values = {"owner": owner, "expires": _now(connection), "finished": True}
-            if finished is None:
-                connection.execute(CLAIMS.insert(), [{"task": name, **values}])
-            else:
-                connection.execute(CLAIMS.update().where(CLAIMS.c.task == name).values(**values))
         return len(rows)
 
     def claims(self, tasks: Iterable[str] | None = None) -> dict[str, tuple[str, bool]]:
         """`{task: (owner, finished)}` of the claims (of `tasks`, if given)."""
-        query = sa.select(CLAIMS.c.task, CLAIMS.c.owner, CLAIMS.c.finished)
-        if tasks is not None:
-            query = query.where(CLAIMS.c.task.in_(_checked_names(tasks)))
-        return {task: (owner, bool(finished)) for task, owner, finished in self._fetch_all(query)}
+        names = None if tasks is None else task_leases.checked_names(tasks)
+        with self._connect() as connection:
+            return task_leases.holders(connection, names)
 
     def finished_tasks(self, tasks: Iterable[str]) -> set[str]:
         """The set of `tasks` (names) whose records are stored."""
-        names = _checked_names(tasks)
+        names = task_leases.checked_names(tasks)
         with self._connect() as connection:
-            finished = {task for (task,) in connection.execute(
-                sa.select(CLAIMS.c.task).where(CLAIMS.c.task.in_(names) & CLAIMS.c.finished))}
-            return finished | _stored_runs(connection, names)
-
-    def _lock_claims(self, connection):
-        if self.path is None:
-            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
+            return task_leases.finished(connection, names)
 
     def _engine_here(self):
         """This process's engine (an engine's state must not cross a fork)."""
@@ -301,28 +265,6 @@ class RecordStore:
         """Creates the schema on first use, else checks that it is a store of this version."""
         with self._connect(write=True) as connection:
             create_or_check(connection, self.location)
-
-
-def _now(connection):
-    """The database's clock in seconds since the epoch: one clock for the collectors of all hosts."""
-    if connection.dialect.name == "sqlite":
-        now = sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")
-    else:
-        now = sa.text("SELECT extract(epoch FROM clock_timestamp())::float8")
-    return float(connection.execute(now).scalar())
-
-
-def _stored_runs(connection, names):
-    """The names among `names` that have records (run ids)."""
-    query = sa.select(RECORDS.c.run_id).distinct().where(RECORDS.c.run_id.in_(names))
-    return {run_id for (run_id,) in connection.execute(query)}
-
-
-def _checked_names(tasks):
-    names = list(tasks) if not isinstance(tasks, str) else None
-    if names is None or not all(isinstance(name, str) for name in names):
-        raise TypeError(f"Argument `tasks` must be a list of task names (str). Received: tasks={tasks!r}")
-    return names
 
 
 def _parse_location(location):
