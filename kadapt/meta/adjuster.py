@@ -3,41 +3,33 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 import keras
-import numpy as np
 
 from kadapt.meta import actions as action_lib
-from kadapt.meta import rollback
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
-from kadapt.meta.branch_trials import branch_scores
-from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.adjustment_runner import AdjustmentRunner
+from kadapt.meta.adjustment_runner import Progress
+from kadapt.meta.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
+from kadapt.meta.decision_log import DecisionLog
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import load_meta_model
-from kadapt.meta.observation import observe_model
 from kadapt.meta.policy import AdjustmentPolicy
-from kadapt.meta.policy import PolicyState
 from kadapt.meta.policy import model_predictor
+from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.range_test_start import RangeTestStart
-from kadapt.meta.start_judge import SPREAD
 from kadapt.meta.triggers import Trigger
-from kadapt.optimizers.live_variables import applied_learning_rate
-from kadapt.optimizers.live_variables import current_momentum
+from kadapt.meta.worker_agreement import WorkerAgreement
 from kadapt.validation import check_range
 
-DECISIONS_FILE = "meta_decisions.jsonl"
 STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
-_ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
-_REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress")  # Trigger.update's answers
 
 
 class MetaAdjuster(keras.callbacks.Callback):
@@ -80,12 +72,13 @@ class MetaAdjuster(keras.callbacks.Callback):
     no validation loss); epoch ends still check `target` and non-finite losses.
 
     The decision itself is `kadapt.meta.policy.AdjustmentPolicy`'s, a pure
-    object fed the window, the rate and the trigger's reason; the callback
-    executes it (rollback, action, log). With `backup_dir` (the directory of
-    the run's `BackupAndRestore`) its whole state — history, trigger, rollback
-    points, ceiling, decisions — is saved there at every epoch end and restored
-    when a resumed `fit` begins its first epoch, so the resumed run adjusts as
-    the uninterrupted one would.
+    object fed the window, the rate and the trigger's reason; an
+    `AdjustmentRunner` (`kadapt.meta.adjustment_runner`) executes it
+    (rollback, action, log), and the callback tells it when. With
+    `backup_dir` (the directory of the run's `BackupAndRestore`) its whole
+    state — history, trigger, rollback points, ceiling, decisions — is saved
+    there at every epoch end and restored when a resumed `fit` begins its
+    first epoch, so the resumed run adjusts as the uninterrupted one would.
 
     With `range_test` (a `kadapt.meta.RangeTestStart`, which holds the data:
     Keras shows a callback none of fit's), a learning-rate range test runs
@@ -164,14 +157,34 @@ class MetaAdjuster(keras.callbacks.Callback):
             raise TypeError("Argument `range_test` must be a kadapt.meta.RangeTestStart or None. "
                             f"Received: range_test={range_test!r}")
         self.range_test = range_test
-        self.decisions = []
+        self.decision_log = DecisionLog(self.log_dir, verbose)
 
     def __deepcopy__(self, memo):
         # KerasTuner deep-copies callbacks per trial: share the (read-only) meta-model.
         clone = copy.copy(self)
         clone._trigger_template = copy.deepcopy(self._trigger_template, memo)
-        clone.decisions = []
+        clone.decision_log = DecisionLog(self.log_dir, self.verbose)
         return clone
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decisions of the current (or last) `fit`, as written to `log_dir/meta_decisions.jsonl`."""
+        return self.decision_log.decisions
+
+    @property
+    def policy(self) -> AdjustmentPolicy:
+        """The policy deciding at each observation, once training began."""
+        return self._runner.policy
+
+    @property
+    def history(self) -> FeatureHistory:
+        """The run's feature history (`kadapt.meta.features`), once training began."""
+        return self._runner.history
+
+    @property
+    def trigger(self) -> Trigger:
+        """This run's trigger (a copy of the one given), once training began."""
+        return self._runner.trigger
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
@@ -182,42 +195,24 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
-        self.policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
-                                       self._trigger_template.patience)
-        self._policy_state = PolicyState()
-        self._initial_learning_rate = applied_learning_rate(optimizer)
-        self._strategy = _multi_worker_strategy(self.model)
-        self.history = FeatureHistory()
-        self.trigger = copy.deepcopy(self._trigger_template)
-        self.decisions, self._step = [], int(optimizer.iterations.numpy())
-        self._last_good = self._pending = None
-        if self.model.trainable_variables:
-            self._hold_start()
-        self._epoch_decisions, self._interval_start = 0, (0, 0.0)
+        policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
+                                  self._trigger_template.patience)
+        self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
+                                        self.decision_log, WorkerAgreement.of(self.model))
+        self._step, self._epoch = int(optimizer.iterations.numpy()), 0
+        self._interval_start = (0, 0.0)
         self._last_epoch_ending = False
-        self._scheduled = []
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
-        self._range_test_rate = None  # the test's suggestion: a feature of every later observation
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            (self.log_dir / DECISIONS_FILE).touch()
-
-    def _hold_start(self):
-        """Takes the first state a rollback can return to. A model that its first `fit` step
-        builds (a subclassed model never called before) has no variables before that step, so
-        its first state is the one after it."""
-        optimizer = self.model.optimizer
-        if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
-            optimizer.build(self.model.trainable_variables)
-        self._last_good = self._pending = rollback.take(self.model)
+        self.decision_log.begin()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self._began:
             self._began = True
             self._resume(epoch)
         self._last_epoch_ending = False
-        self._epoch, self._epoch_decisions, self._interval_start = epoch, 0, (0, 0.0)
+        self._epoch, self._interval_start = epoch, (0, 0.0)
+        self.decision_log.begin_epoch()
         self._epoch_start_step = self._step
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -232,15 +227,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._step = self._epoch_start_step + batch + 1
         if self._range_test_steps and self._step >= (self._total_steps() or math.inf):
             self.model.stop_training = True  # the range test's steps were charged to the budget
-        if self._last_good is None:
-            self._hold_start()
+        self._runner.after_step(float(logs["loss"]) if logs and "loss" in logs else None)
         if not logs or "loss" not in logs:
             return
-        if self._last_good.value == math.inf:
-            # The first batch's loss was measured at the initial weights: the reference for
-            # "exploded", and the value of the initial state a rollback may return to.
-            self._last_good = self._pending = dataclasses.replace(self._last_good, value=float(logs["loss"]))
-            self.trigger.seed(self._last_good.value)
         if self.check_every == "epoch" or self._step % self.check_every:
             return
         seen = batch + 1
@@ -248,7 +237,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         start_seen, start_total = self._interval_start
         self._interval_start = (seen, total)
         loss = (total - start_total) / max(seen - start_seen, 1)
-        self._observe(loss, None, loss, measured_now=False)
+        self._runner.observe(loss, None, loss, measured_now=False, progress=self._progress())
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs if logs is not None else {}
@@ -264,171 +253,36 @@ class MetaAdjuster(keras.callbacks.Callback):
             name = self.monitor if self.mode == "min" else "val_loss"
             watched = float(logs[name]) if name in logs else loss
             # A validation value is measured at the weights as they are now.
-            self._observe(loss, logs.get("val_loss"), watched, measured_now=name in logs and name.startswith("val_"))
-        if not observed:
-            self._rates = self._read_rates()
-        logs["meta_learning_rate"], logs["meta_momentum"] = self._rates
-        logs["meta_adjustments"] = self._epoch_decisions
+            self._runner.observe(loss, logs.get("val_loss"), watched,
+                                 measured_now=name in logs and name.startswith("val_"), progress=self._progress())
+        rates = self._runner.rates if observed else self._runner.read_rates()
+        logs["meta_learning_rate"], logs["meta_momentum"] = rates
+        logs["meta_adjustments"] = self.decision_log.count_this_epoch
         if self.backup_dir is not None:
             self._save(epoch + 1)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._last_good is not None and not _all_finite(self.model.variables):
-            rollback.restore(self.model, self._last_good)
+        self._runner.finish()
 
     def _start_from_range_test(self):
         """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
-        budget = self._total_steps()
-        num_steps = self.range_test.num_steps(budget)
-        if num_steps is None:
-            self._log_range_test("keep", {"why": f"no room for a range test in a budget of {budget} steps"})
-            return
-        live = applied_learning_rate(self.model.optimizer)
-        try:
-            result = self.range_test.run(self.model, num_steps)
-        except ValueError as error:
-            # A curve no rate can be read off: the test ran (up to num_steps), the rate stays.
-            self._charge(num_steps)
-            self._log_range_test("keep", {"why": str(error), "learning_rate": live})
-            return
-        self._charge(result.steps_run)
-        self._range_test_rate = float(result.suggestion)
-        detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
-        settable = action_lib.can_adjust_learning_rate(self.model.optimizer)
-        if self.range_test.judge is None:
-            rate = self.range_test.choose(live, result.suggestion)
-            why = f"within {self.range_test.factor:g}x of the suggestion"
-        if not settable:
-            rate, why = None, "the optimizer's rate cannot be set live"
-        elif self.range_test.judge is not None:
-            rate, why, judged = self._judge_start(live, result.suggestion, budget)
-            detail.update(judged)
-        if rate is None:
-            self._log_range_test("keep", {**detail, "why": why})
-        else:
-            self._set_learning_rate(live, rate)
-            self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
-
-    def _judge_start(self, live, suggestion, budget):
-        """Branches from the state now at each candidate rate (their steps charged) and returns
-        the judge's rate (`None`: keep), why it kept, and the candidates' scores to log."""
-        judge = self.range_test.judge
-        rates = judge.candidates(live, suggestion)
-        if rates == (live,):  # the suggestion is within SPREAD of the live rate: nothing to judge, nothing charged
-            return None, f"within {SPREAD:g}x of the suggestion", {}
-        steps = judge.steps_per_branch(budget, len(rates))
-        if steps < 1:
-            return None, f"no room for branches in a budget of {budget} steps", {}
-        try:
-            train, held = self.range_test.branch_batches(steps, judge.held_batches)
-        except ValueError as error:
-            return None, str(error), {}
-        optimizer = self.model.optimizer
-        trials = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
-        self._charge(steps * len(rates))
-        judged = {"branch_steps": steps, "held_batches": len(held), "held_loss": _json_number(trials.start),
-                  "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
-                               for rate, score in trials.scores.items()]}
-        why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
-        return judge.choose(live, trials.start, trials.scores), why, judged
+        run = run_range_test(self.range_test, self.model, self._total_steps())
+        self._charge(run.steps)
+        self._runner.start_from(run)
+        self.decision_log.range_test(run.action, run.detail, self._step, self._epoch)
 
     def _charge(self, steps):
         self._range_test_steps += steps
         self._step += steps
         self._epoch_start_step += steps
 
-    def _set_learning_rate(self, live, rate):
-        _apply_rate(self.model.optimizer, live, rate)
-        if not hasattr(self.model.optimizer, "learning_rate_multiplier"):
-            self._initial_learning_rate = rate  # later changes stay within MAX_CHANGE of the found rate
-
-    def _log_range_test(self, action, detail):
-        self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "range_test",
-                   "adjustment": {}, "action": action, "predicted_gain": None, "rollback": False,
-                   "features": {}, "range_test": detail})
-
     def _total_steps(self):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         return epochs * steps if epochs and steps else None
 
-    def _observe(self, loss, val_loss, watched, measured_now):
-        observation = self._observation(loss, val_loss)
-        self.history.observe(observation)
-        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
-        reason = self._chiefs_reason(self.trigger.update(watched if finite else math.nan))
-        adjustment, self._policy_state = self.policy.decide(
-            self._policy_state, self.history.window(), reason, self._rates[0],
-            annealing=self._annealing(), final=self._is_final(), suggestion=self._range_test_rate)
-        self._execute(self._chiefs_choice(adjustment), watched, finite, measured_now)
-
-    def _execute(self, adjustment, watched, finite, measured_now):
-        """Does what the policy chose: roll back, move the rollback point, apply, log."""
-        if adjustment.rollback:
-            rollback.restore(self.model, self._last_good, restart_momentum=adjustment.restart_momentum)
-            self._pending = self._last_good
-            self.trigger.rebaseline(self._last_good.value)
-        elif finite:
-            self._advance_rollback_point(watched, measured_now)
-        if adjustment.consulted:
-            self._apply(action_lib.ACTIONS[adjustment.action])
-        if adjustment.restart_trigger:
-            self.trigger.adjusted()
-        if adjustment.logged:
-            self._log(self._record(adjustment, self.history.window()))
-
-    def _advance_rollback_point(self, watched, measured_now):
-        point = rollback.take(self.model, watched)
-        if measured_now:
-            self._last_good = self._pending = point
-        else:
-            # A training loss was measured before the latest updates: the weights now are
-            # confirmed good only by the next observation.
-            self._last_good, self._pending = self._pending, point
-
-    def _apply(self, action):
-        action_lib.apply(self.model.optimizer, action, self._initial_learning_rate, self._range_test_rate)
-        self._rates = self._read_rates()
-        # A float rate the action just set is not the schedule annealing.
-        self._scheduled[-1] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-
-    def _chiefs_reason(self, reason):
-        """`reason`, or in a multi-worker job the chief's: the logs are synchronized, yet a
-        worker on other hardware could round a threshold differently, and every worker must
-        act at the same observation."""
-        if self._strategy is None:
-            return reason
-        (code,) = self._from_chief(_REASONS.index(reason))
-        return _REASONS[int(code)]
-
-    def _chiefs_choice(self, adjustment):
-        """`adjustment`, or in a multi-worker job with the chief's action: every worker applies
-        the same one at this step."""
-        if self._strategy is None or not adjustment.consulted:
-            return adjustment
-        index, gain, considered = self._from_chief(adjustment.action, adjustment.gain, adjustment.considered)
-        return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered))
-
-    def _from_chief(self, *values):
-        from kadapt.batching.tensorflow.multi_worker import chief_values
-
-        return chief_values(self._strategy, [float(v) for v in values])
-
-    def _annealing(self):
-        """Whether the schedule (the rate before the live multiplier) fell since the last observation."""
-        scheduled = self._scheduled
-        return len(scheduled) >= 2 and scheduled[-1] < scheduled[-2] * (1 - _ANNEALING_TOLERANCE)
-
-    def _read_rates(self):
-        optimizer = self.model.optimizer
-        return applied_learning_rate(optimizer), current_momentum(optimizer)
-
-    def _observation(self, loss, val_loss):
-        self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
-        epochs, steps = self.params.get("epochs"), self.params.get("steps")
-        observation = observe_model(self.model, self._step, loss, val_loss, self._budget_used(),
-                                    epochs * steps if epochs and steps else None, self._range_test_rate)
-        self._rates = observation.learning_rate, observation.momentum
-        return observation
+    def _progress(self):
+        """Where the run stands now, for the runner's observation."""
+        return Progress(self._step, self._epoch, self._total_steps(), self._budget_used(), self._is_final())
 
     def _is_final(self):
         """Whether this observation is the last of the run."""
@@ -443,16 +297,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         if epochs and steps:
             return min(self._step / (epochs * steps), 1.0)
-        return min(getattr(self, "_epoch", 0) / epochs, 1.0) if epochs else 0.0
-
-    def _record(self, adjustment, window):
-        record = {"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": adjustment.reason,
-                  "adjustment": dict(action_lib.ACTIONS[adjustment.action]), "action": adjustment.text,
-                  "predicted_gain": round(adjustment.gain, 4), "rollback": adjustment.rollback,
-                  "features": _summary(window), "learning_rate": self._rates[0], "momentum": self._rates[1]}
-        if adjustment.consulted:
-            record["applied"] = not adjustment.abstained
-        return record
+        return min(self._epoch / epochs, 1.0) if epochs else 0.0
 
     def get_state(self) -> dict[str, Any]:
         """Everything the adjuster's later decisions depend on, as arrays and JSON values.
@@ -462,11 +307,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer slots), the schedule's last rates, the initial rate and the
         decisions so far. Call it while training (after `on_train_begin`).
         """
-        state = dataclasses.asdict(self._policy_state)
-        return {"history": self.history.get_state(), "trigger": self.trigger.get_state(), "policy": state,
-                "last_good": rollback.to_state(self._last_good), "pending": rollback.to_state(self._pending),
-                "scheduled": list(self._scheduled), "initial_learning_rate": float(self._initial_learning_rate),
-                "range_test_steps": self._range_test_steps, "range_test_rate": self._range_test_rate,
+        return {**self._runner.get_state(), "range_test_steps": self._range_test_steps,
                 "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -475,22 +316,10 @@ class MetaAdjuster(keras.callbacks.Callback):
         The decision log (`log_dir/meta_decisions.jsonl`) is rewritten to hold
         exactly the restored decisions.
         """
-        self._last_good = rollback.from_state(state["last_good"], self.model)
-        self._pending = rollback.from_state(state["pending"], self.model)
-        self.history.set_state(state["history"])
-        self.trigger.set_state(state["trigger"])
-        self._policy_state = PolicyState(**state["policy"])
-        self._scheduled = [float(v) for v in state["scheduled"]]
-        self._initial_learning_rate = float(state["initial_learning_rate"])
+        self._runner.set_state(state)
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
-        self._range_test_rate = state.get("range_test_rate")
-        self.decisions = list(state["decisions"])
-        if self.log_dir is not None:
-            lines = "".join(json.dumps(decision) + "\n" for decision in self.decisions)
-            aside = self.log_dir / (DECISIONS_FILE + ".partial")
-            aside.write_text(lines)
-            os.replace(aside, self.log_dir / DECISIONS_FILE)
+        self.decision_log.restore(state["decisions"])
 
     def _save(self, epochs_done):
         """Writes the state after `epochs_done` epochs beside the backup; keeps the last two
@@ -523,45 +352,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             return
         if (value <= self.target) if self.mode == "min" else (value >= self.target):
             self.model.stop_training = True
-            self._log({"step": self._step, "epoch": getattr(self, "_epoch", 0), "trigger": "target",
-                       "adjustment": {}, "action": "stop", "predicted_gain": None, "rollback": False,
-                       "features": {self.monitor: value}})
-
-    def _log(self, decision):
-        self.decisions.append(decision)
-        self._epoch_decisions += 1
-        if self.log_dir is not None:
-            with open(self.log_dir / DECISIONS_FILE, "a") as file:
-                file.write(json.dumps(decision) + "\n")
-        if self.verbose:
-            gain = decision["predicted_gain"]
-            print(f"\nMetaAdjuster step {decision['step']}: {decision['trigger']} -> {decision['action']}"
-                  + ("" if gain is None else f" (predicted gain {gain:+.3f})"), flush=True)
-
-
-def _apply_rate(optimizer, live, rate):
-    """Makes `optimizer` apply `rate` where it applies `live` now: through its live multiplier
-    (which keeps a schedule's shape), or as its float rate."""
-    if hasattr(optimizer, "learning_rate_multiplier"):
-        multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-        optimizer.learning_rate_multiplier = multiplier * rate / live
-    else:
-        optimizer.learning_rate = rate
-
-
-def _json_number(value):
-    return float(value) if math.isfinite(value) else None
-
-
-def _multi_worker_strategy(model):
-    """The model's `MultiWorkerMirroredStrategy` spanning several processes, else `None`.
-    Only the TensorFlow backend has one (imported only there)."""
-    if keras.backend.backend() != "tensorflow":
-        return None
-    from kadapt.batching.tensorflow.multi_worker import in_multi_worker_mode
-
-    strategy = model.distribute_strategy
-    return strategy if in_multi_worker_mode(strategy) else None
+            self.decision_log.target_reached(self.monitor, value, self._step, self._epoch)
 
 
 def _load(meta_model):
@@ -598,11 +389,3 @@ def _check_mode(mode, monitor):
 
 def _finite(value):
     return value is not None and math.isfinite(float(value))
-
-
-def _all_finite(variables):
-    return all(bool(np.all(np.isfinite(v.numpy()))) for v in variables)
-
-
-def _summary(window):
-    return {name: round(float(value), 4) for name, value in zip(FEATURE_NAMES, window[-1])}

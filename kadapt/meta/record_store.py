@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import numbers
 import os
 import pathlib
@@ -15,61 +14,24 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.meta import task_leases
 from kadapt.meta.adjustment_record import AdjustmentRecord
+from kadapt.meta.store_format import COLUMNS
+from kadapt.meta.store_format import FORMAT  # noqa: F401  (still importable from here)
+from kadapt.meta.store_format import RECORDS
+from kadapt.meta.store_format import SCHEMA_VERSION  # noqa: F401  (still importable from here)
+from kadapt.meta.store_format import RecordStoreError
+from kadapt.meta.store_format import check_sqlite_file
+from kadapt.meta.store_format import create_or_check
 from kadapt.validation import checked_lease
 
 sa = require("sqlalchemy", extra="store")
 NullPool = require("sqlalchemy.pool", extra="store").NullPool
 
-SCHEMA_VERSION = 1
-FORMAT = "kadapt-records"
 # Writers queue for SQLite's write lock; one commit takes milliseconds, so waiting 30 s
 # only runs out when some writer is stuck.
 BUSY_TIMEOUT_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 10  # a PostgreSQL server that does not answer in this is unreachable
-_SQLITE_HEADER = b"SQLite format 3\x00"
-_CREATION_LOCK = 0x6B61646170  # "kadap": serializes first-use schema creation on a server
-_CLAIM_LOCK = 0x6B61646171  # serializes task claims on a server (SQLite's BEGIN IMMEDIATE does it there)
-
-_METADATA = sa.MetaData()
-_META = sa.Table(
-    "meta", _METADATA,
-    sa.Column("key", sa.Text, primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-)
-_RECORDS = sa.Table(
-    "records", _METADATA,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("run_id", sa.Text, nullable=False),
-    sa.Column("task", sa.Text, nullable=False),
-    sa.Column("family", sa.Text, nullable=False),
-    sa.Column("step", sa.Integer, nullable=False),
-    sa.Column("features", sa.LargeBinary, nullable=False),
-    sa.Column("rows", sa.Integer, nullable=False),
-    sa.Column("cols", sa.Integer, nullable=False),
-    sa.Column("hyperparameters", sa.Text, nullable=False),
-    sa.Column("adjustment", sa.Text, nullable=False),
-    sa.Column("outcome", sa.Text, nullable=False),
-    sa.Column("created", sa.Float, nullable=False),
-    sa.UniqueConstraint("run_id", "step", "adjustment"),
-    sa.Index("records_run_task_step", "run_id", "task", "step"),
-)
-# One row per task a collector has claimed: who holds it, until when (the database's
-# clock, in seconds since the epoch), and whether its records are stored. Added to
-# schema version 1 stores on first use (a new table; the records are untouched).
-_CLAIMS = sa.Table(
-    "claims", _METADATA,
-    sa.Column("task", sa.Text, primary_key=True),
-    sa.Column("owner", sa.Text, nullable=False),
-    sa.Column("expires", sa.Float, nullable=False),
-    sa.Column("finished", sa.Boolean, nullable=False),
-)
-_COLUMNS = ("run_id", "task", "family", "step", "features", "rows", "cols",
-            "hyperparameters", "adjustment", "outcome", "created")
-
-
-class RecordStoreError(ValueError):
-    """A location that is not a kadapt record store of this schema version, or cannot be reached."""
 
 
 class RecordStore:
@@ -166,30 +128,30 @@ class RecordStore:
         """Returns whether a record of run `run_id` (at `step`, if given) is stored."""
         if not isinstance(run_id, str):
             raise TypeError(f"Argument `run_id` must be a str. Received: run_id={run_id!r}")
-        query = sa.select(sa.literal(1)).select_from(_RECORDS).where(_RECORDS.c.run_id == run_id)
+        query = sa.select(sa.literal(1)).select_from(RECORDS).where(RECORDS.c.run_id == run_id)
         if step is not None:
             if isinstance(step, bool) or not isinstance(step, numbers.Integral):
                 raise TypeError(f"Argument `step` must be an int or None. Received: step={step!r}")
-            query = query.where(_RECORDS.c.step == int(step))
+            query = query.where(RECORDS.c.step == int(step))
         return bool(self._fetch_all(query.limit(1)))
 
     def count(self) -> int:
         """Returns the number of records."""
-        return self._fetch_all(sa.select(sa.func.count()).select_from(_RECORDS))[0][0]
+        return self._fetch_all(sa.select(sa.func.count()).select_from(RECORDS))[0][0]
 
     def __len__(self) -> int:
         return self.count()
 
     def __iter__(self) -> Iterator[AdjustmentRecord]:
         """Yields the records in the order they were appended."""
-        query = sa.select(*(_RECORDS.c[name] for name in _COLUMNS[:-1])).order_by(_RECORDS.c.id)
+        query = sa.select(*(RECORDS.c[name] for name in COLUMNS[:-1])).order_by(RECORDS.c.id)
         with self._connect() as connection:
             for row in connection.execute(query):
                 yield _from_row(row)
 
     def families(self) -> list[str]:
         """Returns the sorted list of distinct task families."""
-        rows = self._fetch_all(sa.select(_RECORDS.c.family).distinct().order_by(_RECORDS.c.family))
+        rows = self._fetch_all(sa.select(RECORDS.c.family).distinct().order_by(RECORDS.c.family))
         return [family for (family,) in rows]
 
     def export_jsonl(self, path: str | os.PathLike) -> int:
@@ -222,35 +184,16 @@ class RecordStore:
         over. A task counts as finished when `finish_task` stored it, or when
         records of its run are in the store (a store collected before claims).
         """
-        names = _checked_names(tasks)
+        names = task_leases.checked_names(tasks)
         lease = checked_lease(lease_seconds)
         with self._connect(write=True) as connection:
-            self._lock_claims(connection)
-            now = _now(connection)
-            held = {task: (holder, expires, finished) for task, holder, expires, finished in connection.execute(
-                sa.select(_CLAIMS.c.task, _CLAIMS.c.owner, _CLAIMS.c.expires, _CLAIMS.c.finished)
-                .where(_CLAIMS.c.task.in_(names)))}
-            stored = _stored_runs(connection, names)
-            for name in names:
-                holder, expires, finished = held.get(name, (None, -math.inf, False))
-                if finished or name in stored or (expires > now and holder != owner):
-                    continue
-                if name in held:
-                    connection.execute(_CLAIMS.update().where(_CLAIMS.c.task == name)
-                                       .values(owner=owner, expires=now + lease))
-                else:
-                    connection.execute(_CLAIMS.insert(), [{"task": name, "owner": owner,
-                                                           "expires": now + lease, "finished": False}])
-                return name
-        return None
+            return task_leases.claim(connection, names, owner, lease)
 
     def renew_claims(self, owner: str, lease_seconds: float) -> None:
         """Extends the leases of `owner`'s unfinished claims to `lease_seconds` from now."""
         lease = checked_lease(lease_seconds)
         with self._connect(write=True) as connection:
-            self._lock_claims(connection)
-            connection.execute(_CLAIMS.update().where((_CLAIMS.c.owner == owner) & ~_CLAIMS.c.finished)
-                               .values(expires=_now(connection) + lease))
+            task_leases.renew(connection, owner, lease)
 
     def finish_task(self, task: str, owner: str, records: Iterable[AdjustmentRecord]) -> int:
         """Stores a claimed task's records and marks it finished, in one transaction.
@@ -259,40 +202,25 @@ class RecordStore:
         finished the task first (it took the task over after `owner`'s lease
         ran out), so each task's records are stored exactly once.
         """
-        (name,) = _checked_names([task])
+        (name,) = task_leases.checked_names([task])
         rows = [(f"records[{index}]", _to_row(_checked_record(f"records[{index}]", record)))
                 for index, record in enumerate(records)]
         with self._connect(write=True) as connection:
-            self._lock_claims(connection)
-            finished = connection.execute(sa.select(_CLAIMS.c.finished).where(_CLAIMS.c.task == name)).scalar()
-            if finished or _stored_runs(connection, [name]):
+            if not task_leases.finish(connection, name, owner, lambda: self._insert_rows(connection, rows)):
                 return 0
-            self._insert_rows(connection, rows)
-            values = {"owner": owner, "expires": _now(connection), "finished": True}
-            if finished is None:
-                connection.execute(_CLAIMS.insert(), [{"task": name, **values}])
-            else:
-                connection.execute(_CLAIMS.update().where(_CLAIMS.c.task == name).values(**values))
         return len(rows)
 
     def claims(self, tasks: Iterable[str] | None = None) -> dict[str, tuple[str, bool]]:
         """`{task: (owner, finished)}` of the claims (of `tasks`, if given)."""
-        query = sa.select(_CLAIMS.c.task, _CLAIMS.c.owner, _CLAIMS.c.finished)
-        if tasks is not None:
-            query = query.where(_CLAIMS.c.task.in_(_checked_names(tasks)))
-        return {task: (owner, bool(finished)) for task, owner, finished in self._fetch_all(query)}
+        names = None if tasks is None else task_leases.checked_names(tasks)
+        with self._connect() as connection:
+            return task_leases.holders(connection, names)
 
     def finished_tasks(self, tasks: Iterable[str]) -> set[str]:
         """The set of `tasks` (names) whose records are stored."""
-        names = _checked_names(tasks)
+        names = task_leases.checked_names(tasks)
         with self._connect() as connection:
-            finished = {task for (task,) in connection.execute(
-                sa.select(_CLAIMS.c.task).where(_CLAIMS.c.task.in_(names) & _CLAIMS.c.finished))}
-            return finished | _stored_runs(connection, names)
-
-    def _lock_claims(self, connection):
-        if self.path is None:
-            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLAIM_LOCK)))
+            return task_leases.finished(connection, names)
 
     def _engine_here(self):
         """This process's engine (an engine's state must not cross a fork)."""
@@ -325,7 +253,7 @@ class RecordStore:
     def _insert_rows(self, connection, labelled_rows):
         for label, row in labelled_rows:
             try:
-                connection.execute(_RECORDS.insert(), [dict(zip(_COLUMNS, row))])
+                connection.execute(RECORDS.insert(), [dict(zip(COLUMNS, row))])
             except sa.exc.IntegrityError as error:
                 raise ValueError(
                     f"{label} is already in {self.location}: run_id={row[0]!r}, step={row[3]}, "
@@ -336,36 +264,7 @@ class RecordStore:
     def _create_or_check(self):
         """Creates the schema on first use, else checks that it is a store of this version."""
         with self._connect(write=True) as connection:
-            if self.path is None:
-                connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_CREATION_LOCK)))
-            if not _has_schema(connection, self.location):
-                _METADATA.create_all(connection)
-                connection.execute(_META.insert(), [{"key": "format", "value": FORMAT},
-                                                    {"key": "schema_version", "value": str(SCHEMA_VERSION)}])
-            elif "claims" not in sa.inspect(connection).get_table_names():
-                _CLAIMS.create(connection)
-
-
-def _now(connection):
-    """The database's clock in seconds since the epoch: one clock for the collectors of all hosts."""
-    if connection.dialect.name == "sqlite":
-        now = sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")
-    else:
-        now = sa.text("SELECT extract(epoch FROM clock_timestamp())::float8")
-    return float(connection.execute(now).scalar())
-
-
-def _stored_runs(connection, names):
-    """The names among `names` that have records (run ids)."""
-    query = sa.select(_RECORDS.c.run_id).distinct().where(_RECORDS.c.run_id.in_(names))
-    return {run_id for (run_id,) in connection.execute(query)}
-
-
-def _checked_names(tasks):
-    names = list(tasks) if not isinstance(tasks, str) else None
-    if names is None or not all(isinstance(name, str) for name in names):
-        raise TypeError(f"Argument `tasks` must be a list of task names (str). Received: tasks={tasks!r}")
-    return names
+            create_or_check(connection, self.location)
 
 
 def _parse_location(location):
@@ -423,7 +322,7 @@ def _prepare_sqlite_file(path):
     """Checks an existing file without writing to it, then creates it if needed and puts
     it in WAL mode (a property of the file, set outside any transaction)."""
     if path.exists():
-        _check_sqlite_file(path)
+        check_sqlite_file(path)
     try:
         connection = _sqlite_connect(path, "rwc")
     except sqlite3.OperationalError as error:
@@ -446,64 +345,6 @@ def _unreachable_message(location, path, error):
                 "`createdb -h HOST -p PORT -U USER NAME`, or name an existing one in the URL.")
     return (f"{location} cannot be reached ({reason}). Start the server, or fix the host, port, user "
             "or password in the URL.")
-
-
-def _check_sqlite_file(path):
-    """Raises unless `path` is empty or a store, reading it without any write."""
-    with open(path, "rb") as file:
-        header = file.read(len(_SQLITE_HEADER))
-    if not header:
-        return
-    if header != _SQLITE_HEADER:
-        raise RecordStoreError(f"{path} is not a kadapt record store: it is not an SQLite file.")
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
-            tables = [name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            meta = _sqlite_meta(connection) if "meta" in tables else {}
-    except sqlite3.DatabaseError as error:
-        raise RecordStoreError(
-            f"{path} is not a kadapt record store: SQLite cannot read it ({error})."
-        ) from error
-    if tables:
-        _check_marker(meta, str(path), "an SQLite database")
-
-
-def _sqlite_meta(connection):
-    try:
-        return {key: str(value) for key, value in connection.execute("SELECT key, value FROM meta")}
-    except sqlite3.OperationalError:
-        return {}  # a foreign table named `meta`
-
-
-def _has_schema(connection, location):
-    """Returns False for a database without tables, True for a store, else raises."""
-    tables = sa.inspect(connection).get_table_names()
-    if not tables:
-        return False
-    meta = {}
-    if "meta" in tables:
-        try:
-            with connection.begin_nested():
-                meta = {key: str(value) for key, value in connection.execute(sa.select(_META.c.key, _META.c.value))}
-        except sa.exc.DBAPIError:
-            meta = {}  # a foreign table named `meta`
-    _check_marker(meta, location, "a database")
-    return True
-
-
-def _check_marker(meta, location, kind):
-    if meta.get("format") != FORMAT:
-        raise RecordStoreError(
-            f"{location} is not a kadapt record store: it is {kind} without the "
-            f"marker format={FORMAT!r}. Pass a new location or the location of a record store."
-        )
-    if meta.get("schema_version") != str(SCHEMA_VERSION):
-        raise RecordStoreError(
-            f"{location} is a kadapt record store of schema version "
-            f"{meta.get('schema_version')}; this kadapt reads version {SCHEMA_VERSION}. "
-            "Export it with `RecordStore.export_jsonl` under the kadapt version that wrote "
-            "it and import the file into a new store, or collect the records again."
-        )
 
 
 def _checked_record(name, record):

@@ -22,7 +22,7 @@ CONFIG = "config.json"
 RUN = "run.json"
 HISTORY = "history.json"
 STEPS = "steps.jsonl"
-META_DECISIONS = "meta_decisions.jsonl"  # kadapt.meta.adjuster.DECISIONS_FILE (that import loads Keras)
+META_DECISIONS = "meta_decisions.jsonl"  # kadapt.meta.decision_log.DECISIONS_FILE (that import loads Keras)
 PROBE = "probe.json"
 MODEL = "model.keras"
 CLASSES = "classes.json"  # the class names of string labels, index = the class the network outputs

@@ -1,0 +1,244 @@
+"""`AdjustmentRunner`: the `MetaAdjuster`'s decisions, run on the live model.
+
+The decision is the pure `AdjustmentPolicy`'s; the runner does the rest, in
+this order at each observation: read the model into the feature history
+(`observe_model`), ask the trigger for a reason and the policy for an
+`Adjustment` (both through the `WorkerAgreement`, so every worker of a job acts
+alike), roll back to the last good state or move that point forward, apply the
+chosen action to the optimizer, and write the decision to the `DecisionLog`.
+
+It holds what later decisions depend on: the feature history, the trigger, the
+policy's state, the two rollback points, the schedule's last two rates and the
+rate changes are bounded around, given and taken back as one state (`get_state`).
+Where the run stands (its step, epoch and budget) is the callback's to know:
+it hands the runner a `Progress` at each observation.
+
+Two rollback points are kept: `last_good` is the state a divergence returns
+to; `pending` is the newest state, confirmed good only once a later loss is
+measured after it. A validation loss is measured at the weights as they are
+now, so it confirms them at once; a training loss was measured before the
+interval's last updates, so it confirms only the state of the observation
+before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+import numpy as np
+
+from kadapt.meta import actions as action_lib
+from kadapt.meta import rollback
+from kadapt.meta.decision_log import DecisionLog
+from kadapt.meta.features import FeatureHistory
+from kadapt.meta.features import Observation
+from kadapt.meta.observation import observe_model
+from kadapt.meta.policy import Adjustment
+from kadapt.meta.policy import AdjustmentPolicy
+from kadapt.meta.policy import PolicyState
+from kadapt.meta.range_test_run import RangeTestRun
+from kadapt.meta.triggers import Trigger
+from kadapt.meta.worker_agreement import WorkerAgreement
+from kadapt.optimizers.live_variables import applied_learning_rate
+from kadapt.optimizers.live_variables import current_momentum
+
+ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where the run stands at an observation.
+
+    Args:
+        step: Int. Steps trained so far (a range test's steps included).
+        epoch: Int. The epoch (from 0). Defaults to `0`.
+        total_steps: Int or `None`. The steps planned, when known. Defaults to `None`.
+        budget_used: Float in [0, 1]. The fraction of the budget done. Defaults to `0.0`.
+        final: Bool. Whether this is the run's last observation. Defaults to `False`.
+    """
+
+    step: int
+    epoch: int = 0
+    total_steps: int | None = None
+    budget_used: float = 0.0
+    final: bool = False
+
+
+class AdjustmentRunner:
+    """Runs the `AdjustmentPolicy`'s decisions on a live model: observe, decide, roll back, apply, record.
+
+    Built when training begins: it takes the model's first rollback point then
+    (once the first step has built the model, for a model that has no
+    variables before it).
+
+    Args:
+        model: A compiled `keras.Model`; its optimizer is the one adjusted.
+        policy: `kadapt.meta.AdjustmentPolicy`. What to do at an observation.
+        trigger: `kadapt.meta.Trigger`. When to ask the policy; the runner
+            updates it, so pass a fresh one.
+        log: `kadapt.meta.decision_log.DecisionLog`. Where decisions go.
+        agreement: `kadapt.meta.worker_agreement.WorkerAgreement` or `None`
+            (one process). Defaults to `None`.
+
+    Example:
+
+    ```python
+    policy = AdjustmentPolicy(model_predictor(meta_model), optimizer_mask(model.optimizer))
+    runner = AdjustmentRunner(model, policy, Trigger(), DecisionLog("runs/a"))
+    runner.after_step(loss=2.3)              # the first step's loss: the start's value
+    runner.observe(loss=0.9, val_loss=1.1, watched=1.1, measured_now=True,
+                   progress=Progress(step=40, total_steps=400, budget_used=0.1))
+    ```
+    """
+
+    def __init__(self, model: keras.Model, policy: AdjustmentPolicy, trigger: Trigger, log: DecisionLog,
+                 agreement: WorkerAgreement | None = None) -> None:
+        for name, value, kind, text in (("policy", policy, AdjustmentPolicy, "kadapt.meta.AdjustmentPolicy"),
+                                        ("trigger", trigger, Trigger, "kadapt.meta.Trigger"),
+                                        ("log", log, DecisionLog, "kadapt.meta.decision_log.DecisionLog")):
+            if not isinstance(value, kind):
+                raise TypeError(f"Argument `{name}` must be a {text}. Received: {name}={value!r}")
+        self.model, self.policy, self.trigger, self.log = model, policy, trigger, log
+        self.agreement = agreement or WorkerAgreement()
+        self.policy_state = PolicyState()
+        self.history = FeatureHistory()
+        self.initial_learning_rate = applied_learning_rate(model.optimizer)
+        self.range_test_rate = None  # the test's suggestion: a feature of every later observation
+        self.rates = None  # (learning rate, momentum) the optimizer applies, as last read
+        self.last_good = self.pending = None
+        self._scheduled = []  # the schedule's rate (before the live multiplier) at the last two observations
+        if model.trainable_variables:
+            self._hold_start()
+
+    def after_step(self, loss: float | None) -> None:
+        """After each training step, with its loss (`None`: not logged): holds the start if the
+        step just built the model, and gives the start the first loss measured."""
+        if self.last_good is None:
+            self._hold_start()
+        if loss is not None and self.last_good.value == math.inf:
+            # The first batch's loss was measured at the initial weights: the reference for
+            # "exploded", and the value of the initial state a rollback may return to.
+            self.last_good = self.pending = dataclasses.replace(self.last_good, value=float(loss))
+            self.trigger.seed(self.last_good.value)
+
+    def start_from(self, run: RangeTestRun) -> None:
+        """Takes a range-test start's outcome: its suggestion, and the rate it set."""
+        self.range_test_rate = run.suggestion
+        if run.learning_rate is not None and not hasattr(self.model.optimizer, "learning_rate_multiplier"):
+            self.initial_learning_rate = run.learning_rate  # later changes stay within MAX_CHANGE of the found rate
+
+    def observe(self, loss: float, val_loss: float | None, watched: float, measured_now: bool,
+                progress: Progress) -> None:
+        """One observation: the history grows a row, the policy decides, the runner executes.
+
+        Args:
+            loss: Float. The training loss of the last interval.
+            val_loss: Float or `None`. The validation loss, when measured.
+            watched: Float. The value the trigger watches (a loss, lower is better).
+            measured_now: Bool. Whether `watched` was measured at the weights as
+                they are now (a validation loss), not before the interval's
+                last updates (a training loss).
+            progress: `Progress`. Where the run stands.
+        """
+        observation = self._observation(loss, val_loss, progress)
+        self.history.observe(observation)
+        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
+        reason = self.agreement.reason(self.trigger.update(watched if finite else math.nan))
+        adjustment, self.policy_state = self.policy.decide(
+            self.policy_state, self.history.window(), reason, self.rates[0],
+            annealing=self._annealing(), final=progress.final, suggestion=self.range_test_rate)
+        self._execute(self.agreement.adjustment(adjustment), watched, finite, measured_now, progress)
+
+    def read_rates(self) -> tuple[float, float]:
+        """The learning rate and momentum the optimizer applies now."""
+        optimizer = self.model.optimizer
+        return applied_learning_rate(optimizer), current_momentum(optimizer)
+
+    def finish(self) -> None:
+        """At the end of training: a run never ends on non-finite weights, so back to the last good state."""
+        if self.last_good is not None and not _all_finite(self.model.variables):
+            rollback.restore(self.model, self.last_good)
+
+    def get_state(self) -> dict[str, Any]:
+        """What later decisions depend on, as arrays and JSON values (`kadapt.meta.adjuster_state`)."""
+        return {"history": self.history.get_state(), "trigger": self.trigger.get_state(),
+                "policy": dataclasses.asdict(self.policy_state), "last_good": rollback.to_state(self.last_good),
+                "pending": rollback.to_state(self.pending), "scheduled": list(self._scheduled),
+                "initial_learning_rate": float(self.initial_learning_rate), "range_test_rate": self.range_test_rate}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores what `get_state` returned, for the same model; a `ValueError` for another's."""
+        self.last_good = rollback.from_state(state["last_good"], self.model)
+        self.pending = rollback.from_state(state["pending"], self.model)
+        self.history.set_state(state["history"])
+        self.trigger.set_state(state["trigger"])
+        self.policy_state = PolicyState(**state["policy"])
+        self._scheduled = [float(v) for v in state["scheduled"]]
+        self.initial_learning_rate = float(state["initial_learning_rate"])
+        self.range_test_rate = state.get("range_test_rate")
+
+    def _hold_start(self):
+        """Takes the first state a rollback can return to. A model that its first `fit` step
+        builds (a subclassed model never called before) has no variables before that step, so
+        its first state is the one after it."""
+        optimizer = self.model.optimizer
+        if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
+            optimizer.build(self.model.trainable_variables)
+        self.last_good = self.pending = rollback.take(self.model)
+
+    def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress):
+        """Does what the policy chose: roll back, move the rollback point, apply, log."""
+        if adjustment.rollback:
+            rollback.restore(self.model, self.last_good, restart_momentum=adjustment.restart_momentum)
+            self.pending = self.last_good
+            self.trigger.rebaseline(self.last_good.value)
+        elif finite:
+            self._advance_rollback_point(watched, measured_now)
+        if adjustment.consulted:
+            self._apply(action_lib.ACTIONS[adjustment.action])
+        if adjustment.restart_trigger:
+            self.trigger.adjusted()
+        if adjustment.logged:
+            self.log.adjustment(adjustment, self.history.window(), self.rates, progress.step, progress.epoch)
+
+    def _advance_rollback_point(self, watched, measured_now):
+        point = rollback.take(self.model, watched)
+        if measured_now:
+            self.last_good = self.pending = point
+        else:
+            # A training loss was measured before the latest updates: the weights now are
+            # confirmed good only by the next observation.
+            self.last_good, self.pending = self.pending, point
+
+    def _apply(self, action):
+        action_lib.apply(self.model.optimizer, action, self.initial_learning_rate, self.range_test_rate)
+        self.rates = self.read_rates()
+        # A float rate the action just set is not the schedule annealing.
+        self._scheduled[-1] = _scheduled_rate(self.model.optimizer)
+
+    def _annealing(self):
+        """Whether the schedule (the rate before the live multiplier) fell since the last observation."""
+        scheduled = self._scheduled
+        return len(scheduled) >= 2 and scheduled[-1] < scheduled[-2] * (1 - ANNEALING_TOLERANCE)
+
+    def _observation(self, loss, val_loss, progress) -> Observation:
+        self._scheduled = self._scheduled[-1:] + [_scheduled_rate(self.model.optimizer)]
+        observation = observe_model(self.model, progress.step, loss, val_loss, progress.budget_used,
+                                    progress.total_steps, self.range_test_rate)
+        self.rates = observation.learning_rate, observation.momentum
+        return observation
+
+
+def _scheduled_rate(optimizer):
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def _finite(value):
+    return value is not None and math.isfinite(float(value))
+
+
+def _all_finite(variables):
+    return all(bool(np.all(np.isfinite(v.numpy()))) for v in variables)
