@@ -20,6 +20,7 @@ from kadapt.meta.adjuster_state import save_state
 from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FeatureHistory
+from kadapt.meta.host_reads import read_model
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import load_meta_model
@@ -352,23 +353,25 @@ class MetaAdjuster(keras.callbacks.Callback):
         return epochs * steps if epochs and steps else None
 
     def _observe(self, loss, val_loss, watched, measured_now):
-        observation = self._observation(loss, val_loss)
+        # One read of the model (weights, slots, rates) serves the features and the rollback point.
+        reading = read_model(self.model)
+        observation = self._observation(loss, val_loss, reading)
         self.history.observe(observation)
         finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
         reason = self._chiefs_reason(self.trigger.update(watched if finite else math.nan))
         adjustment, self._policy_state = self.policy.decide(
             self._policy_state, self.history.window(), reason, self._rates[0],
             annealing=self._annealing(), final=self._is_final(), suggestion=self._range_test_rate)
-        self._execute(self._chiefs_choice(adjustment), watched, finite, measured_now)
+        self._execute(self._chiefs_choice(adjustment), watched, finite, measured_now, reading)
 
-    def _execute(self, adjustment, watched, finite, measured_now):
+    def _execute(self, adjustment, watched, finite, measured_now, reading):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
         if adjustment.rollback:
             rollback.restore(self.model, self._last_good, restart_momentum=adjustment.restart_momentum)
             self._pending = self._last_good
             self.trigger.rebaseline(self._last_good.value)
         elif finite:
-            self._advance_rollback_point(watched, measured_now)
+            self._advance_rollback_point(watched, measured_now, reading)
         if adjustment.consulted:
             self._apply(action_lib.ACTIONS[adjustment.action])
         if adjustment.restart_trigger:
@@ -376,8 +379,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         if adjustment.logged:
             self._log(self._record(adjustment, self.history.window()))
 
-    def _advance_rollback_point(self, watched, measured_now):
-        point = rollback.take(self.model, watched)
+    def _advance_rollback_point(self, watched, measured_now, reading):
+        point = rollback.take(self.model, watched, reading)
         if measured_now:
             self._last_good = self._pending = point
         else:
@@ -422,11 +425,11 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         return applied_learning_rate(optimizer), current_momentum(optimizer)
 
-    def _observation(self, loss, val_loss):
-        self._scheduled = self._scheduled[-1:] + [float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))]
+    def _observation(self, loss, val_loss, reading):
+        self._scheduled = self._scheduled[-1:] + [reading.scheduled_rate]
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         observation = observe_model(self.model, self._step, loss, val_loss, self._budget_used(),
-                                    epochs * steps if epochs and steps else None, self._range_test_rate)
+                                    epochs * steps if epochs and steps else None, self._range_test_rate, reading)
         self._rates = observation.learning_rate, observation.momentum
         return observation
 
