@@ -25,6 +25,7 @@ beside it.
     .venv/bin/python benchmarks/meta/meta_adjust.py --seeds 3 4 5 --overhead-rounds 0   # 52 min, 2 shared cores
     .venv/bin/python benchmarks/meta/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
     .venv/bin/python benchmarks/meta/meta_adjust.py --merge a.json b.json   # one table of two processes' families
+    nice -n 10 .venv/bin/python benchmarks/meta/meta_adjust.py --overhead-only --overhead-rounds 7   # ~2 min
 """
 
 import argparse
@@ -48,6 +49,7 @@ from kadapt.recipes.training import steps_per_epoch  # noqa: E402
 OVERHEAD_ROUNDS, OVERHEAD_EPOCHS = 7, 2
 OVERHEAD_TARGETS = {"epoch": 1.02, "step": 1.03}
 DEFAULT_OUT = Path(__file__).parent / "results" / "meta_adjust.json"
+OVERHEAD_OUT = Path(__file__).parent / "results" / "meta_adjust_overhead.json"
 
 
 class TimedMetaAdjuster(MetaAdjuster):
@@ -150,6 +152,8 @@ def main():
     parser.add_argument("--overhead-rounds", type=int, default=OVERHEAD_ROUNDS, help="0 skips the overhead")
     parser.add_argument("--step-modes", nargs="+", type=int, default=[10, 50],
                         help="check_every values of the step-mode overhead arms")
+    parser.add_argument("--overhead-only", action="store_true",
+                        help=f"only the overhead arm (no held-out runs); results to {OVERHEAD_OUT.name} by default")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {evaluation.QUICK}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS",
@@ -161,6 +165,8 @@ def main():
     args = parser.parse_args()
     if args.merge:
         return merge(args.merge, args.out)
+    if args.overhead_only:
+        return overhead_only(args)
     if args.quick:
         args.families, args.seeds, args.epochs = (list(v) if isinstance(v, tuple) else v for v in evaluation.QUICK.values())
     started = time.perf_counter()
@@ -184,6 +190,20 @@ def main():
     results = {"config": {k: _jsonable(v) for k, v in vars(args).items()},
                "summary": evaluation.summarize(runs), "runs": runs, "overhead": overhead, "seconds": seconds}
     args.out.write_text(json.dumps(_jsonable(results), indent=1))
+
+
+def overhead_only(args):
+    """The overhead arm alone, its load before and after."""
+    started = time.perf_counter()
+    print(f"load average at start: {load_text()}", flush=True)
+    overhead = measure_overhead(load_meta_model(args.meta_model), args.overhead_rounds, OVERHEAD_EPOCHS, args.step_modes)
+    print_overhead(overhead)
+    seconds = time.perf_counter() - started
+    out = OVERHEAD_OUT if args.out == DEFAULT_OUT else args.out
+    print(f"load average at the end: {load_text()}; {seconds:.0f} s; results: {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: _jsonable(v) for k, v in vars(args).items()}
+    out.write_text(json.dumps(_jsonable({"config": config, "overhead": overhead, "seconds": seconds}), indent=1))
 
 
 def merge(paths, out):
