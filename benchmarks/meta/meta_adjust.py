@@ -54,16 +54,22 @@ OVERHEAD_OUT = Path(__file__).parent / "results" / "meta_adjust_overhead.json"
 
 class TimedMetaAdjuster(MetaAdjuster):
     """`MetaAdjuster` that adds up the wall time spent in its own hooks: its cost, read
-    directly, which stays measurable when other jobs share the CPU."""
+    directly, which stays measurable when other jobs share the CPU. `observations` holds
+    the wall time of each hook call that made an observation."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.seconds = 0.0
+        self.observations = []
 
     def _timed(self, hook, *args):
+        observed = len(getattr(self, "history", ()))
         start = time.perf_counter()
         hook(*args)
-        self.seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        if hook.__name__ != "on_train_begin" and len(self.history) > observed:
+            self.observations.append(seconds)
 
     def on_train_begin(self, logs=None):
         self._timed(super().on_train_begin, logs)
@@ -90,8 +96,10 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
     """A silent MetaAdjuster against none, on the same model, in interleaved rounds.
 
     Per arm: median wall and process-CPU time per step, the median paired ratio
-    to "without" (an A/A arm shows the noise of that ratio), and the share of
-    the run spent inside the adjuster's hooks."""
+    to "without" (an A/A arm shows the noise of that ratio), the share of the
+    run spent inside the adjuster's hooks (1 + hook time / the rest, the median
+    over rounds: a round whose hooks other jobs preempted does not decide it)
+    and the median wall time of one observation."""
     task = evaluation.evaluation_task("fashion_mnist", 0, 0.01, "constant")
     x, y, x_val, y_val = task.data
     arms = {"without": [], "without (A/A)": [],
@@ -100,6 +108,7 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
                for n in step_modes}}
     models = {name: task.build() for name in arms}
     wall, cpu, hooks = ({name: [] for name in arms} for _ in range(3))
+    observations = {name: [] for name in arms}
     for round_index in range(rounds + 1):
         for name, callbacks in arms.items():
             for callback in callbacks:
@@ -111,12 +120,17 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
                 wall[name].append(time.perf_counter() - start)
                 cpu[name].append(time.process_time() - start_cpu)
                 hooks[name].append(sum(c.seconds for c in callbacks))
+                observations[name] += [seconds for c in callbacks for seconds in c.observations]
+            for callback in callbacks:
+                callback.observations = []
     steps = epochs * steps_per_epoch(len(x), task.batch_size)
     return {"task": task.name, "rounds": rounds, "steps_per_round": steps,
             "ms_per_step": {name: 1000 * statistics.median(t) / steps for name, t in wall.items()},
             "wall_ratio": _paired_ratios(wall), "cpu_ratio": _paired_ratios(cpu),
-            "hook_ratio": {name: 1 + sum(hooks[name]) / (sum(wall[name]) - sum(hooks[name]))
-                           for name in arms if name not in ("without", "without (A/A)")}}
+            "hook_ratio": {name: statistics.median(1 + h / (w - h) for h, w in zip(hooks[name], wall[name], strict=True))
+                           for name in arms if name not in ("without", "without (A/A)")},
+            "observation_ms": {name: 1000 * statistics.median(values) for name, values in observations.items()
+                               if values}}
 
 
 def _paired_ratios(seconds):
@@ -128,9 +142,10 @@ def _paired_ratios(seconds):
 def print_overhead(overhead):
     print(f"\noverhead, MetaAdjuster whose trigger never fires on {overhead['task']} "
           f"({overhead['rounds']} interleaved rounds of {overhead['steps_per_round']} steps):")
-    print("\n| arm | ms/step (wall, median) | wall ratio | CPU-time ratio | hook-time ratio | target |\n|---|---|---|---|---|---|")
+    print("\n| arm | ms/step (wall, median) | wall ratio | CPU-time ratio | hook-time ratio | ms/observation | target |"
+          "\n|---|---|---|---|---|---|---|")
     for name, ms in overhead["ms_per_step"].items():
-        cells = [_fmt(overhead[key].get(name)) for key in ("wall_ratio", "cpu_ratio", "hook_ratio")]
+        cells = [_fmt(overhead[key].get(name)) for key in ("wall_ratio", "cpu_ratio", "hook_ratio", "observation_ms")]
         target = "" if name.startswith("without") else f"<= {OVERHEAD_TARGETS['epoch' if name == 'epoch' else 'step']}"
         print(f"| {name} | {ms:.2f} | " + " | ".join(cells) + f" | {target} |")
 
