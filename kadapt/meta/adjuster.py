@@ -150,6 +150,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         check_range("min_gain", min_gain, low=0.0)
         self.min_gain = float(min_gain)
         self.meta_model = _load(meta_model)
+        self._predict = model_predictor(self.meta_model)  # reads its weights once: they do not change
         self.monitor, self.target = _check_monitor(monitor), _check_target(target)
         self.mode = _check_mode(mode, monitor)
         if check_every != "epoch":
@@ -183,7 +184,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
-        self.policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
+        self.policy = AdjustmentPolicy(self._predict, allowed, self.min_gain,
                                        self._trigger_template.patience)
         self._policy_state = PolicyState()
         self._initial_learning_rate = applied_learning_rate(optimizer)
@@ -211,7 +212,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
             optimizer.build(self.model.trainable_variables)
-        self._last_good = self._pending = rollback.take(self.model)
+        # Read eagerly: at the start of fit the input pipeline holds TensorFlow's inter-op threads,
+        # where a compiled read waits (`read_model`).
+        self._last_good = self._pending = rollback.take(self.model, reading=read_model(self.model, compiled=False))
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self._began:
