@@ -127,7 +127,8 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
     return {"task": task.name, "rounds": rounds, "steps_per_round": steps,
             "ms_per_step": {name: 1000 * statistics.median(t) / steps for name, t in wall.items()},
             "wall_ratio": _paired_ratios(wall), "cpu_ratio": _paired_ratios(cpu),
-            "hook_ratio": {name: statistics.median(1 + h / (w - h) for h, w in zip(hooks[name], wall[name], strict=True))
+            "hook_ratio": {name: statistics.median(1 + h / (w - h)
+                                                   for h, w in zip(hooks[name], wall[name], strict=True))
                            for name in arms if name not in ("without", "without (A/A)")},
             "observation_ms": {name: 1000 * statistics.median(values) for name, values in observations.items()
                                if values}}
@@ -211,7 +212,8 @@ def overhead_only(args):
     """The overhead arm alone, its load before and after."""
     started = time.perf_counter()
     print(f"load average at start: {load_text()}", flush=True)
-    overhead = measure_overhead(load_meta_model(args.meta_model), args.overhead_rounds, OVERHEAD_EPOCHS, args.step_modes)
+    meta_model = load_meta_model(args.meta_model)
+    overhead = measure_overhead(meta_model, args.overhead_rounds, OVERHEAD_EPOCHS, args.step_modes)
     print_overhead(overhead)
     seconds = time.perf_counter() - started
     out = OVERHEAD_OUT if args.out == DEFAULT_OUT else args.out

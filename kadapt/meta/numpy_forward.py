@@ -2,8 +2,9 @@
 
 The `MetaAdjuster` asks its meta-model about one `(WINDOW, features)` window
 whenever the trigger fires. Called eagerly, a Keras GRU runs its 8 time steps
-op by op: measured on a 2-core CPU under load, 70-130 ms a call on TensorFlow
-and ~0.9 s on JAX, where the same arithmetic in NumPy takes ~0.1-0.2 ms. The
+op by op: measured on 2 shared cores (load ~7), 110-170 ms a call on
+TensorFlow and 0.6-0.9 s on JAX, where the same arithmetic in NumPy took
+0.6-0.8 ms. The
 meta-models `MetaHyperModel` builds are a stack of GRU or LSTM layers, a
 dropout (the identity at inference) and a dense layer: `numpy_forward` reads
 their weights once and computes

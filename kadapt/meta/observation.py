@@ -66,5 +66,6 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
 def _flat_trainable(model, values):
     """The trainable ones of `values` (one per `model.variables`), flattened into one array."""
     trainable = {id(v) for v in model.trainable_variables}
-    arrays = [np.ravel(value) for variable, value in zip(model.variables, values, strict=True) if id(variable) in trainable]
+    arrays = [np.ravel(value) for variable, value in zip(model.variables, values, strict=True)
+              if id(variable) in trainable]
     return np.concatenate(arrays) if arrays else np.zeros(0, "float32")

@@ -105,8 +105,9 @@ class Adjustment:
 
 def model_predictor(meta_model) -> Callable[[np.ndarray], np.ndarray]:
     """`window -> score differences to keep` of a loaded meta-model (one window at a time):
-    its forward pass in NumPy where `numpy_forward` can compute it (~0.1 ms; an eager Keras
-    call of a GRU takes tens of ms), else the Keras call. Reads the weights now."""
+    its forward pass in NumPy where `numpy_forward` can compute it (under a millisecond, where
+    an eager Keras call of the default GRU took ~0.1 s), else the Keras call. Reads the
+    weights now."""
     forward = numpy_forward(meta_model)
     if forward is None:
         return lambda window: predicted_differences(meta_model, window[None])[0]
