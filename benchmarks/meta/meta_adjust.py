@@ -25,6 +25,7 @@ beside it.
     .venv/bin/python benchmarks/meta/meta_adjust.py --seeds 3 4 5 --overhead-rounds 0   # 52 min, 2 shared cores
     .venv/bin/python benchmarks/meta/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
     .venv/bin/python benchmarks/meta/meta_adjust.py --merge a.json b.json   # one table of two processes' families
+    nice -n 10 .venv/bin/python benchmarks/meta/meta_adjust.py --overhead-only --overhead-rounds 7   # ~2 min
 """
 
 import argparse
@@ -48,20 +49,27 @@ from kadapt.recipes.training import steps_per_epoch  # noqa: E402
 OVERHEAD_ROUNDS, OVERHEAD_EPOCHS = 7, 2
 OVERHEAD_TARGETS = {"epoch": 1.02, "step": 1.03}
 DEFAULT_OUT = Path(__file__).parent / "results" / "meta_adjust.json"
+OVERHEAD_OUT = Path(__file__).parent / "results" / "meta_adjust_overhead.json"
 
 
 class TimedMetaAdjuster(MetaAdjuster):
     """`MetaAdjuster` that adds up the wall time spent in its own hooks: its cost, read
-    directly, which stays measurable when other jobs share the CPU."""
+    directly, which stays measurable when other jobs share the CPU. `observations` holds
+    the wall time of each hook call that made an observation."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.seconds = 0.0
+        self.observations = []
 
     def _timed(self, hook, *args):
+        observed = len(getattr(self, "history", ()))
         start = time.perf_counter()
         hook(*args)
-        self.seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        if hook.__name__ != "on_train_begin" and len(self.history) > observed:
+            self.observations.append(seconds)
 
     def on_train_begin(self, logs=None):
         self._timed(super().on_train_begin, logs)
@@ -88,8 +96,10 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
     """A silent MetaAdjuster against none, on the same model, in interleaved rounds.
 
     Per arm: median wall and process-CPU time per step, the median paired ratio
-    to "without" (an A/A arm shows the noise of that ratio), and the share of
-    the run spent inside the adjuster's hooks."""
+    to "without" (an A/A arm shows the noise of that ratio), the share of the
+    run spent inside the adjuster's hooks (1 + hook time / the rest, the median
+    over rounds: a round whose hooks other jobs preempted does not decide it)
+    and the median wall time of one observation."""
     task = evaluation.evaluation_task("fashion_mnist", 0, 0.01, "constant")
     x, y, x_val, y_val = task.data
     arms = {"without": [], "without (A/A)": [],
@@ -98,6 +108,7 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
                for n in step_modes}}
     models = {name: task.build() for name in arms}
     wall, cpu, hooks = ({name: [] for name in arms} for _ in range(3))
+    observations = {name: [] for name in arms}
     for round_index in range(rounds + 1):
         for name, callbacks in arms.items():
             for callback in callbacks:
@@ -109,12 +120,18 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
                 wall[name].append(time.perf_counter() - start)
                 cpu[name].append(time.process_time() - start_cpu)
                 hooks[name].append(sum(c.seconds for c in callbacks))
+                observations[name] += [seconds for c in callbacks for seconds in c.observations]
+            for callback in callbacks:
+                callback.observations = []
     steps = epochs * steps_per_epoch(len(x), task.batch_size)
     return {"task": task.name, "rounds": rounds, "steps_per_round": steps,
             "ms_per_step": {name: 1000 * statistics.median(t) / steps for name, t in wall.items()},
             "wall_ratio": _paired_ratios(wall), "cpu_ratio": _paired_ratios(cpu),
-            "hook_ratio": {name: 1 + sum(hooks[name]) / (sum(wall[name]) - sum(hooks[name]))
-                           for name in arms if name not in ("without", "without (A/A)")}}
+            "hook_ratio": {name: statistics.median(1 + h / (w - h)
+                                                   for h, w in zip(hooks[name], wall[name], strict=True))
+                           for name in arms if name not in ("without", "without (A/A)")},
+            "observation_ms": {name: 1000 * statistics.median(values) for name, values in observations.items()
+                               if values}}
 
 
 def _paired_ratios(seconds):
@@ -126,9 +143,10 @@ def _paired_ratios(seconds):
 def print_overhead(overhead):
     print(f"\noverhead, MetaAdjuster whose trigger never fires on {overhead['task']} "
           f"({overhead['rounds']} interleaved rounds of {overhead['steps_per_round']} steps):")
-    print("\n| arm | ms/step (wall, median) | wall ratio | CPU-time ratio | hook-time ratio | target |\n|---|---|---|---|---|---|")
+    print("\n| arm | ms/step (wall, median) | wall ratio | CPU-time ratio | hook-time ratio | ms/observation | target |"
+          "\n|---|---|---|---|---|---|---|")
     for name, ms in overhead["ms_per_step"].items():
-        cells = [_fmt(overhead[key].get(name)) for key in ("wall_ratio", "cpu_ratio", "hook_ratio")]
+        cells = [_fmt(overhead[key].get(name)) for key in ("wall_ratio", "cpu_ratio", "hook_ratio", "observation_ms")]
         target = "" if name.startswith("without") else f"<= {OVERHEAD_TARGETS['epoch' if name == 'epoch' else 'step']}"
         print(f"| {name} | {ms:.2f} | " + " | ".join(cells) + f" | {target} |")
 
@@ -150,6 +168,8 @@ def main():
     parser.add_argument("--overhead-rounds", type=int, default=OVERHEAD_ROUNDS, help="0 skips the overhead")
     parser.add_argument("--step-modes", nargs="+", type=int, default=[10, 50],
                         help="check_every values of the step-mode overhead arms")
+    parser.add_argument("--overhead-only", action="store_true",
+                        help=f"only the overhead arm (no held-out runs); results to {OVERHEAD_OUT.name} by default")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {evaluation.QUICK}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS",
@@ -161,6 +181,8 @@ def main():
     args = parser.parse_args()
     if args.merge:
         return merge(args.merge, args.out)
+    if args.overhead_only:
+        return overhead_only(args)
     if args.quick:
         args.families, args.seeds, args.epochs = (list(v) if isinstance(v, tuple) else v for v in evaluation.QUICK.values())
     started = time.perf_counter()
@@ -184,6 +206,21 @@ def main():
     results = {"config": {k: _jsonable(v) for k, v in vars(args).items()},
                "summary": evaluation.summarize(runs), "runs": runs, "overhead": overhead, "seconds": seconds}
     args.out.write_text(json.dumps(_jsonable(results), indent=1))
+
+
+def overhead_only(args):
+    """The overhead arm alone, its load before and after."""
+    started = time.perf_counter()
+    print(f"load average at start: {load_text()}", flush=True)
+    meta_model = load_meta_model(args.meta_model)
+    overhead = measure_overhead(meta_model, args.overhead_rounds, OVERHEAD_EPOCHS, args.step_modes)
+    print_overhead(overhead)
+    seconds = time.perf_counter() - started
+    out = OVERHEAD_OUT if args.out == DEFAULT_OUT else args.out
+    print(f"load average at the end: {load_text()}; {seconds:.0f} s; results: {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: _jsonable(v) for k, v in vars(args).items()}
+    out.write_text(json.dumps(_jsonable({"config": config, "overhead": overhead, "seconds": seconds}), indent=1))
 
 
 def merge(paths, out):

@@ -142,6 +142,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         check_range("min_gain", min_gain, low=0.0)
         self.min_gain = float(min_gain)
         self.meta_model = _load(meta_model)
+        self._predict = model_predictor(self.meta_model)  # reads its weights once: they do not change
         self.monitor, self.target = _check_monitor(monitor), _check_target(target)
         self.mode = _check_mode(mode, monitor)
         if check_every != "epoch":
@@ -195,7 +196,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
-        policy = AdjustmentPolicy(model_predictor(self.meta_model), allowed, self.min_gain,
+        policy = AdjustmentPolicy(self._predict, allowed, self.min_gain,
                                   self._trigger_template.patience)
         self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
                                         self.decision_log, WorkerAgreement.of(self.model))

@@ -35,6 +35,7 @@ from kadapt.meta import rollback
 from kadapt.meta.decision_log import DecisionLog
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
+from kadapt.meta.host_reads import read_model
 from kadapt.meta.observation import observe_model
 from kadapt.meta.policy import Adjustment
 from kadapt.meta.policy import AdjustmentPolicy
@@ -143,14 +144,16 @@ class AdjustmentRunner:
                 last updates (a training loss).
             progress: `Progress`. Where the run stands.
         """
-        observation = self._observation(loss, val_loss, progress)
+        # One read of the model (weights, slots, rates) serves the features and the rollback point.
+        reading = read_model(self.model)
+        observation = self._observation(loss, val_loss, progress, reading)
         self.history.observe(observation)
         finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
         reason = self.agreement.reason(self.trigger.update(watched if finite else math.nan))
         adjustment, self.policy_state = self.policy.decide(
             self.policy_state, self.history.window(), reason, self.rates[0],
             annealing=self._annealing(), final=progress.final, suggestion=self.range_test_rate)
-        self._execute(self.agreement.adjustment(adjustment), watched, finite, measured_now, progress)
+        self._execute(self.agreement.adjustment(adjustment), watched, finite, measured_now, progress, reading)
 
     def read_rates(self) -> tuple[float, float]:
         """The learning rate and momentum the optimizer applies now."""
@@ -187,16 +190,18 @@ class AdjustmentRunner:
         optimizer = self.model.optimizer
         if not optimizer.built:  # as fit would at its first step, so the start can be rolled back to
             optimizer.build(self.model.trainable_variables)
-        self.last_good = self.pending = rollback.take(self.model)
+        # Read eagerly: at the start of fit the input pipeline holds TensorFlow's inter-op threads,
+        # where a compiled read waits (`read_model`).
+        self.last_good = self.pending = rollback.take(self.model, reading=read_model(self.model, compiled=False))
 
-    def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress):
+    def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
         if adjustment.rollback:
             rollback.restore(self.model, self.last_good, restart_momentum=adjustment.restart_momentum)
             self.pending = self.last_good
             self.trigger.rebaseline(self.last_good.value)
         elif finite:
-            self._advance_rollback_point(watched, measured_now)
+            self._advance_rollback_point(watched, measured_now, reading)
         if adjustment.consulted:
             self._apply(action_lib.ACTIONS[adjustment.action])
         if adjustment.restart_trigger:
@@ -204,8 +209,8 @@ class AdjustmentRunner:
         if adjustment.logged:
             self.log.adjustment(adjustment, self.history.window(), self.rates, progress.step, progress.epoch)
 
-    def _advance_rollback_point(self, watched, measured_now):
-        point = rollback.take(self.model, watched)
+    def _advance_rollback_point(self, watched, measured_now, reading):
+        point = rollback.take(self.model, watched, reading)
         if measured_now:
             self.last_good = self.pending = point
         else:
@@ -224,10 +229,10 @@ class AdjustmentRunner:
         scheduled = self._scheduled
         return len(scheduled) >= 2 and scheduled[-1] < scheduled[-2] * (1 - ANNEALING_TOLERANCE)
 
-    def _observation(self, loss, val_loss, progress) -> Observation:
-        self._scheduled = self._scheduled[-1:] + [_scheduled_rate(self.model.optimizer)]
+    def _observation(self, loss, val_loss, progress, reading) -> Observation:
+        self._scheduled = self._scheduled[-1:] + [reading.scheduled_rate]
         observation = observe_model(self.model, progress.step, loss, val_loss, progress.budget_used,
-                                    progress.total_steps, self.range_test_rate)
+                                    progress.total_steps, self.range_test_rate, reading)
         self.rates = observation.learning_rate, observation.momentum
         return observation
 

@@ -16,10 +16,14 @@ one by one.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Sequence
 
 import keras
 import numpy as np
+
+from kadapt.optimizers.live_variables import applied_learning_rate
+from kadapt.optimizers.live_variables import current_momentum
 
 _CACHED_READERS = 8  # variable lists whose reader is kept (a fit has one or two)
 _BATCHED_FROM = 12  # variables; below, reading them one by one costs less than a function call
@@ -49,6 +53,114 @@ def read_to_host(variables: Sequence[keras.Variable]) -> list[np.ndarray]:
     return [np.array(value) for value in _reader(variables)()]
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelReading:
+    """Host copies of a model's variables and its optimizer's, with the rates, read at one moment.
+
+    Args:
+        variables: List of arrays, one per `model.variables`.
+        optimizer: List of arrays, one per `model.optimizer.variables`.
+        scheduled_rate: Float. `optimizer.learning_rate` now: the schedule's
+            value at the step, or the float rate.
+        learning_rate: Float. The rate the next step applies: `scheduled_rate`
+            times the live multiplier (`applied_learning_rate`).
+        momentum: Float. Momentum or `beta_1`; `0.0` when absent (`current_momentum`).
+    """
+
+    variables: list
+    optimizer: list
+    scheduled_rate: float
+    learning_rate: float
+    momentum: float
+
+
+def read_model(model: keras.Model, compiled: bool = True) -> ModelReading:
+    """`model`'s variables, its optimizer's and its rates, read to the host in one call.
+
+    Args:
+        model: A compiled `keras.Model` whose optimizer is built.
+        compiled: Bool. On TensorFlow, read in one compiled call; `False`
+            reads as `read_to_host` and the rate functions do. A compiled call
+            runs its ops on TensorFlow's inter-op threads, which at the start
+            of `fit` the input pipeline fills: measured on 2 shared cores, the
+            call took 10-20 ms there against ~2 ms for the eager reads, and
+            ~0.5 ms against ~1.5 ms once training runs. Defaults to `True`.
+
+    Example:
+
+    ```python
+    reading = read_model(model)
+    reading.learning_rate  # what applied_learning_rate(model.optimizer) returns
+    ```
+    """
+    optimizer = model.optimizer
+    variables = [*model.variables, *optimizer.variables]
+    if not compiled or keras.backend.backend() != "tensorflow" or _distributed(variables):
+        values = read_to_host(variables)
+        scheduled = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        rates = (scheduled, applied_learning_rate(optimizer), current_momentum(optimizer))
+    else:
+        values, rates = _model_reader(model, variables)()
+    count = len(model.variables)
+    return ModelReading(values[:count], values[count:], *rates)
+
+
+def _model_reader(model, variables):
+    """A function returning (host copies of `variables`, (scheduled rate, applied rate, momentum))
+    from one `tf.function` call. A multiplier or momentum held as a float (a stock Keras
+    optimizer's `momentum`) is read on the host at each call, as `current_momentum` reads it."""
+    optimizer = model.optimizer
+    # The schedule is traced into the function: a new one set on the optimizer needs a new reader.
+    key = ("model", id(optimizer), id(getattr(optimizer, "_learning_rate", None)), *(id(v) for v in variables))
+    entry = _readers.get(key)
+    if entry is None:
+        import tensorflow as tf
+
+        multiplier = getattr(optimizer, "learning_rate_multiplier", None)
+        momentum = _momentum(optimizer)
+        in_graph = [isinstance(value, keras.Variable) for value in (multiplier, momentum)]
+
+        def read():
+            rates = [optimizer.learning_rate] + [v.value for v, graph in zip((multiplier, momentum), in_graph) if graph]
+            return [tf.identity(v.value) for v in variables], tf.stack([tf.cast(r, "float64") for r in rates])
+
+        # The concrete function: calling it skips the tf.function's argument binding (~0.1 ms a call).
+        function = tf.function(read, autograph=False).get_concrete_function()
+
+        def reading():
+            values, rates = function()
+            read = iter(float(r) for r in rates.numpy())
+            scheduled = next(read)
+            scale, momentum_now = [next(read) if graph else _host_float(value, default)
+                                   for value, graph, default in zip((multiplier, momentum), in_graph, (1.0, 0.0))]
+            # A copy: on the CPU `numpy()` may share the tensor's buffer with TensorFlow.
+            return [np.array(v) for v in values], (scheduled, scheduled * scale, momentum_now)
+
+        entry = (reading, variables)
+        _cache(key, entry)
+    _readers.move_to_end(key)
+    return entry[0]
+
+
+def _momentum(optimizer):
+    """What `current_momentum` reads: `momentum`, else `beta_1`, else `None`."""
+    for name in ("momentum", "beta_1"):
+        value = getattr(optimizer, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _host_float(value, default):
+    return default if value is None else float(keras.ops.convert_to_numpy(value))
+
+
+def _cache(key, entry):
+    _readers[key] = entry
+    if len(_readers) > _CACHED_READERS:
+        _readers.popitem(last=False)
+
+
 def _reader(variables):
     key = tuple(id(v) for v in variables)
     reader = _readers.get(key)
@@ -56,9 +168,7 @@ def _reader(variables):
         import tensorflow as tf
 
         reader = (tf.function(lambda: [tf.identity(v.value) for v in variables], autograph=False), variables)
-        _readers[key] = reader
-        if len(_readers) > _CACHED_READERS:
-            _readers.popitem(last=False)
+        _cache(key, reader)
     _readers.move_to_end(key)
     return reader[0]
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from kadapt.meta.features import Observation
 from kadapt.meta.features import schedule_ratio
+from kadapt.meta.host_reads import ModelReading
+from kadapt.meta.host_reads import read_model
 from kadapt.meta.host_reads import read_to_host
-from kadapt.optimizers.live_variables import applied_learning_rate
-from kadapt.optimizers.live_variables import current_momentum
 
 
 def trainable_weights(model: keras.Model) -> np.ndarray:
@@ -31,7 +31,7 @@ def trainable_weights(model: keras.Model) -> np.ndarray:
 
 def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | None,
                   budget_used: float, total_steps: int | None,
-                  range_test_rate: float | None = None) -> Observation:
+                  range_test_rate: float | None = None, reading: ModelReading | None = None) -> Observation:
     """The `Observation` of `model` and its optimizer as they are now.
 
     Args:
@@ -43,6 +43,9 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
         total_steps: Int or `None`. The planned steps, for `schedule_ahead`.
         range_test_rate: Float or `None`. The range test's suggestion for
             this run, when one ran. Defaults to `None`.
+        reading: `kadapt.meta.host_reads.ModelReading` of `model` now, or
+            `None` to read one (`read_model`; the `MetaAdjuster` passes the one
+            its rollback point is taken from). Defaults to `None`.
 
     Example:
 
@@ -52,9 +55,17 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
     history.observe(observation)
     ```
     """
-    optimizer = model.optimizer
+    reading = read_model(model) if reading is None else reading
     return Observation(
         step=int(step), loss=float(loss), val_loss=None if val_loss is None else float(val_loss),
-        learning_rate=applied_learning_rate(optimizer), momentum=current_momentum(optimizer),
-        weights=trainable_weights(model), budget_used=float(budget_used),
-        schedule_ahead=schedule_ratio(optimizer, step, total_steps), range_test_rate=range_test_rate)
+        learning_rate=reading.learning_rate, momentum=reading.momentum,
+        weights=_flat_trainable(model, reading.variables), budget_used=float(budget_used),
+        schedule_ahead=schedule_ratio(model.optimizer, step, total_steps), range_test_rate=range_test_rate)
+
+
+def _flat_trainable(model, values):
+    """The trainable ones of `values` (one per `model.variables`), flattened into one array."""
+    trainable = {id(v) for v in model.trainable_variables}
+    arrays = [np.ravel(value) for variable, value in zip(model.variables, values, strict=True)
+              if id(variable) in trainable]
+    return np.concatenate(arrays) if arrays else np.zeros(0, "float32")

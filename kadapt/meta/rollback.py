@@ -17,7 +17,8 @@ import math
 import keras
 import numpy as np
 
-from kadapt.meta.host_reads import read_to_host
+from kadapt.meta.host_reads import ModelReading
+from kadapt.meta.host_reads import read_model
 
 # The live channels and the step count: not part of what a rollback undoes.
 NOT_ROLLED_BACK = frozenset({"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"})
@@ -39,8 +40,9 @@ class RollbackPoint:
     value: float = math.inf
 
 
-def take(model: keras.Model, value: float = math.inf) -> RollbackPoint:
-    """The rollback point of `model` as it is now.
+def take(model: keras.Model, value: float = math.inf, reading: ModelReading | None = None) -> RollbackPoint:
+    """The rollback point of `model` as it is now; from `reading` (`read_model(model)` now,
+    e.g. the one an observation was made from) where given, else from a new one.
 
     Example:
 
@@ -50,11 +52,10 @@ def take(model: keras.Model, value: float = math.inf) -> RollbackPoint:
     restore(model, point)
     ```
     """
-    slots = [v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK]
-    values = read_to_host([*model.variables, *slots])
-    weights, slot_values = values[:len(model.variables)], iter(values[len(model.variables):])
-    optimizer = [None if v.name in NOT_ROLLED_BACK else next(slot_values) for v in model.optimizer.variables]
-    return RollbackPoint(weights, optimizer, float(value))
+    reading = read_model(model) if reading is None else reading
+    optimizer = [None if v.name in NOT_ROLLED_BACK else value
+                 for v, value in zip(model.optimizer.variables, reading.optimizer, strict=True)]
+    return RollbackPoint(list(reading.variables), optimizer, float(value))
 
 
 def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = False) -> None:
