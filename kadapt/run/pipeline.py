@@ -63,14 +63,20 @@ class Run:
     model: object
     meta_adjuster: object
     resume: bool
-    member: object = None  # `kadapt.run.workers.ClusterMember` of a multi-worker run, else None
+    member: object = None  # a multi-worker run's `ClusterMember` (TensorFlow) or `JaxProcess`, else None
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
     range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
 
     def scope(self):
-        """The distribution strategy's scope in a multi-worker run (else a no-op)."""
-        return self.member.strategy.scope() if self.member else contextlib.nullcontext()
+        """Where the network that trains is built: the strategy's scope in a
+        TensorFlow multi-worker run (else a no-op)."""
+        return self.member.scope() if self.member else contextlib.nullcontext()
+
+    def local(self):
+        """Where this worker computes alone (the probe, the meta-model, the test
+        scores): outside a JAX run's distribution (else a no-op)."""
+        return self.member.local() if self.member else contextlib.nullcontext()
 
 
 def start_run(options, out, overwrite=False, resume=False, member=None):
@@ -78,8 +84,8 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
     creates the directory. Raises `UsageError` before writing anything.
 
     With `member` (a multi-worker run), the network is built under its
-    strategy, and a worker that is not the chief writes into a scratch
-    directory instead of `out`."""
+    strategy (on JAX: the distribution), and a worker that is not the chief
+    writes into a scratch directory instead of `out`."""
     directory = RunDirectory(out)
     replace = directory.check_new_run(overwrite, resume)
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
@@ -91,13 +97,15 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
     if member is not None:
         _check_split(config.batch_size, member.workers)
     settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
+    if member is not None and member.process_share is not None:
+        _check_last_batch(config, settings, data, member.workers)
     name = network_name(config, data)
     precision = _precision(config, settings, name, data, directory if resume else None, member)
-    keras.utils.set_random_seed(config.seed)
-    with global_policy(precision.policy):
-        model = build_network(name, data, settings)
-    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision,
+    run = Run(config, settings, directory, data, name, None, None, resume, member, precision=precision,
               range_test=found)
+    keras.utils.set_random_seed(config.seed)
+    with run.local(), global_policy(precision.policy):
+        run.model = build_network(name, data, settings)
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -106,7 +114,8 @@ def start_run(options, out, overwrite=False, resume=False, member=None):
         with run.scope(), global_policy(precision.policy):
             run.model = build_network(name, data, settings)
         run.model.set_weights(run.probe_model.get_weights())
-    run.meta_adjuster = meta_adjuster(config, directory, data)
+    with run.local():
+        run.meta_adjuster = meta_adjuster(config, directory, data)
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
     return run
@@ -143,6 +152,28 @@ def _check_split(batch_size, workers):
     if batch_size % workers:
         raise UsageError(f"--batch-size {batch_size} is the global batch of {workers} workers: use a "
                          f"multiple of {workers}, e.g. {batch_size - batch_size % workers or workers}.")
+
+
+def _check_last_batch(config, settings, data, workers):
+    """Where each worker feeds an equal part of every batch (JAX), the last batch of an
+    epoch must split too: the training rows must be a multiple of the workers (the
+    batch is), which only the rows can fix."""
+    rows = _training_rows(len(data.x_train), settings.expand)
+    if rows % workers == 0:
+        return
+    fit = next((n for n in range(len(data.x_train) + len(data.x_val), 0, -1)
+                if _training_rows(n - int(n * config.validation_split), settings.expand) % workers == 0), None)
+    example = (f", e.g. with --train-rows {fit} (the rows before --validation-split {config.validation_split})"
+               if fit else "")
+    raise UsageError(
+        f"--workers {workers} feeds each worker an equal part of every batch, and the {rows} training rows leave "
+        f"a last batch of {rows % config.batch_size} rows at --batch-size {config.batch_size}, not a multiple of "
+        f"{workers}: make the training rows a multiple of {workers}{example}.")
+
+
+def _training_rows(rows, expand):
+    """Rows an epoch trains: `rows` and, with `--expand`, the generated ones (`kadapt.augment.expand`'s count)."""
+    return rows + (round(expand * rows) if expand else 0)
 
 
 def train(run, echo=print, callbacks=(), verbose=1):
@@ -266,10 +297,11 @@ def _probe(run, echo):
     sample = (data.x_train[rows], data.targets(data.y_train[rows]))
 
     try:
-        return probe_micro_batch(
-            model, sample, memory_budget=config.memory_budget,
-            max_micro_batch_size=_share(run), on_trial=lambda trial: echo(trial_line(trial)),
-        )
+        with run.local():
+            return probe_micro_batch(
+                model, sample, memory_budget=config.memory_budget,
+                max_micro_batch_size=_share(run), on_trial=lambda trial: echo(trial_line(trial)),
+            )
     except ValueError as error:  # the budget holds not even one row
         reason = " ".join(str(error).split()).replace("Argument `memory_budget` is", "it is")
         given = (f"--memory-budget {config.memory_budget}" if config.memory_budget is not None
@@ -292,6 +324,8 @@ def _plan(batch_size, micro):
 
 
 def _trainer(run, micro):
+    if run.member is not None:
+        micro = run.member.trainer_micro_batch(micro)  # JAX: a micro-batch of the mesh counts global rows
     trainer = recipe.micro_batched(run.model, micro, memory_budget=run.config.memory_budget)
     trainer(run.data.x_train[:1])  # BackupAndRestore restores into a built model
     return trainer
@@ -324,7 +358,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
             trainer, batches, run.recipe, epochs=config.epochs, steps_per_epoch=steps["steps_per_epoch"],
             total_steps=steps["total_steps"], arrange_callbacks=arrange, validation_data=validation,
             seed=config.seed, first_epoch=first_epoch, backup_dir=backup, verbose=verbose,
-            validation_batch_size=micro)
+            share=run.member.process_share if run.member else None, validation_batch_size=micro)
     finally:
         for callback in arranged:
             if hasattr(callback, "close"):
@@ -334,7 +368,10 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
 
 def _finish(run, trainer, best, started, echo):
     directory, data = run.directory, run.data
-    scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe, data.task)
+    with run.local():
+        # Each worker scores the whole test set (on JAX, a copy of the network outside the distribution)
+        network = run.member.local_copy(run.model) if run.member else run.model
+        scores = recipe.evaluate_recipe(network, data.x_test, data.y_test, run.recipe, data.task)
     _save_model(run)
     history = directory.read_json(files.HISTORY, {})
     record = {
@@ -362,7 +399,8 @@ def _save_model(run):
     from kadapt.run.encoding import inference_model
 
     data = run.data
-    inference_model(data.encoder, run.model, data.task).save(run.directory / files.MODEL)
+    with run.local():  # on JAX, Keras' saving makes variables: under the distribution with collectives
+        inference_model(data.encoder, run.model, data.task).save(run.directory / files.MODEL)
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 
