@@ -79,7 +79,7 @@ PLACES = {"tensorflow": ["TF_CONFIG"], "jax": ["KERAS_DISTRIBUTION_JOB_ADDRESSES
 
 
 def test_the_workers_launcher_loads_no_backend(tmp_path):
-    # The workers are recorded instead of started; the launcher still asks a child process for the GPUs.
+    # The workers are recorded instead of started; TensorFlow's launcher still asks a child process for the GPUs.
     # Each half of the suite tries its own backend's workers (KERAS_BACKEND: unset is TensorFlow).
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     out = str(tmp_path / "run")

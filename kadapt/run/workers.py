@@ -26,11 +26,13 @@ so, or one of a real multi-host job) is a cluster member (`ClusterMember`,
 
 The launcher itself loads no backend: it only starts the workers, each of
 which loads its own, and asks a short-lived child process how many GPUs the
-backend sees (a backend loaded here could hold memory the workers need).
+backend sees (a backend loaded here could hold memory the workers need; JAX
+is asked only where a JAX plugin, which a GPU needs, is installed).
 """
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 from kadapt import environment
@@ -156,8 +159,12 @@ class TensorFlowWorkers:
         count: Int. The workers.
     """
 
+    @staticmethod
+    def gpu_count():
+        """The GPUs TensorFlow sees, listed by a child process (`visible_gpu_count`)."""
+        return visible_gpu_count(TENSORFLOW_GPU_COUNT)
+
     backend = "TensorFlow"
-    gpu_listing = TENSORFLOW_GPU_COUNT
     variables_text = "TF_CONFIG"
 
     def __init__(self, count):
@@ -181,8 +188,15 @@ class JaxWorkers:
         count: Int. The processes.
     """
 
+    @staticmethod
+    def gpu_count():
+        """The GPUs JAX sees, listed by a child process; none without a JAX plugin
+        installed (jaxlib itself brings the CPU only: a GPU comes as a `jax_plugins` package)."""
+        if importlib.util.find_spec("jax_plugins") is None and not metadata.entry_points(group="jax_plugins"):
+            return 0
+        return visible_gpu_count(JAX_GPU_COUNT)
+
     backend = "JAX"
-    gpu_listing = JAX_GPU_COUNT
     variables_text = "KERAS_DISTRIBUTION_* variables (kadapt.jax_processes)"
 
     def __init__(self, count):
@@ -231,7 +245,7 @@ def launch_local_workers(count, argv, echo=print, setup=TensorFlowWorkers, comma
     code = launch_local_workers(2, ["train", "--data", "digits", "--out", "runs/two"], setup=JaxWorkers)
     ```
     """
-    gpus = worker_gpus(count, visible_gpu_count(setup.gpu_listing), os.environ.get(VISIBLE_DEVICES), setup)
+    gpus = worker_gpus(count, setup.gpu_count(), os.environ.get(VISIBLE_DEVICES), setup)
     cluster = setup(count)
     threads = environment.thread_share(count)
     logs = Path(tempfile.mkdtemp(prefix="kadapt-workers-"))
