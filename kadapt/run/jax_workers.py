@@ -48,6 +48,13 @@ class JaxProcess:
 
     Args:
         group: `kadapt.jax_processes.ProcessGroup`. Its index, count and coordinator.
+
+    Example:
+
+    ```python
+    member = JaxProcess.from_environment()   # with KERAS_DISTRIBUTION_* set; joins the others
+    run = kadapt.run.pipeline.start_run(options, "runs/two", member=member)
+    ```
     """
 
     group: ProcessGroup

@@ -292,7 +292,8 @@ def _probe(run, echo):
     if run.member is not None:
         # The probe's trial steps run on this worker alone (their sizes may differ between
         # workers), on the twin of the network outside the strategy.
-        model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
+        with run.local():
+            model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
     rows = slice(0, 2 * _share(run))
     sample = (data.x_train[rows], data.targets(data.y_train[rows]))
 

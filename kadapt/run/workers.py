@@ -3,7 +3,7 @@
 `--workers N` starts N local worker processes of the same command, each
 with its place in the cluster on 127.0.0.1 and an equal share of the CPU
 threads (`KADAPT_WORKER_THREADS`), and waits for them. The cluster's
-variables are the backend's (`WorkerSetup`): `TF_CONFIG` for TensorFlow's
+variables are the backend's (`worker_setup`): `TF_CONFIG` for TensorFlow's
 `tf.distribute.MultiWorkerMirroredStrategy` (a free port per worker), Keras'
 `KERAS_DISTRIBUTION_*` for JAX's `jax.distributed` (process 0's coordinator
 port; `kadapt.run.jax_workers`). On a GPU host each worker gets one GPU of
