@@ -10,9 +10,11 @@ anything runs on JAX and trains the same pipeline as one process, under
   under the mesh a micro-batch counts global rows, so the trainer's is
   `workers` times the micro-batch probed for one process's share;
 - what a process computes alone runs outside the distribution (`local`):
-  the probe's plan of its share, the MetaAdjuster's meta-model, and the
-  test scores, on a copy of the trained network (`local_copy`: Keras'
-  `predict` cannot fetch outputs that span other processes' devices);
+  the probe's plan of its share, the MetaAdjuster's meta-model, checkpoints
+  and `model.keras` (Keras' saving makes an optimizer, whose variables are
+  collectives under the distribution), and the test scores, on a copy of the
+  trained network (`local_copy`: Keras' `predict` cannot fetch outputs that
+  span other processes' devices);
 - an error ends the process at once (`exit_on_error`), without JAX's shutdown
   barrier, which would wait minutes for peers blocked in a collective; its
   peers' next collective then fails ("Connection closed by peer") and they
