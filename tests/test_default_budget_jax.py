@@ -1,5 +1,5 @@
 """`kadapt train` on JAX: no `--memory-budget` needed on its CPU, which reports no memory limit (issue 45
-item 0); `--workers` names the JAX path that exists."""
+item 0)."""
 
 import json
 
@@ -45,15 +45,3 @@ def test_a_default_budget_too_small_names_it_and_the_flag(tmp_path, monkeypatch)
     with pytest.raises(UsageError, match=r"^The default memory budget \(0 MiB, 50% of available RAM; .* reports no "
                                          r"memory limit\) is too small for this model: it is smaller"):
         pipeline.train(run, echo=lambda line: None, verbose=0)
-
-
-def test_workers_on_jax_name_the_python_path_and_tensorflow(tmp_path):
-    from kadapt import cli
-
-    with pytest.raises(SystemExit) as raised:
-        cli.main(["train", "--data", "digits", "--workers", "2", "--out", str(tmp_path / "run")])
-    assert str(raised.value) == (
-        "kadapt: error: --workers starts TensorFlow workers; on JAX it starts none yet: train several JAX processes "
-        "from Python with kadapt.jax_processes (docs/multi-worker.md, 'JAX'), or set KERAS_BACKEND=tensorflow. "
-        "Received: --workers on KERAS_BACKEND=jax")
-    assert not (tmp_path / "run").exists()

@@ -1,6 +1,7 @@
 """A GPU's budget from TensorFlow's memory_limit, NVML as a cross-check, the allocator
 mode and one GPU per local worker: on the CPU, with the device listing substituted."""
 
+import json
 import types
 
 import pytest
@@ -13,6 +14,8 @@ from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.cli.probe import gpu_line
 from kadapt.run.errors import UsageError
 from kadapt.run.probe_text import check_probe_allocator
+from kadapt.run.workers import JaxWorkers
+from kadapt.run.workers import TensorFlowWorkers
 from kadapt.run.workers import worker_environment
 from kadapt.run.workers import worker_gpus
 
@@ -122,14 +125,26 @@ def test_more_workers_than_gpus_is_one_usage_error():
                                          r"here \(CUDA_VISIBLE_DEVICES=0,3\): pass --workers 2 or fewer.*"
                                          r"Received: --workers=3$"):
         worker_gpus(3, 2, "0,3")
+    with pytest.raises(UsageError, match=r"^--workers starts one worker per GPU, and JAX sees 2 GPU\(s\) here: .*"
+                                         r"on another host with KERAS_DISTRIBUTION_\* variables"):
+        worker_gpus(3, 2, None, JaxWorkers)
 
 
 def test_a_workers_environment_on_gpu_and_cpu_hosts():
-    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    cluster = TensorFlowWorkers(2)
     on_gpu = worker_environment(1, cluster, 4, ["5", "7"])
     assert on_gpu["CUDA_VISIBLE_DEVICES"] == "7" and on_gpu["KADAPT_WORKER_THREADS"] == "4"
-    assert '"task": {"type": "worker", "index": 1}' in on_gpu["TF_CONFIG"]
+    assert json.loads(on_gpu["TF_CONFIG"]) == {"cluster": {"worker": [f"127.0.0.1:{port}" for port in cluster.ports]},
+                                               "task": {"type": "worker", "index": 1}}
     assert set(worker_environment(1, cluster, 4, None)) == {"KADAPT_WORKER_THREADS", "TF_CONFIG"}
+
+
+def test_a_jax_process_environment_names_process_0s_coordinator_the_count_and_its_index():
+    cluster = JaxWorkers(2)
+    assert worker_environment(1, cluster, 4, ["5", "7"]) == {
+        "KADAPT_WORKER_THREADS": "4", "CUDA_VISIBLE_DEVICES": "7",
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{cluster.port}", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1"}
 
 
 def test_the_command_line_refuses_memory_growth_in_its_own_words(monkeypatch):

@@ -59,7 +59,8 @@ class Finished:
 
 def popen(command, *args, **kwargs):
     if command[1:3] == ["-m", "kadapt.cli"]:  # a worker: recorded, not run
-        started.append(command[3:])
+        place = {k: v for k, v in kwargs["env"].items() if k == "TF_CONFIG" or k.startswith("KERAS_DISTRIBUTION_")}
+        started.append([command[3:], sorted(place)])
         return Finished()
     return real(command, *args, **kwargs)
 
@@ -73,14 +74,20 @@ print(json.dumps({"code": code, "started": started,
 """
 
 
+PLACES = {"tensorflow": ["TF_CONFIG"], "jax": ["KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                                             "KERAS_DISTRIBUTION_PROCESS_ID"]}
+
+
 def test_the_workers_launcher_loads_no_backend(tmp_path):
-    # The workers are recorded instead of started; the launcher still asks a child process for the GPUs.
+    # The workers are recorded instead of started; TensorFlow's launcher still asks a child process for the GPUs.
+    # Each half of the suite tries its own backend's workers (KERAS_BACKEND: unset is TensorFlow).
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     out = str(tmp_path / "run")
-    environment = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", LAUNCHER, out], env=environment, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["code"] == 0
-    assert report["started"] == [["train", "--data", "digits", "--out", out]] * 2
+    assert report["started"] == [[["train", "--data", "digits", "--out", out], PLACES[backend]]] * 2
     assert report["loaded"] == []

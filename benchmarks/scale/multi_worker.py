@@ -8,7 +8,9 @@ pinned to one intra-op and one inter-op thread. Each worker reads only its own r
 whole is read and batched in full on every worker and then sharded, which on this 2-core machine
 cost the 2-worker arm much of its scaling (benchmarks/README.md#multi_worker). The 1-worker arm is a one-worker cluster (the same
 code path); the 2-worker arm is two processes on 127.0.0.1 with a global batch of 2 x the
-per-worker batch. Scaling = samples/s(2 workers) / samples/s(1 worker) (ideal 2.0, target >= 1.7).
+per-worker batch; both are started by `kadapt train --workers`' launcher
+(`kadapt.run.workers.launch_local_workers`, which sets each worker's TF_CONFIG).
+Scaling = samples/s(2 workers) / samples/s(1 worker) (ideal 2.0, target >= 1.7).
 
 Where the rest goes: each worker also times, after training, --steps all-reduces of tensors the
 size of the model's gradients (the collective a step runs) and reports the mean per step.
@@ -20,7 +22,6 @@ size of the model's gradients (the collective a step runs) and reports the mean 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,10 +34,10 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--output", default=None)
-    parser.add_argument("--worker", nargs=3, metavar=("INDEX", "PORTS", "RESULT"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="RESULTS", help=argparse.SUPPRESS)  # a worker: its results' folder
     args = parser.parse_args()
     if args.worker:
-        return _worker(int(args.worker[0]), args.worker[1].split(","), args.worker[2], args)
+        return _worker(args.worker, args)
     figures = {"per_worker_batch": args.batch, "timed_steps": args.steps}
     for workers in (1, 2):
         results = _cluster(workers, args)
@@ -53,29 +54,22 @@ def main():
 
 
 def _cluster(workers, args):
-    from kadapt.run.workers import free_port  # here: a worker configures TensorFlow before it loads
+    from kadapt.run.workers import TensorFlowWorkers  # here: a worker configures TensorFlow before it loads
+    from kadapt.run.workers import launch_local_workers
 
-    ports = ",".join(str(free_port()) for _ in range(workers))
-    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    os.environ.update(TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")  # the workers' (CPU) environment
     with tempfile.TemporaryDirectory() as folder:
-        results = [Path(folder) / f"worker-{index}.json" for index in range(workers)]
         common = ["--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        processes = [subprocess.Popen([sys.executable, __file__, *common, "--worker", str(index), ports, str(path)],
-                                      env=environment) for index, path in enumerate(results)]
-        try:
-            for process in processes:
-                if process.wait(timeout=1800) != 0:
-                    raise SystemExit(f"a worker failed (exit code {process.returncode})")
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-        return [json.loads(path.read_text()) for path in results]
+        code = launch_local_workers(workers, [*common, "--worker", folder], setup=TensorFlowWorkers,
+                                    command=[sys.executable, __file__])
+        if code != 0:
+            raise SystemExit(f"a worker failed (exit code {code})")
+        return [json.loads((Path(folder) / f"worker-{index}.json").read_text()) for index in range(workers)]
 
 
-def _worker(index, ports, result, args):
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
-                                          "task": {"type": "worker", "index": index}})
+def _worker(results, args):
+    cluster = json.loads(os.environ["TF_CONFIG"])  # set by the launcher
+    index, workers = cluster["task"]["index"], len(cluster["cluster"]["worker"])
     from kadapt import environment
 
     environment.configure_tensorflow()
@@ -87,7 +81,6 @@ def _worker(index, ports, result, args):
 
     environment.set_cpu_threads(1)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    workers = len(ports)
     rows = workers * args.batch * (args.steps + args.warmup)
     rng = np.random.default_rng(0)
     x = rng.random((rows, 28, 28, 1), dtype=np.float32)
@@ -126,7 +119,8 @@ def _worker(index, ports, result, args):
     start = time.perf_counter()
     for _ in range(args.steps):
         tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(all_reduce()))
-    Path(result).write_text(json.dumps({"seconds": clock.seconds, "all_reduce_seconds": time.perf_counter() - start}))
+    result = {"seconds": clock.seconds, "all_reduce_seconds": time.perf_counter() - start}
+    (Path(results) / f"worker-{index}.json").write_text(json.dumps(result))
     return 0
 
 

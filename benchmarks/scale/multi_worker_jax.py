@@ -5,9 +5,12 @@ The JAX counterpart of benchmarks/scale/multi_worker.py (TensorFlow's MultiWorke
 arms train `kadapt.accumulate(small_cnn)` (Fashion-MNIST-shaped random rows) with SGD on the same
 global batches of 2 x --batch rows in micro-batches of --batch rows (under a mesh a micro-batch
 counts global rows: one per process then), --steps timed steps after --warmup; each process is
-pinned to one CPU core of its own (`os.sched_setaffinity`) and XLA to one thread. The 1-process arm
-is one JAX process without `jax.distributed`; the 2-process arm feeds each process its half of
-every batch (`process_rows`). Scaling = samples/s(2) / samples/s(1) (ideal 2.0).
+pinned to one CPU core of its own (`os.sched_setaffinity`) and XLA to one thread. Both arms are
+started by `kadapt train --workers`' launcher (`kadapt.run.workers.launch_local_workers` with
+`JaxWorkers`: Keras' `KERAS_DISTRIBUTION_*` variables): the 1-process arm is a one-process
+`jax.distributed` run (the same code path, as TensorFlow's benchmark has a one-worker cluster);
+the 2-process arm feeds each process its half of every batch (`process_rows`).
+Scaling = samples/s(2) / samples/s(1) (ideal 2.0).
 
     python benchmarks/scale/multi_worker_jax.py                     # batch 128 per process, 20 timed steps
     python benchmarks/scale/multi_worker_jax.py --steps 5 --warmup 2
@@ -16,7 +19,6 @@ every batch (`process_rows`). Scaling = samples/s(2) / samples/s(1) (ideal 2.0).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,10 +31,10 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--output", default=None)
-    parser.add_argument("--process", nargs=2, metavar=("INDEX", "RESULT"), help=argparse.SUPPRESS)
+    parser.add_argument("--process", metavar="RESULTS", help=argparse.SUPPRESS)  # a process: its results' folder
     args = parser.parse_args()
     if args.process:
-        return _process(int(args.process[0]), args.process[1], args)
+        return _process(args.process, args)
     figures = {"global_batch": 2 * args.batch, "micro_batch": args.batch, "timed_steps": args.steps}
     weights = {}
     for processes in (1, 2):
@@ -56,38 +58,26 @@ def _flat(values):
 
 
 def _run(processes, args):
-    from kadapt.run.workers import free_port
+    from kadapt.run.workers import JaxWorkers
+    from kadapt.run.workers import launch_local_workers
 
-    port = free_port()
-    environment = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3",
-                   "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
-    if processes > 1:
-        environment.update({"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{port}",
-                            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(processes)})
+    os.environ.update(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3",  # the processes' environment
+                      XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     with tempfile.TemporaryDirectory() as folder:
-        results = [Path(folder) / f"process-{index}.json" for index in range(processes)]
         common = ["--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        started = [subprocess.Popen([sys.executable, __file__, *common, "--process", str(index), str(path)],
-                                    env={**environment, "KERAS_DISTRIBUTION_PROCESS_ID": str(index)})
-                   for index, path in enumerate(results)]
-        try:
-            for process in started:
-                if process.wait(timeout=1200) != 0:
-                    raise SystemExit(f"a process failed (exit code {process.returncode})")
-        finally:
-            for process in started:
-                if process.poll() is None:
-                    process.kill()
-        return [json.loads(path.read_text()) for path in results]
+        code = launch_local_workers(processes, [*common, "--process", folder], setup=JaxWorkers,
+                                    command=[sys.executable, __file__])
+        if code != 0:
+            raise SystemExit(f"a process failed (exit code {code})")
+        return [json.loads((Path(folder) / f"process-{index}.json").read_text()) for index in range(processes)]
 
 
-def _process(index, result, args):
-    os.sched_setaffinity(0, {index % os.cpu_count()})
+def _process(results, args):
     from kadapt import jax_processes
 
-    group = jax_processes.cluster_from_environment()
-    if group is not None:
-        jax_processes.initialize_processes(group)
+    group = jax_processes.cluster_from_environment()  # set by the launcher
+    os.sched_setaffinity(0, {group.index % os.cpu_count()})
+    jax_processes.initialize_processes(group)
     import keras
     import numpy as np
 
@@ -97,8 +87,7 @@ def _process(index, result, args):
     rng = np.random.default_rng(0)
     x = rng.random((rows, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, rows).astype("int32")
-    if group is not None:
-        x, y = (jax_processes.process_rows(a, 2 * args.batch, group) for a in (x, y))
+    x, y = (jax_processes.process_rows(a, 2 * args.batch, group) for a in (x, y))
     keras.utils.set_random_seed(0)
     model = kadapt.accumulate(kadapt.models.small_cnn(), micro_batch_size=args.batch)
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
@@ -113,10 +102,11 @@ def _process(index, result, args):
             self.seconds = time.perf_counter() - self.start
 
     clock = Clock()
-    model.fit(x, y, batch_size=2 * args.batch // (group.count if group else 1), epochs=1, shuffle=False,
+    model.fit(x, y, batch_size=2 * args.batch // group.count, epochs=1, shuffle=False,
               verbose=0, callbacks=[clock])
     weights = [w.tolist() for w in model.get_weights()]
-    Path(result).write_text(json.dumps({"seconds": clock.seconds, "weights": weights}))
+    result = {"seconds": clock.seconds, "weights": weights}
+    (Path(results) / f"process-{group.index}.json").write_text(json.dumps(result))
     return 0
 
 

@@ -1,6 +1,7 @@
 """`kadapt train`: the whole adaptive pipeline on a data set, into a run directory."""
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -9,6 +10,7 @@ import time
 import types
 from pathlib import Path
 
+from kadapt import jax_processes
 from kadapt.recipes.config import FastFitConfig
 from kadapt.recipes.config import command_line_switches
 from kadapt.recipes.config import switch_flag
@@ -90,8 +92,9 @@ def _add_job_arguments(parser):
              "(default: auto = 1 on a terminal, else 2)")
     add("--out", help="the run directory (default: runs/DATA-MODEL-TIME)")
     add("--workers", type=int, default=1,
-        help="train on N local worker processes (tf.distribute.MultiWorkerMirroredStrategy, 127.0.0.1); "
-             "--batch-size is the global batch. A TF_CONFIG in the environment makes this process one "
+        help="train on N local worker processes on 127.0.0.1 (TensorFlow: tf.distribute.MultiWorkerMirroredStrategy; "
+             "JAX: jax.distributed and keras.distribution.DataParallel); --batch-size is the global batch. A "
+             "TF_CONFIG (or, on JAX, Keras' KERAS_DISTRIBUTION_* variables) in the environment makes this process one "
              "worker of that cluster instead (multi-host runs)")
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
@@ -118,13 +121,17 @@ def run_train(args) -> int:
     out = args.out or _default_out(args)
     if args.workers != 1:
         return _launch(args, out)  # before anything that loads a backend: the launcher loads none
+    member = cluster_member()  # JAX's processes join before anything runs on JAX
+    with member.exit_on_error(out) if member is not None else contextlib.nullcontext():
+        return _train(args, out, member)
+
+
+def _train(args, out, member):
     from kadapt.run.phases import PhaseClock
     from kadapt.run.phases import process_age
     from kadapt.run.pipeline import start_run
     from kadapt.run.pipeline import train
-    from kadapt.run.workers import ClusterMember
 
-    member = ClusterMember.from_environment()
     run = start_run({name: getattr(args, name) for name in _OPTIONS}, out,
                     overwrite=args.overwrite, resume=args.resume, member=member,
                     clock=PhaseClock(start_up=process_age()))
@@ -135,6 +142,21 @@ def run_train(args) -> int:
               f"`kadapt train --resume --out {out}`", file=sys.stderr)
         return 130
     return 0
+
+
+def cluster_member():
+    """This process's part in a multi-worker run: a `kadapt.run.workers.ClusterMember`
+    where `TF_CONFIG` is set, a `kadapt.run.jax_workers.JaxProcess` where Keras'
+    `KERAS_DISTRIBUTION_NUM_PROCESSES` is, else `None`."""
+    if os.environ.get("TF_CONFIG"):
+        from kadapt.run.workers import ClusterMember
+
+        return ClusterMember.from_environment()
+    if os.environ.get(jax_processes.NUM_PROCESSES):
+        from kadapt.run.jax_workers import JaxProcess  # loads Keras: not at the top of the launcher's module
+
+        return JaxProcess.from_environment()
+    return None
 
 
 def fit_verbosity(setting: str, stream) -> int:
@@ -148,30 +170,20 @@ def fit_verbosity(setting: str, stream) -> int:
 
 def _launch(args, out):
     from kadapt.run.workers import launch_local_workers
+    from kadapt.run.workers import worker_setup
 
     if args.workers < 1:
         raise UsageError(f"--workers must be a positive int. Received: {args.workers}")
-    _check_workers_backend()
-    if os.environ.get("TF_CONFIG"):
-        raise UsageError("--workers starts its own local cluster, but TF_CONFIG is set (this process is "
-                         "already one worker of a cluster): drop --workers, or unset TF_CONFIG.")
+    setup = worker_setup(_configured_backend())
+    for variable in ("TF_CONFIG", jax_processes.NUM_PROCESSES):
+        if os.environ.get(variable):
+            raise UsageError(f"--workers starts its own local cluster, but {variable} is set (this process is "
+                             f"already one worker of a cluster): drop --workers, or unset {variable}.")
     RunDirectory(out).check_new_run(args.overwrite, args.resume)  # before any worker starts
     argv = _without_workers(args.argv)
     if args.out is None:
         argv += ["--out", out]  # one directory for all: the default name has the time in it
-    return launch_local_workers(args.workers, argv, echo=_echo)
-
-
-def _check_workers_backend():
-    backend = _configured_backend()
-    if backend == "jax":
-        raise UsageError("--workers starts TensorFlow workers; on JAX it starts none yet: train several JAX "
-                         "processes from Python with kadapt.jax_processes (docs/multi-worker.md, 'JAX'), or set "
-                         "KERAS_BACKEND=tensorflow. Received: --workers on KERAS_BACKEND=jax")
-    if backend != "tensorflow":
-        raise UsageError(f"--workers runs on TensorFlow (and several JAX processes from Python); Keras' "
-                         f"{backend!r} backend has no multi-process path in kadapt: set KERAS_BACKEND=tensorflow. "
-                         f"Received: --workers on KERAS_BACKEND={backend}")
+    return launch_local_workers(args.workers, argv, echo=_echo, setup=setup)
 
 
 def _configured_backend():

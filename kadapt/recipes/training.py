@@ -250,7 +250,8 @@ def augmented_batches(batches, config, seed=None, first_batch=0):
 
 def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs: int, steps_per_epoch: int,
                total_steps: int, arrange_callbacks, validation_data=None, seed: int | None = None,
-               first_epoch: int = 0, backup_dir=None, verbose: int | str = 0, **fit_kwargs) -> tuple:
+               first_epoch: int = 0, backup_dir=None, verbose: int | str = 0,
+               share: tuple[int, int] | None = None, **fit_kwargs) -> tuple:
     """The recipe's training, in its order: best-weights keeper, schedule
     callbacks, on-the-fly augmentation of `batches`, then `trainer.fit`.
 
@@ -279,6 +280,10 @@ def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs
         backup_dir: Path or `None`. Where the best weights survive a resume.
             Defaults to `None`.
         verbose: As in `Model.fit`. Defaults to `0`.
+        share: `(index, count)` or `None`. Train on the index-th of count
+            equal parts of every (augmented) batch: one of several JAX
+            processes, each feeding its part (`process_share`). Defaults to
+            `None` (every row).
         **fit_kwargs: More `Model.fit` arguments.
 
     Returns:
@@ -292,6 +297,8 @@ def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs
     best = best_weights_callback(config, monitor, backup_dir=backup_dir)
     callbacks = arrange_callbacks(recipe_callbacks(config, total_steps), best)
     augmented = augmented_batches(batches, config, seed, first_batch=first_epoch * steps_per_epoch)
+    if share is not None:
+        augmented = process_share(augmented, *share)
     if config.optimizer in SCHEDULE_FREE:  # after the best weights: their restored x gets its statistics
         callbacks = [*callbacks, ScheduleFreeEvaluation(augmented)]
     history = trainer.fit(augmented, epochs=epochs, steps_per_epoch=steps_per_epoch,
@@ -299,6 +306,19 @@ def fit_recipe(trainer: keras.Model, batches: tf.data.Dataset, config, *, epochs
                           shuffle=False,  # the dataset shuffles; Keras would only warn
                           **fit_kwargs)
     return history, best
+
+
+def process_share(batches: tf.data.Dataset, index: int, count: int) -> tf.data.Dataset:
+    """The `index`-th of `count` equal parts of every batch of `(x, y)` `batches`,
+    in order: what one of `count` processes feeds when Keras assembles the
+    global batch from every process's rows (`kadapt.jax_processes`). Cut
+    after augmenting, a mixed row is the same in every process's part as in
+    the whole batch. Every batch must have a multiple of `count` rows."""
+    def part(*tensors):
+        size = tf.shape(tensors[0])[0] // count
+        return tuple(t[index * size:(index + 1) * size] for t in tensors)
+
+    return batches.map(part, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def micro_batched(model, micro_batch_size, memory_budget=None):

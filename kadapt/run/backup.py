@@ -33,12 +33,19 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
     (`checkpointed_epoch`); pass that epoch as `first_epoch`, and training
     stops with a clear error if the restored checkpoint is another one
     (`None`, the default: no check, for data that does not depend on it).
+
+    `save_scope` (a callable returning a context manager, or `None`) is
+    where the checkpoint is written: outside the distribution of a run over
+    several JAX processes (`kadapt.run.jax_workers.JaxProcess.local`), where
+    Keras' saving otherwise makes variables with collectives, and a peer
+    lost during them cut the checkpoint short.
     """
 
-    def __init__(self, *args, first_epoch=None, **kwargs):
+    def __init__(self, *args, first_epoch=None, save_scope=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.committer = _EpochCommitter(self)
         self.first_epoch = first_epoch
+        self.save_scope = save_scope or contextlib.nullcontext
 
     @staticmethod
     def checkpointed_epoch(backup_dir):
@@ -63,7 +70,7 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
             super().on_train_batch_end(batch, logs)
 
     def _commit_epoch(self, epoch, logs):
-        with _sigint_held():
+        with _sigint_held(), self.save_scope():
             super().on_epoch_end(epoch, logs)
 
 

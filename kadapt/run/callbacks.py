@@ -35,7 +35,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
     (directory / files.META_DECISIONS).touch()  # empty with --meta off
     # Two checkpoints, and none cut short by Ctrl-C.
     backup = InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True,
-                                 first_epoch=first_epoch)
+                                 first_epoch=first_epoch, save_scope=run.local)
     callbacks = [
         backup,
         *schedule_callbacks,

@@ -65,15 +65,21 @@ class Run:
     model: object
     meta_adjuster: object
     resume: bool
-    member: object = None  # `kadapt.run.workers.ClusterMember` of a multi-worker run, else None
+    member: object = None  # a multi-worker run's `ClusterMember` (TensorFlow) or `JaxProcess`, else None
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
     range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
     clock: PhaseClock = dataclasses.field(default_factory=PhaseClock)  # the seconds of each phase
 
     def scope(self):
-        """The distribution strategy's scope in a multi-worker run (else a no-op)."""
-        return self.member.strategy.scope() if self.member else contextlib.nullcontext()
+        """Where the network that trains is built: the strategy's scope in a
+        TensorFlow multi-worker run (else a no-op)."""
+        return self.member.scope() if self.member else contextlib.nullcontext()
+
+    def local(self):
+        """Where this worker computes alone (the probe, the meta-model, the test
+        scores): outside a JAX run's distribution (else a no-op)."""
+        return self.member.local() if self.member else contextlib.nullcontext()
 
 
 def start_run(options, out, overwrite=False, resume=False, member=None, clock=None):
@@ -81,9 +87,10 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
     creates the directory. Raises `UsageError` before writing anything.
 
     With `member` (a multi-worker run), the network is built under its
-    strategy, and a worker that is not the chief writes into a scratch
-    directory instead of `out`. `clock` (a `kadapt.run.phases.PhaseClock`,
-    a new one by default) times the phases from here on."""
+    strategy (on JAX: the distribution), and a worker that is not the chief
+    writes into a scratch directory instead of `out`. `clock` (a
+    `kadapt.run.phases.PhaseClock`, a new one by default) times the phases
+    from here on."""
     clock = PhaseClock() if clock is None else clock
     directory = RunDirectory(out)
     replace = directory.check_new_run(overwrite, resume)
@@ -97,14 +104,16 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
     if member is not None:
         _check_split(config.batch_size, member.workers)
     settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
+    if member is not None and member.process_share is not None:
+        _check_last_batch(config, settings, data, member.workers)
     name = network_name(config, data)
     with clock.phase("network"):
         precision = _precision(config, settings, name, data, directory if resume else None, member)
+        run = Run(config, settings, directory, data, name, None, None, resume, member, precision=precision,
+                  range_test=found, clock=clock)
         keras.utils.set_random_seed(config.seed)
-        with global_policy(precision.policy):
-            model = build_network(name, data, settings)
-    run = Run(config, settings, directory, data, name, model, None, resume, member, precision=precision,
-              range_test=found, clock=clock)
+        with run.local(), global_policy(precision.policy):
+            run.model = build_network(name, data, settings)
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -113,7 +122,8 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
         with run.scope(), global_policy(precision.policy):
             run.model = build_network(name, data, settings)
         run.model.set_weights(run.probe_model.get_weights())
-    run.meta_adjuster = meta_adjuster(config, directory, data)
+    with run.local():
+        run.meta_adjuster = meta_adjuster(config, directory, data)
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
     return run
@@ -150,6 +160,28 @@ def _check_split(batch_size, workers):
     if batch_size % workers:
         raise UsageError(f"--batch-size {batch_size} is the global batch of {workers} workers: use a "
                          f"multiple of {workers}, e.g. {batch_size - batch_size % workers or workers}.")
+
+
+def _check_last_batch(config, settings, data, workers):
+    """Where each worker feeds an equal part of every batch (JAX), the last batch of an
+    epoch must split too: the training rows must be a multiple of the workers (the
+    batch is), which only the rows can fix."""
+    rows = _training_rows(len(data.x_train), settings.expand)
+    if rows % workers == 0:
+        return
+    fit = next((n for n in range(len(data.x_train) + len(data.x_val), 0, -1)
+                if _training_rows(n - int(n * config.validation_split), settings.expand) % workers == 0), None)
+    example = (f", e.g. with --train-rows {fit} (the rows before --validation-split {config.validation_split})"
+               if fit else "")
+    raise UsageError(
+        f"--workers {workers} feeds each worker an equal part of every batch, and the {rows} training rows leave "
+        f"a last batch of {rows % config.batch_size} rows at --batch-size {config.batch_size}, not a multiple of "
+        f"{workers}: make the training rows a multiple of {workers}{example}.")
+
+
+def _training_rows(rows, expand):
+    """Rows an epoch trains: `rows` and, with `--expand`, the generated ones (`kadapt.augment.expand`'s count)."""
+    return rows + (round(expand * rows) if expand else 0)
 
 
 def train(run, echo=print, callbacks=(), verbose=1):
@@ -273,15 +305,17 @@ def _probe(run, echo):
     if run.member is not None:
         # The probe's trial steps run on this worker alone (their sizes may differ between
         # workers), on the twin of the network outside the strategy.
-        model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
+        with run.local():
+            model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
     rows = slice(0, 2 * _share(run))
     sample = (data.x_train[rows], data.targets(data.y_train[rows]))
 
     try:
-        return probe_micro_batch(
-            model, sample, memory_budget=config.memory_budget,
-            max_micro_batch_size=_share(run), on_trial=lambda trial: echo(trial_line(trial)),
-        )
+        with run.local():
+            return probe_micro_batch(
+                model, sample, memory_budget=config.memory_budget,
+                max_micro_batch_size=_share(run), on_trial=lambda trial: echo(trial_line(trial)),
+            )
     except ValueError as error:  # the budget holds not even one row
         reason = " ".join(str(error).split()).replace("Argument `memory_budget` is", "it is")
         given = (f"--memory-budget {config.memory_budget}" if config.memory_budget is not None
@@ -304,6 +338,8 @@ def _plan(batch_size, micro):
 
 
 def _trainer(run, micro):
+    if run.member is not None:
+        micro = run.member.trainer_micro_batch(micro)  # JAX: a micro-batch of the mesh counts global rows
     trainer = recipe.micro_batched(run.model, micro, memory_budget=run.config.memory_budget)
     trainer(run.data.x_train[:1])  # BackupAndRestore restores into a built model
     return trainer
@@ -336,7 +372,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
             trainer, batches, run.recipe, epochs=config.epochs, steps_per_epoch=steps["steps_per_epoch"],
             total_steps=steps["total_steps"], arrange_callbacks=arrange, validation_data=validation,
             seed=config.seed, first_epoch=first_epoch, backup_dir=backup, verbose=verbose,
-            validation_batch_size=micro)
+            share=run.member.process_share if run.member else None, validation_batch_size=micro)
     finally:
         for callback in arranged:
             if hasattr(callback, "close"):
@@ -346,8 +382,10 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
 
 def _finish(run, trainer, best, started, echo):
     directory, data, clock = run.directory, run.data, run.clock
-    with clock.phase("evaluation"):
-        scores = recipe.evaluate_recipe(run.model, data.x_test, data.y_test, run.recipe, data.task)
+    with clock.phase("evaluation"), run.local():
+        # Each worker scores the whole test set (on JAX, a copy of the network outside the distribution)
+        network = run.member.local_copy(run.model) if run.member else run.model
+        scores = recipe.evaluate_recipe(network, data.x_test, data.y_test, run.recipe, data.task)
     with clock.phase("saving"):
         _save_model(run)
     history = directory.read_json(files.HISTORY, {})
@@ -379,7 +417,8 @@ def _save_model(run):
     from kadapt.run.encoding import inference_model
 
     data = run.data
-    inference_model(data.encoder, run.model, data.task).save(run.directory / files.MODEL)
+    with run.local():  # on JAX, Keras' saving makes variables: under the distribution with collectives
+        inference_model(data.encoder, run.model, data.task).save(run.directory / files.MODEL)
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 

@@ -136,7 +136,7 @@ def plan_budget(memory_budget: int | str | None) -> MemoryBudget:
     autotuning workspaces, the allocator's free space between buffers); on a
     device that reports no limit (JAX's CPU) `CPU_RAM_FRACTION` of the RAM
     available now, as on TensorFlow's CPU."""
-    device = str(jax.devices()[0])
+    device = str(jax.local_devices()[0])
     if memory_budget is not None:
         return MemoryBudget(parse_memory_size(memory_budget), device, "memory_budget argument")
     if os.environ.get(ENVIRONMENT_VARIABLE):
@@ -151,8 +151,8 @@ def plan_budget(memory_budget: int | str | None) -> MemoryBudget:
 
 
 def device_memory_stats() -> dict | None:
-    """`memory_stats()` of JAX's first device: `None` on the CPU."""
-    return jax.devices()[0].memory_stats()
+    """`memory_stats()` of this process's first JAX device: `None` on the CPU."""
+    return jax.local_devices()[0].memory_stats()
 
 
 def trial_rows(model: keras.Model, size: int, rows: int | None) -> tuple[int, int | None]:
