@@ -250,7 +250,7 @@ def launch_local_workers(count, argv, echo=print, setup=TensorFlowWorkers, comma
     threads = environment.thread_share(count)
     logs = Path(tempfile.mkdtemp(prefix="kadapt-workers-"))
     each_gpu = f", GPU {', '.join(gpus)} ({VISIBLE_DEVICES})" if gpus else ""
-    echo(f"starting {count} workers on 127.0.0.1 {cluster} "
+    echo(f"starting {count} worker{'s' if count != 1 else ''} on 127.0.0.1 {cluster} "
          f"({threads} CPU thread(s) each{each_gpu}); worker logs in {logs}")
     processes = []
     for index in range(count):
