@@ -40,9 +40,9 @@ def linear_model(learning_rate):
     return model
 
 
-def silent_adjuster(x, y, judge="always"):
+def silent_adjuster(x, y, judge="always", **options):
     """Acts only on the range test: its trigger never fires."""
-    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge)
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, **options)
     return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
                         trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
 
@@ -180,10 +180,22 @@ def test_arrays_hold_rows_out_of_the_branches_training():
     assert not set(held_rows) & set(train_rows) and len(set(train_rows)) == 48
 
 
-def test_a_judged_start_moves_a_diverging_rate_to_its_best_branch():
+def plain_fit_reference(learning_rate, x, y, branch_steps, fit_steps):
+    """A fresh model at `learning_rate` that trained the branches' batches, then fit's first
+    `fit_steps` batches, in plain `fit` steps: the oracle of a continued branch."""
+    train, _ = RangeTestStart(x, y, batch_size=BATCH, seed=0).branch_batches(branch_steps, StartJudge().held_batches)
+    reference = linear_model(learning_rate)
+    reference.fit(np.concatenate([bx for bx, _ in train]), np.concatenate([by for _, by in train]),
+                  batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    history = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                            callbacks=[StopAfterSteps(fit_steps)])
+    return reference, history
+
+
+def test_a_judged_start_moves_a_diverging_rate_and_goes_on_from_its_best_branch():
     x, y = data()
     model, adjuster = linear_model(2.0), silent_adjuster(x, y, judge="branches")
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
     detail = decision["range_test"]
     scores = {b["learning_rate"]: b["held_loss"] for b in detail["branches"]}
@@ -192,29 +204,46 @@ def test_a_judged_start_moves_a_diverging_rate_to_its_best_branch():
     assert scores[live] > 100 * detail["held_loss"]  # exploding
     chosen = StartJudge().choose(live, detail["held_loss"], scores)
     assert chosen is not None and decision["action"] == f"range test: lr x{chosen / live:.3g}"
-    # The test's 16 steps and the branches' 15 were charged; the rest trained at the chosen rate.
-    charged = TEST_STEPS + 15
+    assert detail["continued_from"] == chosen
+    # The test's 16 steps and the two other branches' 10 were charged; the chosen branch's 5 are
+    # the run's: fit trained the rest, 80 - 31, on from the branch's end.
+    charged = TEST_STEPS + 10
     assert adjuster.get_state()["range_test_steps"] == charged
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - charged
-    reference = linear_model(chosen)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
+    reference, reference_history = plain_fit_reference(chosen, x, y, 5, EPOCHS * ROWS // BATCH - charged - 5)
     np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-5)
+    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), reference.optimizer.variables[-1].numpy(),
+                               rtol=1e-5, atol=1e-7)  # the momentum too
+    # fit's metrics count fit's own steps: its first epoch's loss is the reference's
+    assert history.history["loss"][0] == pytest.approx(reference_history.history["loss"][0], rel=1e-5)
 
 
-def test_a_judged_start_keeps_a_well_set_rate_and_trains_as_if_never_branched():
+@pytest.mark.parametrize("continue_branch", [True, False])
+def test_a_judged_start_keeps_a_well_set_rate_and_goes_on_from_its_branch(continue_branch):
     x, y = data()
-    model, adjuster = linear_model(0.1), silent_adjuster(x, y, judge="branches")
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    model = linear_model(0.1)
+    adjuster = silent_adjuster(x, y, judge="branches", continue_branch=continue_branch)
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
     assert decision["action"] == "keep" and "more than 2x the live rate's" in decision["range_test"]["why"]
     assert float(model.optimizer.learning_rate_multiplier.numpy()) == 1.0
     detail, charged = decision["range_test"], adjuster.get_state()["range_test_steps"]
-    assert charged == TEST_STEPS + detail["branch_steps"] * len(detail["branches"]) > TEST_STEPS
-    reference = linear_model(0.1)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
-    np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
+    steps, candidates = detail["branch_steps"], len(detail["branches"])
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - charged
+    if not continue_branch:  # the branches undone, all their steps charged: as if never branched
+        assert charged == TEST_STEPS + steps * candidates and "continued_from" not in detail
+        reference = linear_model(0.1)
+        reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                      callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
+        np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
+        return
+    # The live branch's steps are the run's: only the test's and the other branches' are charged.
+    assert charged == TEST_STEPS + steps * (candidates - 1) and detail["continued_from"] == pytest.approx(0.1)
+    reference, reference_history = plain_fit_reference(0.1, x, y, steps, EPOCHS * ROWS // BATCH - charged - steps)
+    np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-5)
+    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), reference.optimizer.variables[-1].numpy(),
+                               rtol=1e-5, atol=1e-7)
+    assert history.history["loss"][0] == pytest.approx(reference_history.history["loss"][0], rel=1e-5)
 
 
 def test_a_judged_start_near_the_suggestion_runs_no_branch():

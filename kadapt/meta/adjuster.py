@@ -17,6 +17,7 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta import rollback
 from kadapt.meta.adjuster_state import load_state
 from kadapt.meta.adjuster_state import save_state
+from kadapt.batching.training_state import restore
 from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import FeatureHistory
@@ -303,11 +304,17 @@ class MetaAdjuster(keras.callbacks.Callback):
         elif self.range_test.judge is not None:
             rate, why, judged = self._judge_start(live, result.suggestion, budget)
             detail.update(judged)
+        continued = detail.get("continued_from")
         if rate is None:
             self._log_range_test("keep", {**detail, "why": why})
         else:
-            self._set_learning_rate(live, rate)
+            if continued is None:
+                self._set_learning_rate(live, rate)
+            elif not hasattr(self.model.optimizer, "learning_rate_multiplier"):
+                self._initial_learning_rate = rate  # the branch's end holds the rate; as _set_learning_rate
             self._log_range_test(f"range test: lr x{rate / live:.3g}", detail)
+        if continued is not None:  # the run goes on from a branch's end: a rollback returns there
+            self._last_good = self._pending = rollback.take(self.model)
 
     def _judge_start(self, live, suggestion, budget):
         """Branches from the state now at each candidate rate (their steps charged) and returns
@@ -324,16 +331,24 @@ class MetaAdjuster(keras.callbacks.Callback):
         except ValueError as error:
             return None, str(error), {}
         optimizer = self.model.optimizer
-        trials = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held)
-        self._charge(steps * len(rates))
+        trials = branch_scores(self.model, rates, lambda rate: _apply_rate(optimizer, live, rate), train, held,
+                               keep_ends=self.range_test.continue_branch)
+        chosen = judge.choose(live, trials.start, trials.scores)
         judged = {"branch_steps": steps, "held_batches": len(held), "held_loss": _json_number(trials.start),
                   "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
                                for rate, score in trials.scores.items()]}
+        end = trials.ends.get(live if chosen is None else chosen)
+        if end is not None:  # its steps are the run's: trained, not lost
+            restore(end)
+            judged["continued_from"] = live if chosen is None else chosen
+        self._charge(steps * len(rates), kept=0 if end is None else steps)
         why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
-        return judge.choose(live, trials.start, trials.scores), why, judged
+        return chosen, why, judged
 
-    def _charge(self, steps):
-        self._range_test_steps += steps
+    def _charge(self, steps, kept=0):
+        """Counts `steps` trained before fit's first step; all but `kept` of them were undone
+        (the test's, the branches not continued): those are charged to the budget."""
+        self._range_test_steps += steps - kept
         self._step += steps
         self._epoch_start_step += steps
 
