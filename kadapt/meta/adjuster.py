@@ -93,18 +93,19 @@ class MetaAdjuster(keras.callbacks.Callback):
     before the first step, from the model's state, which it puts back. Then
     the start's judge rules: by default, from a snapshot, the live rate, the
     suggestion and rates near it each train a few steps and are scored on
-    held batches, the state is put back, and the rate moves to the best
-    candidate only where it is clearly better ("range test: lr x...", each
-    candidate's score logged under `"range_test"`); with `judge="always"`,
+    held batches, the rate moves to the best candidate only where it is
+    clearly better ("range test: lr x...", each candidate's score logged
+    under `"range_test"`), and the run goes on from the end of the chosen
+    rate's branch (the live rate's where it is kept); with `judge="always"`,
     wherever the live rate is more than the start's `factor` off the
     suggestion. Otherwise, or where the curve gives no rate (it never fell),
     the rate is kept and the reason logged.
     The suggestion then stays in every observation the meta-model sees (the
     `range_test_gap` feature: how far the live rate is from it), so the
     meta-model, trained on runs with and without a test, can act on it later.
-    The test's and the branches' steps are charged to the run: counted as
-    steps trained, and `fit` ends once they and fit's together reach
-    `epochs x steps per epoch`.
+    The test's steps and those of the branches not continued are charged to
+    the run: counted as steps trained, and `fit` ends once they and fit's
+    together reach `epochs x steps per epoch`.
 
     Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
     chief: its trigger reason at each observation and its chosen action (one
