@@ -170,6 +170,22 @@ def test_branches_leave_the_state_bit_identical_and_score_on_held_batches():
     assert math.isinf(branch_scores(model, [1e6], set_rate, train * 20, held).scores[1e6])  # diverged
 
 
+def test_branch_ends_kept_are_the_first_rate_and_the_best_scoring_other():
+    x, y = data()
+    model = linear_model(0.01)
+    train, held = [(x[:8], y[:8]), (x[8:16], y[8:16])], [(x[48:56], y[48:56])]
+
+    def set_rate(rate):
+        model.optimizer.learning_rate = rate
+
+    trials = branch_scores(model, [1e-4, 0.1, 0.01, 1e6], set_rate, train * 10, held, keep_ends=True)
+    best_other = min((0.1, 0.01), key=trials.scores.get)
+    assert set(trials.ends) == {1e-4, best_other} and math.isinf(trials.scores[1e6])
+    metrics = {id(v) for v in model.metrics_variables}
+    assert not any(id(variable) in metrics for variable, _ in trials.ends[best_other])
+    assert branch_scores(model, [1e-4, 0.1], set_rate, train, held).ends == {}  # kept only when asked
+
+
 def test_arrays_hold_rows_out_of_the_branches_training():
     x = np.arange(64, dtype="float32").reshape(64, 1)
     start = RangeTestStart(x, x, batch_size=BATCH, seed=0)
@@ -264,6 +280,8 @@ def test_bad_arguments():
         RangeTestStart(np.zeros((4, 1)), rule="lowest")
     with pytest.raises(ValueError, match="Argument `judge` must be one of"):
         RangeTestStart(np.zeros((4, 1)), judge="never")
+    with pytest.raises(TypeError, match="Argument `continue_branch` must be True or False"):
+        RangeTestStart(np.zeros((4, 1)), continue_branch="yes")
     with pytest.raises(ValueError, match="Argument `margin` must be"):
         StartJudge(margin=-0.1)
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):

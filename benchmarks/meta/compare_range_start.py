@@ -56,13 +56,16 @@ def _start(result):
     return f"{start['action']} ({steps} steps{kept})"
 
 
-def _counts(summary, runs):
+def _counts(summary):
     figures = summary["meta_range"]["all"]
     misset = figures["runs"]
-    return {"within 1.2x of the grid-best": f"{figures['near_grid_best']:.2f} ({round(figures['near_grid_best'] * misset)}/{misset})",
-            "below range test then constant": f"{figures['beats_range_constant']:.2f} "
-                                              f"({round(figures['beats_range_constant'] * misset)}/{misset})",
-            "below the best anchor": f"{figures['beats_anchors']:.2f} ({round(figures['beats_anchors'] * misset)}/{misset})",
+
+    def share(name):
+        return f"{figures[name]:.2f} ({round(figures[name] * misset)}/{misset})"
+
+    return {"within 1.2x of the grid-best": share("near_grid_best"),
+            "below range test then constant": share("beats_range_constant"),
+            "below the best anchor": share("beats_anchors"),
             "mis-set harm (> 1.1x constant)": f"{round(figures['harm'] * misset)}/{misset}",
             "diverging rescued": f"{round(figures['rescue'] * figures['diverged_runs'])}/{figures['diverged_runs']}",
             "well-set harmed (> 1.05x)": f"{round(figures['well_set_harm'] * figures['well_set_runs'])}"
@@ -74,14 +77,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", nargs="+", type=Path, required=True)
     parser.add_argument("--after", nargs="+", type=Path, required=True)
+    parser.add_argument("--compact", action="store_true",
+                        help="one row per task-seed: each start arm's final val loss, before -> after")
     args = parser.parse_args()
     before, after = load(args.before), load(args.after)
     keys = [k for k in after if k in before]
     sets = {"before": [before[k] for k in keys], "after": [after[k] for k in keys]}
-    counts = {name: _counts(evaluation.summarize(runs), runs) for name, runs in sets.items()}
+    counts = {name: _counts(evaluation.summarize(runs)) for name, runs in sets.items()}
     print(f"{len(keys)} task-seeds\n\n| figure | before | after |\n|---|---|---|")
     for figure in counts["before"]:
         print(f"| {figure} | {counts['before'][figure]} | {counts['after'][figure]} |")
+    if args.compact:
+        return print_compact(keys, before, after)
     print("\n| task | seed | arm | grid-best / without | before | after | before's start | after's start |")
     print("|---|---|---|---|---|---|---|---|")
     for key in keys:
@@ -91,6 +98,19 @@ def main():
                          "well-set": b["well_set"]["without"]["val_loss"]}.get(name, b["best_val_loss"])
             print(f"| {key[0]} | {key[1]} | {name} | {reference:.4g} | {result_b['val_loss']:.4g} | "
                   f"{result_a['val_loss']:.4g} | {_start(result_b)} | {_start(result_a)} |")
+
+
+def print_compact(keys, before, after):
+    print("\n| task | seed | grid-best loss | too_low | too_high | diverging | cosine (without) | constant (without) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key in keys:
+        b, a = before[key], after[key]
+        cells = {name.split(" ")[0]: f"{rb['val_loss']:.4g} -> {ra['val_loss']:.4g}"
+                 for (name, rb), (_, ra) in zip(_arms(b), _arms(a), strict=True)}
+        cells["cosine"] += f" ({b['cosine']['without']['val_loss']:.4g})"
+        cells["well-set"] += f" ({b['well_set']['without']['val_loss']:.4g})"
+        row = " | ".join(cells.get(name, "-") for name in ("too_low", "too_high", "diverging", "cosine", "well-set"))
+        print(f"| {key[0]} | {key[1]} | {b['best_val_loss']:.4g} | {row} |")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,8 @@ class RangeTestStart:
         self.max_steps, self.factor, self.rule, self.seed = max_steps, float(factor), rule, seed
         self.judge = _check_judge(judge)
         if not isinstance(continue_branch, bool):
-            raise TypeError(f"Argument `continue_branch` must be True or False. Received: continue_branch={continue_branch!r}")
+            raise TypeError("Argument `continue_branch` must be True or False. "
+                            f"Received: continue_branch={continue_branch!r}")
         self.continue_branch = continue_branch
 
     def num_steps(self, budget: int | None) -> int | None:
