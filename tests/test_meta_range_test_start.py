@@ -286,3 +286,34 @@ def test_bad_arguments():
         StartJudge(margin=-0.1)
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):
         MetaAdjuster(constant_meta_model(KEEP), range_test=True)
+
+
+class _InterruptAtEpochEnd(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 3:
+            raise KeyboardInterrupt
+
+
+def _fit_with_backup(directory, interrupt=False):
+    from kadapt.run.backup import InterruptSafeBackup
+
+    x, y = data()
+    model = linear_model(0.1)
+    backup = InterruptSafeBackup(backup_dir=str(directory / "backup"))
+    adjuster = silent_adjuster(x, y, judge="branches")
+    adjuster.backup_dir = directory / "backup"
+    middle = [_InterruptAtEpochEnd()] if interrupt else []
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[backup, adjuster, *middle, backup.committer])
+    return model, adjuster
+
+
+def test_a_run_resumed_after_a_continued_start_ends_as_the_uninterrupted_one(tmp_path):
+    whole, whole_adjuster = _fit_with_backup(tmp_path / "whole")
+    assert "continued_from" in whole_adjuster.decisions[0]["range_test"]
+    with pytest.raises(KeyboardInterrupt):
+        _fit_with_backup(tmp_path / "resumed", interrupt=True)
+    resumed, adjuster = _fit_with_backup(tmp_path / "resumed")  # no second test: the count is in the state
+    assert adjuster.decisions == whole_adjuster.decisions
+    assert int(resumed.optimizer.iterations.numpy()) == int(whole.optimizer.iterations.numpy())
+    np.testing.assert_allclose(resumed.get_weights()[0], whole.get_weights()[0], rtol=1e-6)
