@@ -40,9 +40,9 @@ def linear_model(learning_rate):
     return model
 
 
-def silent_adjuster(x, y, judge="always"):
+def silent_adjuster(x, y, judge="always", **options):
     """Acts only on the range test: its trigger never fires."""
-    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge)
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, **options)
     return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
                         trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
 
@@ -170,6 +170,22 @@ def test_branches_leave_the_state_bit_identical_and_score_on_held_batches():
     assert math.isinf(branch_scores(model, [1e6], set_rate, train * 20, held).scores[1e6])  # diverged
 
 
+def test_branch_ends_kept_are_the_first_rate_and_the_best_scoring_other():
+    x, y = data()
+    model = linear_model(0.01)
+    train, held = [(x[:8], y[:8]), (x[8:16], y[8:16])], [(x[48:56], y[48:56])]
+
+    def set_rate(rate):
+        model.optimizer.learning_rate = rate
+
+    trials = branch_scores(model, [1e-4, 0.1, 0.01, 1e6], set_rate, train * 10, held, keep_ends=True)
+    best_other = min((0.1, 0.01), key=trials.scores.get)
+    assert set(trials.ends) == {1e-4, best_other} and math.isinf(trials.scores[1e6])
+    metrics = {id(v) for v in model.metrics_variables}
+    assert not any(id(variable) in metrics for variable, _ in trials.ends[best_other])
+    assert branch_scores(model, [1e-4, 0.1], set_rate, train, held).ends == {}  # kept only when asked
+
+
 def test_arrays_hold_rows_out_of_the_branches_training():
     x = np.arange(64, dtype="float32").reshape(64, 1)
     start = RangeTestStart(x, x, batch_size=BATCH, seed=0)
@@ -180,10 +196,22 @@ def test_arrays_hold_rows_out_of_the_branches_training():
     assert not set(held_rows) & set(train_rows) and len(set(train_rows)) == 48
 
 
-def test_a_judged_start_moves_a_diverging_rate_to_its_best_branch():
+def plain_fit_reference(learning_rate, x, y, branch_steps, fit_steps):
+    """A fresh model at `learning_rate` that trained the branches' batches, then fit's first
+    `fit_steps` batches, in plain `fit` steps: the oracle of a continued branch."""
+    train, _ = RangeTestStart(x, y, batch_size=BATCH, seed=0).branch_batches(branch_steps, StartJudge().held_batches)
+    reference = linear_model(learning_rate)
+    reference.fit(np.concatenate([bx for bx, _ in train]), np.concatenate([by for _, by in train]),
+                  batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    history = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                            callbacks=[StopAfterSteps(fit_steps)])
+    return reference, history
+
+
+def test_a_judged_start_moves_a_diverging_rate_and_goes_on_from_its_best_branch():
     x, y = data()
     model, adjuster = linear_model(2.0), silent_adjuster(x, y, judge="branches")
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
     detail = decision["range_test"]
     scores = {b["learning_rate"]: b["held_loss"] for b in detail["branches"]}
@@ -192,29 +220,46 @@ def test_a_judged_start_moves_a_diverging_rate_to_its_best_branch():
     assert scores[live] > 100 * detail["held_loss"]  # exploding
     chosen = StartJudge().choose(live, detail["held_loss"], scores)
     assert chosen is not None and decision["action"] == f"range test: lr x{chosen / live:.3g}"
-    # The test's 16 steps and the branches' 15 were charged; the rest trained at the chosen rate.
-    charged = TEST_STEPS + 15
+    assert detail["continued_from"] == chosen
+    # The test's 16 steps and the two other branches' 10 were charged; the chosen branch's 5 are
+    # the run's: fit trained the rest, 80 - 31, on from the branch's end.
+    charged = TEST_STEPS + 10
     assert adjuster.get_state()["range_test_steps"] == charged
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - charged
-    reference = linear_model(chosen)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
+    reference, reference_history = plain_fit_reference(chosen, x, y, 5, EPOCHS * ROWS // BATCH - charged - 5)
     np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-5)
+    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), reference.optimizer.variables[-1].numpy(),
+                               rtol=1e-5, atol=1e-7)  # the momentum too
+    # fit's metrics count fit's own steps: its first epoch's loss is the reference's
+    assert history.history["loss"][0] == pytest.approx(reference_history.history["loss"][0], rel=1e-5)
 
 
-def test_a_judged_start_keeps_a_well_set_rate_and_trains_as_if_never_branched():
+@pytest.mark.parametrize("continue_branch", [True, False])
+def test_a_judged_start_keeps_a_well_set_rate_and_goes_on_from_its_branch(continue_branch):
     x, y = data()
-    model, adjuster = linear_model(0.1), silent_adjuster(x, y, judge="branches")
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    model = linear_model(0.1)
+    adjuster = silent_adjuster(x, y, judge="branches", continue_branch=continue_branch)
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
     assert decision["action"] == "keep" and "more than 2x the live rate's" in decision["range_test"]["why"]
     assert float(model.optimizer.learning_rate_multiplier.numpy()) == 1.0
     detail, charged = decision["range_test"], adjuster.get_state()["range_test_steps"]
-    assert charged == TEST_STEPS + detail["branch_steps"] * len(detail["branches"]) > TEST_STEPS
-    reference = linear_model(0.1)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                  callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
-    np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
+    steps, candidates = detail["branch_steps"], len(detail["branches"])
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH - charged
+    if not continue_branch:  # the branches undone, all their steps charged: as if never branched
+        assert charged == TEST_STEPS + steps * candidates and "continued_from" not in detail
+        reference = linear_model(0.1)
+        reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                      callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
+        np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
+        return
+    # The live branch's steps are the run's: only the test's and the other branches' are charged.
+    assert charged == TEST_STEPS + steps * (candidates - 1) and detail["continued_from"] == pytest.approx(0.1)
+    reference, reference_history = plain_fit_reference(0.1, x, y, steps, EPOCHS * ROWS // BATCH - charged - steps)
+    np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-5)
+    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), reference.optimizer.variables[-1].numpy(),
+                               rtol=1e-5, atol=1e-7)
+    assert history.history["loss"][0] == pytest.approx(reference_history.history["loss"][0], rel=1e-5)
 
 
 def test_a_judged_start_near_the_suggestion_runs_no_branch():
@@ -235,7 +280,40 @@ def test_bad_arguments():
         RangeTestStart(np.zeros((4, 1)), rule="lowest")
     with pytest.raises(ValueError, match="Argument `judge` must be one of"):
         RangeTestStart(np.zeros((4, 1)), judge="never")
+    with pytest.raises(TypeError, match="Argument `continue_branch` must be True or False"):
+        RangeTestStart(np.zeros((4, 1)), continue_branch="yes")
     with pytest.raises(ValueError, match="Argument `margin` must be"):
         StartJudge(margin=-0.1)
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):
         MetaAdjuster(constant_meta_model(KEEP), range_test=True)
+
+
+class _InterruptAtEpochEnd(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 3:
+            raise KeyboardInterrupt
+
+
+def _fit_with_backup(directory, interrupt=False):
+    from kadapt.run.backup import InterruptSafeBackup
+
+    x, y = data()
+    model = linear_model(0.1)
+    backup = InterruptSafeBackup(backup_dir=str(directory / "backup"))
+    adjuster = silent_adjuster(x, y, judge="branches")
+    adjuster.backup_dir = directory / "backup"
+    middle = [_InterruptAtEpochEnd()] if interrupt else []
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[backup, adjuster, *middle, backup.committer])
+    return model, adjuster
+
+
+def test_a_run_resumed_after_a_continued_start_ends_as_the_uninterrupted_one(tmp_path):
+    whole, whole_adjuster = _fit_with_backup(tmp_path / "whole")
+    assert "continued_from" in whole_adjuster.decisions[0]["range_test"]
+    with pytest.raises(KeyboardInterrupt):
+        _fit_with_backup(tmp_path / "resumed", interrupt=True)
+    resumed, adjuster = _fit_with_backup(tmp_path / "resumed")  # no second test: the count is in the state
+    assert adjuster.decisions == whole_adjuster.decisions
+    assert int(resumed.optimizer.iterations.numpy()) == int(whole.optimizer.iterations.numpy())
+    np.testing.assert_allclose(resumed.get_weights()[0], whole.get_weights()[0], rtol=1e-6)

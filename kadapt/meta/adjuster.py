@@ -85,18 +85,19 @@ class MetaAdjuster(keras.callbacks.Callback):
     before the first step, from the model's state, which it puts back. Then
     the start's judge rules: by default, from a snapshot, the live rate, the
     suggestion and rates near it each train a few steps and are scored on
-    held batches, the state is put back, and the rate moves to the best
-    candidate only where it is clearly better ("range test: lr x...", each
-    candidate's score logged under `"range_test"`); with `judge="always"`,
+    held batches, the rate moves to the best candidate only where it is
+    clearly better ("range test: lr x...", each candidate's score logged
+    under `"range_test"`), and the run goes on from the end of the chosen
+    rate's branch (the live rate's where it is kept); with `judge="always"`,
     wherever the live rate is more than the start's `factor` off the
     suggestion. Otherwise, or where the curve gives no rate (it never fell),
     the rate is kept and the reason logged.
     The suggestion then stays in every observation the meta-model sees (the
     `range_test_gap` feature: how far the live rate is from it), so the
     meta-model, trained on runs with and without a test, can act on it later.
-    The test's and the branches' steps are charged to the run: counted as
-    steps trained, and `fit` ends once they and fit's together reach
-    `epochs x steps per epoch`.
+    The test's steps and those of the branches not continued are charged to
+    the run: counted as steps trained, and `fit` ends once they and fit's
+    together reach `epochs x steps per epoch`.
 
     Under `tf.distribute.MultiWorkerMirroredStrategy` every worker follows the
     chief: its trigger reason at each observation and its chosen action (one
@@ -268,12 +269,14 @@ class MetaAdjuster(keras.callbacks.Callback):
     def _start_from_range_test(self):
         """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
         run = run_range_test(self.range_test, self.model, self._total_steps())
-        self._charge(run.steps)
+        self._charge(run.steps, run.kept)
         self._runner.start_from(run)
         self.decision_log.range_test(run.action, run.detail, self._step, self._epoch)
 
-    def _charge(self, steps):
-        self._range_test_steps += steps
+    def _charge(self, steps, kept=0):
+        """Counts `steps` trained before fit's first step; all but `kept` of them were undone
+        (the test's, the branches not continued): those are charged to the budget."""
+        self._range_test_steps += steps - kept
         self._step += steps
         self._epoch_start_step += steps
 

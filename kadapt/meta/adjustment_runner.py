@@ -130,6 +130,8 @@ class AdjustmentRunner:
         self.range_test_rate = run.suggestion
         if run.learning_rate is not None and not hasattr(self.model.optimizer, "learning_rate_multiplier"):
             self.initial_learning_rate = run.learning_rate  # later changes stay within MAX_CHANGE of the found rate
+        if run.continued_from is not None:  # the run goes on from a branch's end: a rollback returns there
+            self.last_good = self.pending = rollback.take(self.model)
 
     def observe(self, loss: float, val_loss: float | None, watched: float, measured_now: bool,
                 progress: Progress) -> None:

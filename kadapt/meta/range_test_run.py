@@ -16,6 +16,7 @@ import math
 
 import keras
 
+from kadapt.batching.training_state import restore
 from kadapt.meta import actions as action_lib
 from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.range_test_start import RangeTestStart
@@ -37,6 +38,12 @@ class RangeTestRun:
             gave none or the test did not run. Defaults to `None`.
         learning_rate: Float or `None`. The rate the optimizer applies now,
             where it was moved; `None` where it was kept. Defaults to `None`.
+        kept: Int. Of `steps`, those of the branch the run goes on from
+            (`RangeTestStart(continue_branch=True)`): trained, not undone, so
+            not charged. Defaults to `0`.
+        continued_from: Float or `None`. The rate of the branch the run goes
+            on from; `None` where the state before the branches was put back.
+            Defaults to `None`.
     """
 
     action: str
@@ -44,6 +51,8 @@ class RangeTestRun:
     steps: int = 0
     suggestion: float | None = None
     learning_rate: float | None = None
+    kept: int = 0
+    continued_from: float | None = None
 
 
 def run_range_test(start: RangeTestStart, model: keras.Model, budget: int | None) -> RangeTestRun:
@@ -73,19 +82,22 @@ def run_range_test(start: RangeTestStart, model: keras.Model, budget: int | None
     steps, suggestion = result.steps_run, float(result.suggestion)
     detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
     settable = action_lib.can_adjust_learning_rate(model.optimizer)
+    kept = 0  # steps of a branch the run goes on from
     if start.judge is None:
         rate = start.choose(live, result.suggestion)
         why = f"within {start.factor:g}x of the suggestion"
     if not settable:
         rate, why = None, "the optimizer's rate cannot be set live"
     elif start.judge is not None:
-        rate, why, judged, branch_steps = _judge_start(start, model, live, result.suggestion, budget)
+        rate, why, judged, branch_steps, kept = _judge_start(start, model, live, result.suggestion, budget)
         detail.update(judged)
         steps += branch_steps
+    continued = detail.get("continued_from")
     if rate is None:
-        return RangeTestRun("keep", {**detail, "why": why}, steps, suggestion)
-    apply_rate(model.optimizer, live, rate)
-    return RangeTestRun(f"range test: lr x{rate / live:.3g}", detail, steps, suggestion, rate)
+        return RangeTestRun("keep", {**detail, "why": why}, steps, suggestion, kept=kept, continued_from=continued)
+    if continued is None:  # else the branch's end holds the rate
+        apply_rate(model.optimizer, live, rate)
+    return RangeTestRun(f"range test: lr x{rate / live:.3g}", detail, steps, suggestion, rate, kept, continued)
 
 
 def apply_rate(optimizer: keras.optimizers.Optimizer, live: float, rate: float) -> None:
@@ -100,25 +112,33 @@ def apply_rate(optimizer: keras.optimizers.Optimizer, live: float, rate: float) 
 
 def _judge_start(start, model, live, suggestion, budget):
     """Branches from the state now at each candidate rate and returns the judge's rate (`None`:
-    keep), why it kept, the candidates' scores to log, and the branches' steps to charge."""
+    keep), why it kept, the candidates' scores to log, the branches' steps, and those of them
+    the run keeps: with `continue_branch`, it goes on from the end of the chosen rate's branch
+    (the live rate's where it is kept), its steps trained, not lost."""
     judge = start.judge
     rates = judge.candidates(live, suggestion)
     if rates == (live,):  # the suggestion is within SPREAD of the live rate: nothing to judge, nothing charged
-        return None, f"within {SPREAD:g}x of the suggestion", {}, 0
+        return None, f"within {SPREAD:g}x of the suggestion", {}, 0, 0
     steps = judge.steps_per_branch(budget, len(rates))
     if steps < 1:
-        return None, f"no room for branches in a budget of {budget} steps", {}, 0
+        return None, f"no room for branches in a budget of {budget} steps", {}, 0, 0
     try:
         train, held = start.branch_batches(steps, judge.held_batches)
     except ValueError as error:
-        return None, str(error), {}, 0
+        return None, str(error), {}, 0, 0
     optimizer = model.optimizer
-    trials = branch_scores(model, rates, lambda rate: apply_rate(optimizer, live, rate), train, held)
+    trials = branch_scores(model, rates, lambda rate: apply_rate(optimizer, live, rate), train, held,
+                           keep_ends=start.continue_branch)
+    chosen = judge.choose(live, trials.start, trials.scores)
     judged = {"branch_steps": steps, "held_batches": len(held), "held_loss": _json_number(trials.start),
               "branches": [{"learning_rate": rate, "held_loss": _json_number(score)}
                            for rate, score in trials.scores.items()]}
+    end = trials.ends.get(live if chosen is None else chosen)
+    if end is not None:  # its steps are the run's: trained, not lost
+        restore(end)
+        judged["continued_from"] = live if chosen is None else chosen
     why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
-    return judge.choose(live, trials.start, trials.scores), why, judged, steps * len(rates)
+    return chosen, why, judged, steps * len(rates), 0 if end is None else steps
 
 
 def _json_number(value):

@@ -35,6 +35,7 @@ from kadapt.validation import check_range
 
 MIN_STEPS = 10  # kadapt.range_test.find's, which loads TensorFlow: imported where the test runs
 BUDGET_SHARE = 0.5  # at most half the run's steps go to the test (and branches): at least half trains
+TEST_SHARE = BUDGET_SHARE - BRANCH_SHARE  # the judged test's most; shorter sweeps read worse (benchmarks/README)
 JUDGES = ("branches", "always")
 HELD_SHARE = 0.25  # of the rows, at most, held out of the branches' training to score them
 
@@ -58,9 +59,11 @@ class RangeTestStart:
     geometric mean each train up to 10 steps on the same batches and are
     scored by the loss on held batches (rows none of them trained on); the
     live rate moves only to a candidate that lowers the held loss more than
-    twice as much (`kadapt.meta.start_judge.StartJudge`). The branches' steps
-    are charged too; the test then takes at most 30% of the budget and the
-    branches 20%.
+    twice as much (`kadapt.meta.start_judge.StartJudge`). The test then takes
+    at most 30% of the budget and the branches 20%. With `continue_branch`
+    (the default) the run goes on from the end of the chosen rate's branch
+    (the live rate's where it is kept): those steps are the run's own
+    training, and only the test's and the other branches' steps are charged.
 
     Args:
         x: Arrays (with `y`), or a dataset or generator of batches, as `fit`
@@ -76,6 +79,9 @@ class RangeTestStart:
         seed: Int or `None`. The shuffling of array rows. Defaults to `None`.
         judge: `"branches"`, `"always"` or a `kadapt.meta.start_judge.StartJudge`
             (`"branches"` is `StartJudge()`). Defaults to `"branches"`.
+        continue_branch: Bool. With a judge of branches, whether the run goes
+            on from the chosen rate's branch (`True`) or from the state before
+            the branches, all their steps charged (`False`). Defaults to `True`.
 
     Example:
 
@@ -88,7 +94,7 @@ class RangeTestStart:
 
     def __init__(self, x: Any, y: Any = None, batch_size: int | None = None, max_steps: int = 100,
                  factor: float = 3.0, rule: str = "valley", seed: int | None = None,
-                 judge: str | StartJudge = "branches") -> None:
+                 judge: str | StartJudge = "branches", continue_branch: bool = True) -> None:
         check_range("max_steps", max_steps, low=MIN_STEPS, integer=True)
         check_range("factor", factor, low=1.0, low_open=True)
         if rule not in curve.RULES:
@@ -98,10 +104,14 @@ class RangeTestStart:
         self.x, self.y, self.batch_size = x, y, batch_size
         self.max_steps, self.factor, self.rule, self.seed = max_steps, float(factor), rule, seed
         self.judge = _check_judge(judge)
+        if not isinstance(continue_branch, bool):
+            raise TypeError("Argument `continue_branch` must be True or False. "
+                            f"Received: continue_branch={continue_branch!r}")
+        self.continue_branch = continue_branch
 
     def num_steps(self, budget: int | None) -> int | None:
         """Steps of the test for a run of `budget` steps (`None`: unknown); `None` if there is no room."""
-        share = BUDGET_SHARE - (BRANCH_SHARE if self.judge is not None else 0.0)
+        share = TEST_SHARE if self.judge is not None else BUDGET_SHARE
         steps = self.max_steps if budget is None else min(self.max_steps, int(budget * share))
         return steps if steps >= MIN_STEPS else None
 
