@@ -14,24 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from kadapt.meta import evaluation
 
-_NAN_KEYS = ("val_loss", "loss", "learning_rate")
-
-
-def _restored(value):
-    if isinstance(value, dict):
-        return {k: math.nan if v is None and k in _NAN_KEYS else _restored(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_restored(v) for v in value]
-    return value
-
-
 def load(paths):
-    runs = [_restored(run) for path in paths for run in json.loads(Path(path).read_text())["runs"]]
+    runs = [evaluation.restored(run) for path in paths for run in json.loads(Path(path).read_text())["runs"]]
     return {(run["family"], run["seed"]): run for run in runs}
 
 

@@ -190,7 +190,7 @@ def main():
     meta_model = load_meta_model(args.meta_model)
     say = lambda text: print(text, flush=True)  # noqa: E731
     if args.rerun_range_start:
-        runs = [evaluation.rerun_range_start(_restored(run), meta_model, args.epochs, say)
+        runs = [evaluation.rerun_range_start(evaluation.restored(run), meta_model, args.epochs, say)
                 for path in args.rerun_range_start for run in json.loads(path.read_text())["runs"]]
     else:
         runs = evaluation.evaluate_meta_model(meta_model, args.families, args.seeds, args.epochs, progress=say)
@@ -226,24 +226,12 @@ def overhead_only(args):
 def merge(paths, out):
     """One table and results file from several runs' results (the same arms, other task-seeds)."""
     parts = [json.loads(Path(path).read_text()) for path in paths]
-    runs = [_restored(run) for part in parts for run in part["runs"]]
+    runs = [evaluation.restored(run) for part in parts for run in part["runs"]]
     print(evaluation.table(runs))
     results = {"config": {"merged": [str(p) for p in paths]}, "summary": evaluation.summarize(runs), "runs": runs,
                "overhead": next((p["overhead"] for p in parts if p["overhead"]), None),
                "seconds": sum(p["seconds"] for p in parts)}
     out.write_text(json.dumps(_jsonable(results), indent=1))
-
-
-_NAN_KEYS = ("val_loss", "loss", "learning_rate")
-
-
-def _restored(value):
-    """A results file's value as the runs had it: a loss (diverged) or rate (none found) written as null, NaN."""
-    if isinstance(value, dict):
-        return {k: math.nan if v is None and k in _NAN_KEYS else _restored(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_restored(v) for v in value]
-    return value
 
 
 def _jsonable(value):

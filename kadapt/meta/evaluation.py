@@ -498,3 +498,23 @@ def _decisions(run):
     applied = [d["action"] for d in run["decisions"] if not d["action"].startswith("keep")]
     kept = len(run["decisions"]) - len(applied)
     return (", ".join(applied) or "none") + (f" (+{kept} kept)" if kept else "")
+
+
+_NAN_KEYS = ("val_loss", "loss", "learning_rate")
+
+
+def restored(value: Any) -> Any:
+    """A results file's value (JSON) as the runs had it: a loss (diverged) or a rate (none
+    found) written as null becomes NaN again.
+
+    Example:
+
+    ```python
+    runs = [restored(run) for run in json.loads(path.read_text())["runs"]]
+    ```
+    """
+    if isinstance(value, dict):
+        return {k: math.nan if v is None and k in _NAN_KEYS else restored(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restored(v) for v in value]
+    return value
