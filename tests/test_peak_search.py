@@ -138,3 +138,32 @@ def test_noisy_steps_keep_room_for_the_noise_within_eight_trials():
     assert noise > 0.1
     chosen_trial = next(t for t in search.trials if t.micro_batch_size == chosen)
     assert chosen_trial.mean_peak_bytes * (1 + 2 * noise) <= BUDGET
+
+
+def test_a_sizes_room_comes_from_the_steps_measured_near_it():
+    # 34 rows fit with steady steps; 64 rows fit too, their steps spread by 6%. Pooled over
+    # every fitting size of at least half the largest, 64's spread took 9% room from 34 and
+    # left 16 chosen; a size's room is the spread of the steps at and near it (NEIGHBOURS x),
+    # so 34 is chosen and 64 is not.
+    search = PeakSearch(lambda size: None, BUDGET, trained)
+    steps = {16: (23.7, 23.6, 23.7), 34: (48.5, 48.6, 48.5), 64: (44.0, 50.0, 47.0)}
+    for size, peaks in steps.items():
+        step_peaks = tuple(int(p * MB) for p in peaks)
+        search.trials.append(ProbeTrial(size, max(step_peaks), 1e-4, max(step_peaks) <= BUDGET, step_peaks))
+    assert all(t.fits for t in search.trials)
+    assert search.noise(34) < 0.002 < 0.05 < search.noise(64)
+    assert search.chosen() == 34
+    assert not search.safe(search.trials[2])  # 47 MB x (1 + 2 x 6.4%) is over 50.3 MB
+
+
+def test_a_wide_spread_at_the_edge_is_kept_as_room_at_that_size():
+    # 34's own steps spread by 4%: its room is its own (16's steady steps are not its
+    # neighbours), so it fits and is not chosen, and the search looks below it.
+    search = PeakSearch(lambda size: None, BUDGET, trained)
+    steps = {16: (23.7, 23.6, 23.7), 34: (46.0, 50.0, 48.0)}
+    for size, peaks in steps.items():
+        step_peaks = tuple(int(p * MB) for p in peaks)
+        search.trials.append(ProbeTrial(size, max(step_peaks), 1e-4, True, step_peaks))
+    assert search.noise(34) > 0.04
+    assert search.chosen() == 16
+    assert 16 < search.next_size(LOGICAL) < 34
