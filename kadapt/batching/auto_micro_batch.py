@@ -142,11 +142,16 @@ def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
     (this process's allocator and input pipeline sit higher, a row costs the
     same) and solved with the probe's margin, at least half of `size`
     (without a line, x0.75). And the measurements: the first step's peak
-    less the trial's at `size` is how much higher this process runs
-    (`trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
-    trials that fitted); the largest smaller trial size whose peak plus that
-    excess fits (peaks are not monotonic in rows: a measured size, not a
-    line). Always smaller than `size`."""
+    less the trial's at `size` is how much higher this process runs at
+    `size` (`trials`: the probe's `(micro_batch_size, mean peak bytes)` of
+    the trials that fitted); the largest smaller trial size whose peak plus
+    its share of that excess fits. The share is in proportion to the rows
+    (`m / size`): what a process's allocator layout adds is in the chunks of
+    the micro-batch's buffers, which grow with the rows (issue 44: a cached
+    40 rows peaked at 53.9 MiB of 48 in a fresh process, and the whole
+    excess added to every smaller trial sent the size to half). Peaks are not
+    monotonic in rows, so a measured size, not a line. Always smaller than
+    `size`."""
     if peak_bytes <= budget_bytes:
         return size
     if memory_model is None:
@@ -160,7 +165,7 @@ def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
     if size not in measured:
         return by_line
     excess = peak_bytes - measured[size]
-    fitting = [m for m, peak in trials if m < size and peak + excess <= budget_bytes]
+    fitting = [m for m, peak in trials if m < size and peak + excess * m / size <= budget_bytes]
     return max([by_line, *fitting])
 
 
