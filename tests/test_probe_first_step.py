@@ -113,3 +113,15 @@ def test_the_excess_over_a_trial_counts_for_smaller_sizes_in_proportion_to_their
     assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 34
     # Without the trial at 40 rows nothing says how much higher this process runs: the line.
     assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials[:2]) == 20
+
+
+def test_a_cached_size_that_overflows_shrinks_to_the_probes_fallback():
+    # Measured on an Intel Xeon (docs/probe.md): a probe chose 40 rows (16: 34.0 MiB, 40:
+    # 40.2 MiB a step); a fresh process reusing it peaked at 53.9 MiB of 48 and shrank down
+    # the line to its floor, 20. With the fallback trial at 32 rows (33.0 MiB) it shrinks to 32.
+    mib = 2**20
+    line = MemoryModel(29.9 * mib, 0.26 * mib)  # through the trials at 16 and 40
+    trials = ((16, 34.0 * mib), (40, 40.2 * mib))
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 20
+    trials += ((32, 33.0 * mib),)
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 32

@@ -13,8 +13,10 @@ deviations (of the fitting trials within NEIGHBOURS x of that size) fits too. Th
 peak = a + b * m through the two largest fitting trials only proposes where
 to look next; a size that fits is never dropped because a smaller one did
 not, and the search looks only between the largest size chosen so far and
-the smallest tried above it that was not. Typically five trials, at most
-eight; it never returns a size it did not run.
+the smallest tried above it that was not. The choice comes with a fitting
+trial within FALLBACK x below it, for the first-step check of a process
+where the chosen size overflows. Typically five trials, at most eight; it
+never returns a size it did not run.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ JUMP = 0.15
 # factor of it (issue 44's run chose 28 rows where 34 fitted, the room pooled
 # from sizes up to twice 34).
 NEIGHBOURS = 1.25
+# The chosen size comes with a measured size within this fraction below it
+# (one more trial where none is): a size cached from this process can
+# overflow in another, and the first-step check there shrinks to a measured
+# size, not down a line (issue 44: a cached 40 rows with no trial between
+# 16 and 40 shrank to 20 in a fresh process; 32 fits in every one measured).
+FALLBACK = 0.8
 
 
 class PeakSearch:
@@ -92,7 +100,22 @@ class PeakSearch:
             if size is None:
                 break
             self.run(size)
+        self.measure_fallback()
         return self.chosen()
+
+    def measure_fallback(self) -> None:
+        """Runs FALLBACK x the chosen size where no fitting trial lies in
+        [FALLBACK x chosen, chosen) and trials remain: what the first-step
+        check elsewhere shrinks to when the chosen size overflows there.
+        It does not change the choice."""
+        chosen = self.chosen()
+        floor = math.ceil(FALLBACK * chosen)
+        if len(self.trials) >= MAX_TRIALS or any(floor <= t.micro_batch_size < chosen and t.fits
+                                                 for t in self.trials):
+            return
+        size = self.trained_size(floor)
+        if size < chosen:
+            self.try_size(size)
 
     def chosen(self) -> int:
         """The largest size chosen by the rule; where the noise seen late
