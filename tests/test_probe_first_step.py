@@ -116,12 +116,13 @@ def test_the_excess_over_a_trial_counts_for_smaller_sizes_in_proportion_to_their
 
 
 def test_a_cached_size_that_overflows_shrinks_to_the_probes_fallback():
-    # Measured on an Intel Xeon (docs/probe.md): a probe chose 40 rows (16: 34.0 MiB, 40:
+    # Measured on an Intel Xeon (benchmarks/README.md#probe): a probe chose 40 rows (16: 34.0 MiB, 40:
     # 40.2 MiB a step); a fresh process reusing it peaked at 53.9 MiB of 48 and shrank down
-    # the line to its floor, 20. With the fallback trial at 32 rows (33.0 MiB) it shrinks to 32.
+    # the line to its floor, 20. With the fallback trial at 32 rows (30.4 MiB where another probe
+    # chose 40) it shrinks to 32.
     mib = 2**20
     line = MemoryModel(29.9 * mib, 0.26 * mib)  # through the trials at 16 and 40
     trials = ((16, 34.0 * mib), (40, 40.2 * mib))
     assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 20
-    trials += ((32, 33.0 * mib),)
+    trials += ((32, 30.4 * mib),)
     assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 32

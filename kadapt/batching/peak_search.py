@@ -13,9 +13,9 @@ deviations (of the fitting trials within NEIGHBOURS x of that size) fits too. Th
 peak = a + b * m through the two largest fitting trials only proposes where
 to look next; a size that fits is never dropped because a smaller one did
 not, and the search looks only between the largest size chosen so far and
-the smallest tried above it that was not. The choice comes with a fitting
-trial within FALLBACK x below it, for the first-step check of a process
-where the chosen size overflows. Typically five trials, at most eight; it
+the smallest tried above it that was not. Where a larger size failed by a
+jump, the choice comes with a trial within FALLBACK x below it, for the
+first-step check of a process where the chosen size overflows. Typically five trials, at most eight; it
 never returns a size it did not run.
 """
 
@@ -45,14 +45,17 @@ NOISE_SIGMAS = 2.0
 # sizes is a jump (the issue's 57 and 69 rows: 40-45% above), not the line's end.
 JUMP = 0.15
 # A size's room for the noise pools the steps of the fitting sizes within this
-# factor of it (issue 44's run chose 28 rows where 34 fitted, the room pooled
-# from sizes up to twice 34).
+# factor of it: pooled from every fitting size above half the largest, a noisy
+# size far above took a steady size's room (an AMD run of issue 44's net chose
+# 28 rows twice where 34 had fitted).
 NEIGHBOURS = 1.25
 # The chosen size comes with a measured size within this fraction below it
 # (one more trial where none is): a size cached from this process can
 # overflow in another, and the first-step check there shrinks to a measured
-# size, not down a line (issue 44: a cached 40 rows with no trial between
-# 16 and 40 shrank to 20 in a fresh process; 32 fits in every one measured).
+# size, not down a line. Issue 44's net on an Intel Xeon: probes that chose 40
+# rows with no trial between 16 and 40 had their cached 40 shrink to 20, 20, 26
+# in fresh processes; 32 rows peaked at 30.4 MiB in such a probe and trained
+# at 42.3-42.4 MiB of 48 in every process that shrank to it.
 FALLBACK = 0.8
 
 
@@ -104,14 +107,18 @@ class PeakSearch:
         return self.chosen()
 
     def measure_fallback(self) -> None:
-        """Runs FALLBACK x the chosen size where no fitting trial lies in
-        [FALLBACK x chosen, chosen) and trials remain: what the first-step
-        check elsewhere shrinks to when the chosen size overflows there.
-        It does not change the choice."""
+        """Runs FALLBACK x the chosen size where a size above it failed by a
+        jump (peaks that jump with the size jump with the process too, so
+        the chosen size's trial does not foretell another process's step),
+        no fitting trial lies in [FALLBACK x chosen, chosen) and trials
+        remain: what the first-step check elsewhere shrinks to when the
+        chosen size overflows there. It does not change the choice."""
         chosen = self.chosen()
         floor = math.ceil(FALLBACK * chosen)
-        if len(self.trials) >= MAX_TRIALS or any(floor <= t.micro_batch_size < chosen and t.fits
-                                                 for t in self.trials):
+        jumped = any(t.micro_batch_size > chosen and not t.fits and self.is_jump(t.micro_batch_size)
+                     for t in self.trials)
+        if not jumped or len(self.trials) >= MAX_TRIALS or any(
+                floor <= t.micro_batch_size < chosen and t.fits for t in self.trials):
             return
         size = self.trained_size(floor)
         if size < chosen:
