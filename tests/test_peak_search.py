@@ -193,3 +193,15 @@ def test_the_choice_comes_with_a_measured_fallback_below_it():
     assert search.chosen() == 40
     search.measure_fallback()  # measured once
     assert len(search.trials) == 6
+
+
+def test_a_jump_above_the_choice_is_known_and_asks_for_the_fallback():
+    search = PeakSearch(_runner(issue_curve), BUDGET, trained)
+    assert search.largest(LOGICAL) == 64
+    assert search.jumped_above(64) and not search.jumped_above(74)
+    smooth = PeakSearch(_runner(lambda m: 10 * MB + 0.3 * MB * m), BUDGET, trained)
+    chosen = smooth.largest(LOGICAL)
+    assert not smooth.jumped_above(chosen)
+    count = len(smooth.trials)
+    smooth.measure_fallback()  # no jump: no fallback
+    assert len(smooth.trials) == count

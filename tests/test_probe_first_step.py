@@ -126,3 +126,18 @@ def test_a_cached_size_that_overflows_shrinks_to_the_probes_fallback():
     assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 20
     trials += ((32, 30.4 * mib),)
     assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 32
+
+
+def test_where_the_probe_saw_a_jump_the_shrink_takes_only_measured_sizes():
+    # Measured on an Intel Xeon (benchmarks/README.md#probe): a probe chose 64 rows (16: 34.0 MiB,
+    # 64: 47.4 MiB; 69 and 74 failed 30-40% above the line). A fresh process reusing 64 peaked at
+    # 54.0 MiB: the line moved through it says 40, which jumps (it peaked at 52.7 MiB there).
+    mib = 2**20
+    line = MemoryModel(29.5 * mib, 0.279 * mib)  # through the trials at 16 and 64
+    trials = ((16, 34.0 * mib), (64, 47.4 * mib))
+    assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials) == 40
+    # With the jump known: a measured size (16 fits with this process's share of 6.6 MiB) or
+    # half of 64, the larger.
+    assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials, True) == 32
+    trials += ((52, 41.0 * mib),)  # a fallback that fitted: 41 + 6.6 x 52 / 64 = 46.4 MiB
+    assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials, True) == 52

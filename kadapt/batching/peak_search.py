@@ -115,14 +115,19 @@ class PeakSearch:
         chosen size overflows there. It does not change the choice."""
         chosen = self.chosen()
         floor = math.ceil(FALLBACK * chosen)
-        jumped = any(t.micro_batch_size > chosen and not t.fits and self.is_jump(t.micro_batch_size)
-                     for t in self.trials)
-        if not jumped or len(self.trials) >= MAX_TRIALS or any(
+        if not self.jumped_above(chosen) or len(self.trials) >= MAX_TRIALS or any(
                 floor <= t.micro_batch_size < chosen and t.fits for t in self.trials):
             return
         size = self.trained_size(floor)
         if size < chosen:
             self.try_size(size)
+
+    def jumped_above(self, size: int) -> bool:
+        """Whether a size above `size` failed by a jump (JUMP above the line
+        through the fitting sizes): then peaks jump with the size, and with
+        the process, and no line foretells an unmeasured size."""
+        return any(t.micro_batch_size > size and not t.fits and self.is_jump(t.micro_batch_size)
+                   for t in self.trials)
 
     def chosen(self) -> int:
         """The largest size chosen by the rule; where the noise seen late
