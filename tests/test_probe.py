@@ -219,6 +219,17 @@ def test_budget_smaller_than_one_sample():
         kadapt.probe_micro_batch(_dense(64), (x, x), memory_budget=1000)
 
 
+def test_a_budget_below_the_data_given_as_arrays_names_the_data():
+    x = np.ones((4, 64), "float32")  # x and y: 2 x 1,024 bytes, over a 1,000-byte budget
+    with pytest.raises(ValueError, match=r"The data given as arrays \(2,048 bytes\) counts in the same memory.*"
+                                         r"`tf.data.Dataset`.*Received: memory_budget=1,000 bytes, data arrays of 2,048 bytes"):
+        kadapt.probe_micro_batch(_dense(64), (x, x), memory_budget=1000)
+    dataset = tf.data.Dataset.from_tensor_slices((x, x)).batch(4)
+    with pytest.raises(ValueError, match=r"smaller than one sample's training step") as raised:
+        kadapt.probe_micro_batch(_dense(64), dataset, memory_budget=1000)
+    assert "data given as arrays" not in str(raised.value)  # a dataset is read in batches
+
+
 def test_bad_probe_arguments():
     x, y = _data(rows=8)
     with pytest.raises(ValueError, match=r"`prefer` must be one of \('largest', 'fastest'\). Received: prefer='smallest'"):

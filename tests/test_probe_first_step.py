@@ -74,14 +74,15 @@ TRIALS = ((16, 23.7e6), (37, 40.7e6), (48, 49.0e6), (64, 46.0e6))
     "size, peak, expected",
     [
         (64, 49.0e6, 64),  # within the budget
-        # 4 MB above the trial at 64: 48 rows would peak at 53 MB, 37 at 44.7 MB; the line,
-        # (49.5 - 50 + 0.5 x 64) x 0.95 / 0.5 = 59.
+        # 4 MB above the trial at 64, a share in proportion to the rows below it: 48 rows would
+        # peak at 49 + 3 MB, over, 37 at 40.7 + 2.3 MB; the line, (49.5 - 50 + 0.5 x 64) x 0.95 /
+        # 0.5 = 59.
         (64, 50.0e6, 59),
         # 12 MB above: the line says (49.5 - 58 + 32) x 0.95 / 0.5 = 44; 37 rows measured at
-        # 40.7 + 12 MB, over; half of 64 is the floor, so 44.
+        # 40.7 + 12 x 37 / 64 MB fit, 48 at 49 + 9 do not; the larger, 44.
         (64, 58.0e6, 44),
-        # 30 MB above: the line says 10, its floor is half (32); 16 rows measured would peak at
-        # 53.7 MB, over.
+        # 30 MB above: the line says 10, its floor is half (32); 37 rows measured would peak at
+        # 40.7 + 17.3 MB, over; 16 at 23.7 + 7.5 fit.
         (64, 76.0e6, 32),
         # No trial at 60 rows: the line moved through the point, (49.5 - 55 + 0.5 x 60) x 0.95 / 0.5.
         (60, 55.0e6, 46),
@@ -94,7 +95,49 @@ def test_a_first_step_over_the_budget_shrinks_by_both_measurements(size, peak, e
 
 def test_measured_trials_lift_the_shrink_above_the_lines_answer():
     # The line (0.2 MB a row) moved through 52 MB at 64 rows says (49.5 - 39.2) x 0.95 / 0.2 = 48;
-    # the trial at 56 rows, measured at 38 MB, fits with this process's 6 MB more.
+    # the trial at 56 rows, measured at 38 MB, fits with this process's 6 MB more (its share,
+    # 5.25 MB, or all of it).
     trials = ((16, 20e6), (56, 38e6), (64, 46e6))
     line = MemoryModel(10e6, 0.2e6)
     assert auto_micro_batch.size_after_first_step(64, int(52e6), int(49.5e6), line, trials) == 56
+
+
+def test_the_excess_over_a_trial_counts_for_smaller_sizes_in_proportion_to_their_rows():
+    # Issue 44's cached 40 rows (26 micro-batches with a tail) peaked at 53.9 MiB of 48 in a
+    # fresh process, 8.6 MB over their trial. The whole excess on 34 rows' trial (42.5 MB) is
+    # 51.1 MB, over 50.3, and the shrink fell to the line's floor, half (20); 34 / 40 of it,
+    # 7.3 MB, fits.
+    mib = 2**20
+    trials = ((16, 23.7e6), (34, 42.5e6), (40, 47.9e6))
+    line = MemoryModel(35.9e6, 0.3e6)
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 34
+    # Without the trial at 40 rows nothing says how much higher this process runs: the line.
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials[:2]) == 20
+
+
+def test_a_cached_size_that_overflows_shrinks_to_the_probes_fallback():
+    # Measured on an Intel Xeon (benchmarks/README.md#probe): a probe chose 40 rows (16: 34.0 MiB, 40:
+    # 40.2 MiB a step); a fresh process reusing it peaked at 53.9 MiB of 48 and shrank down
+    # the line to its floor, 20. With the fallback trial at 32 rows (30.4 MiB where another probe
+    # chose 40) it shrinks to 32.
+    mib = 2**20
+    line = MemoryModel(29.9 * mib, 0.26 * mib)  # through the trials at 16 and 40
+    trials = ((16, 34.0 * mib), (40, 40.2 * mib))
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 20
+    trials += ((32, 30.4 * mib),)
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * mib), 48 * mib, line, trials) == 32
+
+
+def test_where_the_probe_saw_a_jump_the_shrink_takes_only_measured_sizes():
+    # Measured on an Intel Xeon (benchmarks/README.md#probe): a probe chose 64 rows (16: 34.0 MiB,
+    # 64: 47.4 MiB; 69 and 74 failed 30-40% above the line). A fresh process reusing 64 peaked at
+    # 54.0 MiB: the line moved through it says 40, which jumps (it peaked at 52.7 MiB there).
+    mib = 2**20
+    line = MemoryModel(29.5 * mib, 0.279 * mib)  # through the trials at 16 and 64
+    trials = ((16, 34.0 * mib), (64, 47.4 * mib))
+    assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials) == 40
+    # With the jump known: a measured size (16 fits with this process's share of 6.6 MiB) or
+    # half of 64, the larger.
+    assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials, True) == 32
+    trials += ((52, 41.0 * mib),)  # a fallback that fitted: 41 + 6.6 x 52 / 64 = 46.4 MiB
+    assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials, True) == 52

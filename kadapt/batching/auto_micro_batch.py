@@ -31,6 +31,7 @@ from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.oom_recovery import smaller_micro_batch
+from kadapt.batching.peak_search import PeakSearch
 from kadapt.batching.tensorflow.allocator_mode import allocator_mode
 from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.environment import allocator_statistics_available
@@ -63,6 +64,7 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
         memory_model, trials = _cached_memory_model(cached), _cached_trials(cached)
+        jumped = _jumped(_cached_probe_trials(cached), model.micro_batch_size)
     else:
         result = micro_batch_probe.probe_micro_batch(model, data, model.memory_budget,
                                                      max_micro_batch_size=cap, logical_batch_size=cap)
@@ -76,13 +78,14 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
             result.micro_batch_size, budget.bytes, budget.source,
         )
         memory_model, trials = result.memory_model, _measured(result.trials)
+        jumped = _jumped(result.trials, model.micro_batch_size)
     if model.distribute_strategy.num_replicas_in_sync > 1:
         return  # replicas and workers must agree on one size: only OOM recovery changes theirs
     if not allocator_statistics_available(budget.device):
         logger.warning("micro_batch_size=%d is not checked on the first step: %s keeps no allocator "
                        "statistics", model.micro_batch_size, budget.device)
         return
-    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model, trials)
+    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model, trials, jumped)
     model.train_function = model.first_step_check
 
 
@@ -97,13 +100,14 @@ class FirstStepCheck:
     `size_after_first_step` re-solves before the next step; then it hands
     the model back its own train function. `peak_bytes` and `shrunk_to` record what it saw.
     `trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
-    trials that fitted.
+    trials that fitted; `jumped`: a size above the chosen one failed by a
+    jump in the probe (`PeakSearch.jumped_above`).
     """
 
     def __init__(self, model: keras.Model, budget: MemoryBudget, cap: int,
-                 memory_model: MemoryModel | None, trials: tuple = ()) -> None:
+                 memory_model: MemoryModel | None, trials: tuple = (), jumped: bool = False) -> None:
         self.model, self.budget, self.cap = model, budget, cap
-        self.memory_model, self.trials = memory_model, trials
+        self.memory_model, self.trials, self.jumped = memory_model, trials, jumped
         self.train_function = model.make_train_function()
         self.peak_bytes = self.shrunk_to = None
         self.steps = 0
@@ -118,7 +122,7 @@ class FirstStepCheck:
         self.peak_bytes, self.steps = max(peak, self.peak_bytes or 0), self.steps + 1
         size = self.model.micro_batch_size
         smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model,
-                                        self.trials)
+                                        self.trials, self.jumped)
         if smaller == size and self.steps < CHECKED_STEPS:
             return logs
         self.model.train_function = self.train_function
@@ -135,18 +139,27 @@ class FirstStepCheck:
 
 
 def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
-                          memory_model: MemoryModel | None, trials: tuple = ()) -> int:
+                          memory_model: MemoryModel | None, trials: tuple = (), jumped: bool = False) -> int:
     """The micro-batch for the steps after a first step of `size` rows that
     peaked at `peak_bytes`: `size` within the budget. Over it, two answers,
     the larger taken. The probe's line moved up through the measured point
     (this process's allocator and input pipeline sit higher, a row costs the
     same) and solved with the probe's margin, at least half of `size`
     (without a line, x0.75). And the measurements: the first step's peak
-    less the trial's at `size` is how much higher this process runs
-    (`trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
-    trials that fitted); the largest smaller trial size whose peak plus that
-    excess fits (peaks are not monotonic in rows: a measured size, not a
-    line). Always smaller than `size`."""
+    less the trial's at `size` is how much higher this process runs at
+    `size` (`trials`: the probe's `(micro_batch_size, mean peak bytes)` of
+    the trials that fitted); the largest smaller trial size whose peak plus
+    its share of that excess fits. The share is in proportion to the rows
+    (`m / size`): what a process's allocator layout adds is in the chunks of
+    the micro-batch's buffers, which grow with the rows (issue 44: a cached
+    40 rows peaked at 53.9 MiB of 48 in a fresh process, and the whole
+    excess added to every smaller trial sent the size to half). Peaks are not
+    monotonic in rows, so a measured size, not a line. Where the probe saw
+    a size above `size` fail by a jump (`jumped`), the line is no guide
+    between its points (issue 44's net on an Intel Xeon: a cached 64 at
+    54.0 MiB of 48 shrank down the line to 40, a size that jumps, and
+    overflowed at 52.7 MiB), so only measured sizes are taken, at least
+    half of `size`. Always smaller than `size`."""
     if peak_bytes <= budget_bytes:
         return size
     if memory_model is None:
@@ -160,7 +173,9 @@ def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,
     if size not in measured:
         return by_line
     excess = peak_bytes - measured[size]
-    fitting = [m for m, peak in trials if m < size and peak + excess <= budget_bytes]
+    fitting = [m for m, peak in trials if m < size and peak + excess * m / size <= budget_bytes]
+    if jumped:
+        return max([math.ceil(size / 2), *fitting])
     return max([by_line, *fitting])
 
 
@@ -169,11 +184,22 @@ def _measured(trials):
     return tuple((t.micro_batch_size, t.mean_peak_bytes) for t in trials if t.fits)
 
 
+def _cached_probe_trials(entry):
+    """A cache entry's probe trials (stored as dicts) as `ProbeTrial`s."""
+    return [probe.ProbeTrial(**{**t, "step_peaks": tuple(t.get("step_peaks", ()))})
+            for t in entry.get("probe", {}).get("trials", ())]
+
+
 def _cached_trials(entry):
-    """`_measured` of a cache entry's probe (its trials as dicts)."""
-    trials = [probe.ProbeTrial(**{**t, "step_peaks": tuple(t.get("step_peaks", ()))})
-              for t in entry.get("probe", {}).get("trials", ())]
-    return _measured(trials)
+    """`_measured` of a cache entry's probe."""
+    return _measured(_cached_probe_trials(entry))
+
+
+def _jumped(trials, size):
+    """Whether a size above `size` failed by a jump among `trials`."""
+    search = PeakSearch(None, 0)
+    search.trials = list(trials)
+    return search.jumped_above(size)
 
 
 def _cached_memory_model(entry):

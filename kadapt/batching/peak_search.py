@@ -9,12 +9,14 @@ conv net, 1,024-row logical batch): 64 rows peaked at 49.7 MB, 57 rows at
 
 So each size is judged by its own measured peaks: it fits when every step
 did, and it is chosen when its mean peak plus NOISE_SIGMAS pooled standard
-deviations (of the fitting trials near the top) fits too. The line
+deviations (of the fitting trials within NEIGHBOURS x of that size) fits too. The line
 peak = a + b * m through the two largest fitting trials only proposes where
 to look next; a size that fits is never dropped because a smaller one did
 not, and the search looks only between the largest size chosen so far and
-the smallest tried above it that was not. Typically five trials, at most
-eight; it never returns a size it did not run.
+the smallest tried above it that was not. Where a larger size failed by a
+jump, the choice comes with a trial within FALLBACK x below it, for the
+first-step check of a process where the chosen size overflows. Typically five trials, at most eight; it
+never returns a size it did not run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,19 @@ NOISE_SIGMAS = 2.0
 # A failing size whose mean peak is this far above the line through the fitting
 # sizes is a jump (the issue's 57 and 69 rows: 40-45% above), not the line's end.
 JUMP = 0.15
+# A size's room for the noise pools the steps of the fitting sizes within this
+# factor of it: pooled from every fitting size above half the largest, a noisy
+# size far above took a steady size's room (an AMD run of issue 44's net chose
+# 28 rows twice where 34 had fitted).
+NEIGHBOURS = 1.25
+# The chosen size comes with a measured size within this fraction below it
+# (one more trial where none is): a size cached from this process can
+# overflow in another, and the first-step check there shrinks to a measured
+# size, not down a line. Issue 44's net on an Intel Xeon: probes that chose 40
+# rows with no trial between 16 and 40 had their cached 40 shrink to 20, 20, 26
+# in fresh processes; 32 rows peaked at 30.4 MiB in such a probe and trained
+# at 42.3-42.4 MiB of 48 in every process that shrank to it.
+FALLBACK = 0.8
 
 
 class PeakSearch:
@@ -56,6 +71,9 @@ class PeakSearch:
             size trains as (a logical batch split evenly runs
             `balanced_micro_batch(B, m) <= m`), so only sizes that train are
             tried, once each. Defaults to `None` (every size as it is).
+        data_bytes: Int. Bytes of the data given as arrays (0 for a
+            dataset), named by the error when not even 1 row fits.
+            Defaults to 0.
 
     Example:
 
@@ -66,8 +84,8 @@ class PeakSearch:
     """
 
     def __init__(self, runner: Callable[[int], Any], budget_bytes: int,
-                 trained_size: Callable[[int], int] | None = None) -> None:
-        self.runner, self.budget_bytes = runner, budget_bytes
+                 trained_size: Callable[[int], int] | None = None, data_bytes: int = 0) -> None:
+        self.runner, self.budget_bytes, self.data_bytes = runner, budget_bytes, data_bytes
         self.trained_size = trained_size or (lambda size: size)
         self.trials = []
 
@@ -77,7 +95,7 @@ class PeakSearch:
         size = self.trained_size(min(cap, FIRST_TRIAL_ROWS))
         while not self.run(size).fits:
             if size == 1:
-                raise ValueError(too_small_message(self.budget_bytes, self.trials[-1]))
+                raise ValueError(too_small_message(self.budget_bytes, self.trials[-1], self.data_bytes))
             size = self.trained_size(max(1, size // SECOND_TRIAL_FACTOR))
         self.try_size(self.trained_size(self.second_size(size, cap)))
         while len(self.trials) < MAX_TRIALS:
@@ -85,7 +103,31 @@ class PeakSearch:
             if size is None:
                 break
             self.run(size)
+        self.measure_fallback()
         return self.chosen()
+
+    def measure_fallback(self) -> None:
+        """Runs FALLBACK x the chosen size where a size above it failed by a
+        jump (peaks that jump with the size jump with the process too, so
+        the chosen size's trial does not foretell another process's step),
+        no fitting trial lies in [FALLBACK x chosen, chosen) and trials
+        remain: what the first-step check elsewhere shrinks to when the
+        chosen size overflows there. It does not change the choice."""
+        chosen = self.chosen()
+        floor = math.ceil(FALLBACK * chosen)
+        if not self.jumped_above(chosen) or len(self.trials) >= MAX_TRIALS or any(
+                floor <= t.micro_batch_size < chosen and t.fits for t in self.trials):
+            return
+        size = self.trained_size(floor)
+        if size < chosen:
+            self.try_size(size)
+
+    def jumped_above(self, size: int) -> bool:
+        """Whether a size above `size` failed by a jump (JUMP above the line
+        through the fitting sizes): then peaks jump with the size, and with
+        the process, and no line foretells an unmeasured size."""
+        return any(t.micro_batch_size > size and not t.fits and self.is_jump(t.micro_batch_size)
+                   for t in self.trials)
 
     def chosen(self) -> int:
         """The largest size chosen by the rule; where the noise seen late
@@ -185,26 +227,34 @@ class PeakSearch:
     def best_safe(self) -> int:
         return max((t.micro_batch_size for t in self.trials if self.safe(t)), default=0)
 
-    def noise(self) -> float:
-        """The relative standard deviation of one step's peak, pooled over the
-        measured steps of the fitting trials of at least half the largest
-        fitting size (a small trial's peak is mostly the fixed part; a size
-        that does not fit, often one where the kernels jump, says nothing of
-        the sizes that do); 0 before two steps of one such trial are known."""
+    def noise(self, size: int | None = None) -> float:
+        """The relative standard deviation of one step's peak at `size`
+        (default: the largest fitting size), pooled over the measured steps
+        of the fitting trials within NEIGHBOURS x of it, itself included:
+        the spread differs by size (the kernels, the tail, the share of the
+        fixed part), so a size's room comes from the steps measured at and
+        near it, not from a noisy size far from it; a size that does not
+        fit, often one where the kernels jump, says nothing of the sizes
+        that do. 0 before two steps of one such trial are known."""
         measured = [t for t in self.trials if t.fits and len(t.step_peaks) > 1]
         if not measured:
             return 0.0
-        top = max(t.micro_batch_size for t in measured)
+        if size is None:
+            size = max(t.micro_batch_size for t in measured)
         near = [np.asarray(t.step_peaks) / np.mean(t.step_peaks) for t in measured
-                if 2 * t.micro_batch_size >= top]
+                if size <= NEIGHBOURS * t.micro_batch_size and t.micro_batch_size <= NEIGHBOURS * size]
+        if not near:
+            return 0.0
         squares = sum(float(np.sum((r - 1.0) ** 2)) for r in near)
         return math.sqrt(squares / sum(len(r) - 1 for r in near))
 
     def safe(self, trial: Any) -> bool:
         """Fits, and keeps fitting: its mean peak plus NOISE_SIGMAS pooled
         standard deviations within the budget."""
-        limit = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise())
-        return trial.fits and trial.mean_peak_bytes <= limit
+        if not trial.fits:
+            return False
+        limit = self.budget_bytes / (1 + NOISE_SIGMAS * self.noise(trial.micro_batch_size))
+        return trial.mean_peak_bytes <= limit
 
     def memory_model(self) -> MemoryModel | None:
         """The line through the two largest fitting trials (their mean peaks)."""

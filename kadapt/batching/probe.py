@@ -129,10 +129,22 @@ def row_count(sample: tuple) -> int:
     return int(first.shape[0])
 
 
-def too_small_message(budget_bytes, trial):
+def too_small_message(budget_bytes, trial, data_bytes=0):
+    """The error when a step of 1-row micro-batches does not fit; `data_bytes`:
+    the size of the data given as arrays (0 for a dataset), named where it
+    is half the budget or more (`fit` may copy arrays into the allocator the
+    step is measured in: docs/probe.md)."""
     peak = "ran out of memory" if trial.peak_bytes is None else f"peaked at {trial.peak_bytes:,} bytes"
+    data = ""
+    if data_bytes and 2 * data_bytes >= budget_bytes:
+        data = (f" The data given as arrays ({data_bytes:,} bytes) counts in the same memory: `fit` "
+                f"copies arrays into TensorFlow's allocator; pass a `tf.data.Dataset` that reads "
+                f"them in batches, or a budget well above the data.")
+    received = f"memory_budget={budget_bytes:,} bytes"
+    if data:
+        received += f", data arrays of {data_bytes:,} bytes"
     return (
         f"Argument `memory_budget` is smaller than one sample's training step: a "
         f"step of micro-batches of 1 row {peak}, over the budget. Give a larger "
-        f"budget or a smaller model. Received: memory_budget={budget_bytes:,} bytes"
+        f"budget or a smaller model.{data} Received: {received}"
     )

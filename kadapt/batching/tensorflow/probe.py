@@ -70,7 +70,7 @@ def probe_micro_batch_tensorflow(
         return trial
 
     trained_size = None if rows is None else (lambda size: balanced_micro_batch(rows, size))
-    search = PeakSearch(runner, budget.bytes, trained_size)
+    search = PeakSearch(runner, budget.bytes, trained_size, 0 if is_dataset(data) else array_bytes(data))
     with leaves_no_trace(model, sample):
         chosen = search.largest(cap)
         if prefer == "fastest":
@@ -104,6 +104,13 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     peaks = tuple(int(max(p, floor)) for p in steps.peaks[1:])  # the first step traced
     seconds = min(steps.seconds[1:])
     return ProbeTrial(size, max(peaks), seconds / rows, max(peaks) <= budget.bytes, peaks, compiles)
+
+
+def array_bytes(data: Any) -> int:
+    """Bytes of the arrays in `data` (`(x, y, sample_weight)`, nested)."""
+    arrays = [a for a in keras.tree.flatten(data) if a is not None and hasattr(a, "shape")]
+    return sum(int(np.prod(a.shape)) * np.dtype(getattr(a.dtype, "as_numpy_dtype", a.dtype)).itemsize
+               for a in arrays)
 
 
 def compile_count(model: keras.Model) -> int:
