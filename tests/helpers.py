@@ -138,3 +138,33 @@ def epochs_done(run):
         return json.loads((run / "history.json").read_text())["epoch"]
     except (FileNotFoundError, ValueError):
         return []
+
+
+def child_environments(parent):
+    """`(pid, environment variables as bytes)` of each live child of process `parent` (Linux' /proc)."""
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            yield int(entry.name), (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+
+
+def kill_child_after_first_epoch(launcher, run, is_target, seconds):
+    """Waits (at most `seconds`) until the `kadapt train --workers` run directory `run` lists an
+    epoch, then kills with SIGKILL the child of the `Popen` `launcher` whose environment
+    `is_target(variables)` accepts; returns `time.monotonic()` at the kill."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not epochs_done(run) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    target = next((pid for pid, variables in child_environments(launcher.pid) if is_target(variables)), None)
+    assert target is not None and launcher.poll() is None, "the run ended before its worker could be killed"
+    os.kill(target, signal.SIGKILL)
+    return time.monotonic()

@@ -5,7 +5,6 @@ items 2 and 3)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,22 +27,15 @@ TRAIN = ["train", "--data", "digits", "--model", "mlp", "--train-rows", "300", "
          "--epochs", str(EPOCHS), "--fit-verbose", "2"]
 
 
-def _process_of(launcher, index):
-    """The pid of JAX process `index` that the `kadapt train --workers` process `launcher` started, or None."""
+def _is_process(index):
+    """Whether a process's environment variables name it JAX process `index`."""
     wanted = f"{jax_processes.PROCESS_ID}={index}".encode()
-    for entry in Path("/proc").iterdir():
-        try:
-            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
-                continue
-            if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                return int(entry.name)
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
-    return None
+    return lambda variables: wanted in variables
 
 
 def test_kadapt_train_on_two_jax_processes_resumes_after_a_killed_one_and_trains_as_one_process(tmp_path, monkeypatch):
     from helpers import epochs_done
+    from helpers import kill_child_after_first_epoch
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -54,13 +46,7 @@ def test_kadapt_train_on_two_jax_processes_resumes_after_a_killed_one_and_trains
     launcher = subprocess.Popen(command, cwd=tmp_path, env=environment, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + JOB_SECONDS
-        while not epochs_done(run) and launcher.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        process = _process_of(launcher.pid, 1)
-        assert process is not None and launcher.poll() is None, "the run ended before process 1 could be killed"
-        os.kill(process, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = kill_child_after_first_epoch(launcher, run, _is_process(1), JOB_SECONDS)
         stdout, stderr = launcher.communicate(timeout=END_SECONDS)
         ended = time.monotonic() - killed
     finally:

@@ -3,11 +3,8 @@ then resumed, the same model as the command in one process, uninterrupted."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
@@ -16,23 +13,19 @@ from multi_worker_oracle import JOB_TIMEOUT_SECONDS
 EPOCHS = 4
 
 
-def _worker_process(launcher, index):
-    """The pid of worker `index` that the `kadapt train --workers` process `launcher` started, or None."""
-    for entry in Path("/proc").iterdir():
-        try:
-            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
-                continue
-            variables = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
+def _is_worker(index):
+    """Whether a process's environment variables name it worker `index` (its TF_CONFIG)."""
+
+    def test(variables):
         config = next((v[len(b"TF_CONFIG="):] for v in variables if v.startswith(b"TF_CONFIG=")), None)
-        if config and json.loads(config)["task"]["index"] == index:
-            return int(entry.name)
-    return None
+        return bool(config) and json.loads(config)["task"]["index"] == index
+
+    return test
 
 
 def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as_one_process(tmp_path, monkeypatch):
     from helpers import epochs_done
+    from helpers import kill_child_after_first_epoch
     from helpers import write_tiny_npz
 
     write_tiny_npz(tmp_path / "tiny.npz")
@@ -48,12 +41,7 @@ def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as
     launcher = subprocess.Popen(command, cwd=tmp_path, env=environment, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-        while not epochs_done(run) and launcher.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        worker = _worker_process(launcher.pid, 1)
-        assert worker is not None and launcher.poll() is None, "the run ended before worker 1 could be killed"
-        os.kill(worker, signal.SIGKILL)
+        kill_child_after_first_epoch(launcher, run, _is_worker(1), JOB_TIMEOUT_SECONDS)
         stdout, stderr = launcher.communicate(timeout=JOB_TIMEOUT_SECONDS)
     finally:
         if launcher.poll() is None:
