@@ -18,7 +18,7 @@ from kadapt.meta import collect
 from kadapt.meta import tasks
 
 TINY = CollectionConfig(total_epochs=4, horizon_epochs=1, explore=0.0)  # iris: 3 steps per epoch
-LEASE = 0.4
+LEASE = 1.5  # seconds; the checks that a claim is still held run within it, even on a loaded machine
 CLAIM_WAIT_SECONDS = 120  # a collector process starts TensorFlow before it claims
 
 
