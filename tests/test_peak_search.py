@@ -188,6 +188,7 @@ def test_the_choice_comes_with_a_measured_fallback_below_it():
 
     search = PeakSearch(runner, 48 * mib, trained)
     search.trials = [runner(size) for size in (16, 64, 40, 57, 47)]
+    assert not search.has_room(40)  # 41.0 MiB of 48: 15% free
     search.measure_fallback()
     assert [t.micro_batch_size for t in search.trials][-1] == 32 and search.trials[-1].fits
     assert search.chosen() == 40
@@ -223,3 +224,38 @@ def test_bisection_takes_the_trained_size_nearest_the_middle():
             assert search.next_size(LOGICAL) == 103
     assert search.predicted() >= 147
     assert search.next_size(LOGICAL) == 128
+
+
+# A probe of small_cnn at 64 MiB on an Intel Xeon (MiB): 147 and 171 rows jump over the line
+# through 64 and 128 (benchmarks/README.md#probe).
+SMALL_CNN_STEPS = {16: (14.6, 14.6, 14.6), 64: (25.3, 29.2, 25.3), 128: (48.6, 48.6, 48.6),
+                   147: (66.4, 63.9, 67.8), 171: (82.5, 73.6, 68.8), 103: (45.8, 46.0, 49.9)}
+
+
+def _measured_runner(steps, budget):
+    def runner(size):
+        peaks = tuple(int(p * 2**20) for p in steps[size])
+        return ProbeTrial(size, max(peaks), 1e-4, max(peaks) <= budget, peaks)
+
+    return runner
+
+
+def test_a_choice_with_room_under_the_budget_runs_no_fallback():
+    # 128 rows peaked at 48.6 MiB of 64 (24% free): in every process measured a cached 128 fitted,
+    # and the fallback at 103 rows was a sixth trial that no process used.
+    budget = 64 * 2**20
+    search = PeakSearch(_measured_runner(SMALL_CNN_STEPS, budget), budget, trained)
+    assert search.largest(LOGICAL) == 128
+    assert search.jumped_above(128) and search.has_room(128)
+    assert [t.micro_batch_size for t in search.trials] == [16, 64, 128, 147, 171]
+
+
+def test_a_choice_near_the_budget_keeps_its_fallback():
+    # The same probe, simulated with 128 rows at 52.0 MiB of 64 (19% free) and 147 still 20%
+    # above the line: the fallback runs.
+    budget = 64 * 2**20
+    steps = {**SMALL_CNN_STEPS, 128: (52.0, 51.5, 52.0), 147: (70.1, 72.0, 74.9)}
+    search = PeakSearch(_measured_runner(steps, budget), budget, trained)
+    assert search.largest(LOGICAL) == 128
+    assert search.jumped_above(128) and not search.has_room(128)
+    assert [t.micro_batch_size for t in search.trials][-1] == 103 and search.trials[-1].fits
