@@ -209,16 +209,18 @@ def test_a_jump_above_the_choice_is_known_and_asks_for_the_fallback():
 
 
 def test_bisection_takes_the_trained_size_nearest_the_middle():
-    # conv_bn on an Intel Xeon (benchmarks/README.md#probe): 16 and 64 rows fitted, 147 did not, the
-    # line through 16 and 64 pointed past 147. 1024 rows train as ..., 103, 114, 128, 147 only: the
-    # middle of 64 and 147 is 105 (103 the nearest), then the middle of 103 and 147 is 125, which
-    # the first size from the middle down turned into 114 (chosen, 0.78 x 147); 128 is nearer.
+    # A conv_bn probe on an Intel Xeon (benchmarks/README.md#probe; peaks here simulated): 16 and 64
+    # rows fitted, 147 did not, 103 then 114 fitted and 114 was chosen (0.78 x 147). 1024 rows train
+    # as ..., 103, 114, 128, 147 only: the middle of 64 and 147 is 105 (103 the nearest); the middle
+    # of 103 and 147 is 125, which trains as 114, but 128 is nearer.
     mib = 2**20
-    steps = {16: (35.0, 35.2, 35.0), 64: (60.0, 60.2, 60.0), 147: (129.0, 129.5, 129.0), 103: (88.0, 88.1, 88.0)}
+    steps = {16: (35.0, 35.2, 35.0), 64: (60.0, 60.2, 60.0), 147: (129.0, 129.5, 129.0),
+             103: (88.0, 88.1, 88.0)}
     search = PeakSearch(lambda size: None, 128 * mib, trained)
     for size, peaks in steps.items():
         step_peaks = tuple(int(p * mib) for p in peaks)
-        search.trials.append(ProbeTrial(size, max(step_peaks), 1e-4, max(step_peaks) <= 128 * mib, step_peaks))
+        fits = max(step_peaks) <= 128 * mib
+        search.trials.append(ProbeTrial(size, max(step_peaks), 1e-4, fits, step_peaks))
         if size == 147:
             assert search.predicted() >= 147  # the line is no guide below 147: bisection
             assert search.next_size(LOGICAL) == 103

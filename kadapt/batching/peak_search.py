@@ -184,9 +184,9 @@ class PeakSearch:
     def nearest_untried(self, middle: int, best: int, above: int) -> int | None:
         """The untried size nearest `middle` that trains as itself in (best,
         above), the larger on a tie. A logical batch trains only some sizes
-        (1024 rows: ..., 103, 114, 128, 147): the first size from the middle
-        down sends a bisection between 103 and 147 to 114 and never to 128
-        (conv_bn on an Intel Xeon chose 114 of 147 that way)."""
+        (1024 rows: ..., 103, 114, 128, 147), and the size the middle trains
+        as (never above it) sends a bisection between 103 and 147 to 114,
+        never to 128 (conv_bn on an Intel Xeon chose 114 of 147 that way)."""
         tried = {t.micro_batch_size for t in self.trials}
         for distance in range(max(middle - best, above - middle)):
             for size in (middle + distance, middle - distance):
