@@ -188,6 +188,7 @@ def test_the_choice_comes_with_a_measured_fallback_below_it():
 
     search = PeakSearch(runner, 48 * mib, trained)
     search.trials = [runner(size) for size in (16, 64, 40, 57, 47)]
+    assert not search.has_room(40)  # 41.0 MiB of 48: 15% free
     search.measure_fallback()
     assert [t.micro_batch_size for t in search.trials][-1] == 32 and search.trials[-1].fits
     assert search.chosen() == 40
@@ -205,3 +206,58 @@ def test_a_jump_above_the_choice_is_known_and_asks_for_the_fallback():
     count = len(smooth.trials)
     smooth.measure_fallback()  # no jump: no fallback
     assert len(smooth.trials) == count
+
+
+def test_bisection_takes_the_trained_size_nearest_the_middle():
+    # A conv_bn probe on an Intel Xeon (benchmarks/README.md#probe; peaks here simulated): 16 and 64
+    # rows fitted, 147 did not, 103 then 114 fitted and 114 was chosen (0.78 x 147). 1024 rows train
+    # as ..., 103, 114, 128, 147 only: the middle of 64 and 147 is 105 (103 the nearest); the middle
+    # of 103 and 147 is 125, which trains as 114, but 128 is nearer.
+    mib = 2**20
+    steps = {16: (35.0, 35.2, 35.0), 64: (60.0, 60.2, 60.0), 147: (129.0, 129.5, 129.0),
+             103: (88.0, 88.1, 88.0)}
+    search = PeakSearch(lambda size: None, 128 * mib, trained)
+    for size, peaks in steps.items():
+        step_peaks = tuple(int(p * mib) for p in peaks)
+        fits = max(step_peaks) <= 128 * mib
+        search.trials.append(ProbeTrial(size, max(step_peaks), 1e-4, fits, step_peaks))
+        if size == 147:
+            assert search.predicted() >= 147  # the line is no guide below 147: bisection
+            assert search.next_size(LOGICAL) == 103
+    assert search.predicted() >= 147
+    assert search.next_size(LOGICAL) == 128
+
+
+# A probe of small_cnn at 64 MiB on an Intel Xeon (MiB): 147 and 171 rows jump over the line
+# through 64 and 128 (benchmarks/README.md#probe).
+SMALL_CNN_STEPS = {16: (14.6, 14.6, 14.6), 64: (25.3, 29.2, 25.3), 128: (48.6, 48.6, 48.6),
+                   147: (66.4, 63.9, 67.8), 171: (82.5, 73.6, 68.8), 103: (45.8, 46.0, 49.9)}
+
+
+def _measured_runner(steps, budget):
+    def runner(size):
+        peaks = tuple(int(p * 2**20) for p in steps[size])
+        return ProbeTrial(size, max(peaks), 1e-4, max(peaks) <= budget, peaks)
+
+    return runner
+
+
+def test_a_choice_with_room_under_the_budget_runs_no_fallback():
+    # 128 rows peaked at 48.6 MiB of 64 (24% free): in every process measured a cached 128 fitted,
+    # and the fallback at 103 rows was a sixth trial that no process used.
+    budget = 64 * 2**20
+    search = PeakSearch(_measured_runner(SMALL_CNN_STEPS, budget), budget, trained)
+    assert search.largest(LOGICAL) == 128
+    assert search.jumped_above(128) and search.has_room(128)
+    assert [t.micro_batch_size for t in search.trials] == [16, 64, 128, 147, 171]
+
+
+def test_a_choice_near_the_budget_keeps_its_fallback():
+    # The same probe, simulated with 128 rows at 52.0 MiB of 64 (19% free) and 147 still 20%
+    # above the line: the fallback runs.
+    budget = 64 * 2**20
+    steps = {**SMALL_CNN_STEPS, 128: (52.0, 51.5, 52.0), 147: (70.1, 72.0, 74.9)}
+    search = PeakSearch(_measured_runner(steps, budget), budget, trained)
+    assert search.largest(LOGICAL) == 128
+    assert search.jumped_above(128) and not search.has_room(128)
+    assert [t.micro_batch_size for t in search.trials][-1] == 103 and search.trials[-1].fits

@@ -14,7 +14,8 @@ peak = a + b * m through the two largest fitting trials only proposes where
 to look next; a size that fits is never dropped because a smaller one did
 not, and the search looks only between the largest size chosen so far and
 the smallest tried above it that was not. Where a larger size failed by a
-jump, the choice comes with a trial within FALLBACK x below it, for the
+jump and the chosen size's trial left under FALLBACK_ROOM of the budget
+free, the choice comes with a trial within FALLBACK x below it, for the
 first-step check of a process where the chosen size overflows. Typically five trials, at most eight; it
 never returns a size it did not run.
 """
@@ -57,6 +58,15 @@ NEIGHBOURS = 1.25
 # in fresh processes; 32 rows peaked at 30.4 MiB in such a probe and trained
 # at 42.3-42.4 MiB of 48 in every process that shrank to it.
 FALLBACK = 0.8
+# ... and only where the chosen size's own trial left less than this share of
+# the budget free at its highest step: a cached size with more room fitted in
+# every process measured, and there the fallback was a trial spent for nothing.
+# Set between the two cases measured on an Intel Xeon (benchmarks/README.md#probe):
+# small_cnn's 128 rows peaked at 48.6 MiB of 64 (24% free) in the probes that
+# saw a jump above it and fitted in every cached process; issue 44's 40 rows
+# fitted at 37.2-41.2 MiB of 48 (14-23% free) in 4 probing processes of 24
+# and peaked at 49.1-57.8 MiB in the other 20.
+FALLBACK_ROOM = 0.2
 
 
 class PeakSearch:
@@ -110,17 +120,24 @@ class PeakSearch:
         """Runs FALLBACK x the chosen size where a size above it failed by a
         jump (peaks that jump with the size jump with the process too, so
         the chosen size's trial does not foretell another process's step),
-        no fitting trial lies in [FALLBACK x chosen, chosen) and trials
-        remain: what the first-step check elsewhere shrinks to when the
-        chosen size overflows there. It does not change the choice."""
+        the chosen size's highest step left under FALLBACK_ROOM of the
+        budget free, no fitting trial lies in [FALLBACK x chosen, chosen)
+        and trials remain: what the first-step check elsewhere shrinks to
+        when the chosen size overflows there. It does not change the choice."""
         chosen = self.chosen()
         floor = math.ceil(FALLBACK * chosen)
-        if not self.jumped_above(chosen) or len(self.trials) >= MAX_TRIALS or any(
-                floor <= t.micro_batch_size < chosen and t.fits for t in self.trials):
+        if (not self.jumped_above(chosen) or self.has_room(chosen) or len(self.trials) >= MAX_TRIALS
+                or any(floor <= t.micro_batch_size < chosen and t.fits for t in self.trials)):
             return
         size = self.trained_size(floor)
         if size < chosen:
             self.try_size(size)
+
+    def has_room(self, size: int) -> bool:
+        """Whether the highest step of the trial at `size` left at least
+        FALLBACK_ROOM of the budget free."""
+        trial = next(t for t in self.trials if t.micro_batch_size == size)
+        return trial.peak_bytes is not None and trial.peak_bytes <= (1 - FALLBACK_ROOM) * self.budget_bytes
 
     def jumped_above(self, size: int) -> bool:
         """Whether a size above `size` failed by a jump (JUMP above the line
@@ -146,9 +163,10 @@ class PeakSearch:
             # Below a size that did not fit, the line through lower sizes is no
             # better a guide than bisection: take the larger step of the two.
             target = self.damped(min(cap, predicted))
-            return self.untried(target if above > cap else max(target, middle), best, above)
+            if above > cap or target >= middle:
+                return self.untried(target, best, above)
         if above <= cap:  # the line points at or past a size that did not fit: bisect
-            return self.untried(middle, best, above)
+            return self.nearest_untried(middle, best, above)
         # Nothing above failed and the line promises under MIN_GAIN more: real
         # curves bend and jump, so look 2 x MIN_GAIN higher while trials remain.
         return self.untried(min(cap, math.ceil(best * (1 + 2 * MIN_GAIN))), best, cap + 1)
@@ -161,6 +179,19 @@ class PeakSearch:
             trained = self.trained_size(size)
             if best < trained < above and trained not in tried:
                 return trained
+        return None
+
+    def nearest_untried(self, middle: int, best: int, above: int) -> int | None:
+        """The untried size nearest `middle` that trains as itself in (best,
+        above), the larger on a tie. A logical batch trains only some sizes
+        (1024 rows: ..., 103, 114, 128, 147), and the size the middle trains
+        as (never above it) sends a bisection between 103 and 147 to 114,
+        never to 128 (conv_bn on an Intel Xeon chose 114 of 147 that way)."""
+        tried = {t.micro_batch_size for t in self.trials}
+        for distance in range(max(middle - best, above - middle)):
+            for size in (middle + distance, middle - distance):
+                if best < size < above and size not in tried and self.trained_size(size) == size:
+                    return size
         return None
 
     def smallest_unsafe_above(self, best: int, cap: int) -> int:
