@@ -5,6 +5,11 @@ alternation (A B C D A B C D ...) in one process, so drift in the machine's
 speed hits all of them alike. Prints median samples/s, the ratios, and how
 exactly kadapt's weights match one full batch of 512.
 
+Beside the wall-clock samples/s it prints samples per CPU-second of this
+process (all its threads): the work a trainer needs per sample, which other
+processes on a shared machine change far less than its wall time. The load
+average is printed before and after.
+
 On Keras' JAX backend (`KERAS_BACKEND=jax`) the same four trainers run
 jitted by JAX; the backend is fixed per process, so each backend is one run.
 
@@ -63,9 +68,10 @@ def trainers():
 
 
 def samples_per_second(model, batch_size, x, y):
-    start = time.perf_counter()
+    """(samples per second, samples per CPU-second of this process) of one epoch."""
+    cpu, start = time.process_time(), time.perf_counter()
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
-    return len(x) / (time.perf_counter() - start)
+    return len(x) / (time.perf_counter() - start), len(x) / (time.process_time() - cpu)
 
 
 def max_relative_difference(model_a, model_b):
@@ -89,6 +95,10 @@ def exactness(x, y, steps):
     return max_relative_difference(plain, accumulated), max_relative_difference(plain, native)
 
 
+def load_average():
+    return "/".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def main():
     rng = np.random.default_rng(0)
     x = rng.random((ROWS, 28, 28, 1), dtype=np.float32)
@@ -96,17 +106,21 @@ def main():
     runs = trainers()
     for model, batch_size in runs.values():  # trace and warm up
         model.fit(x[:2048], y[:2048], batch_size=batch_size, epochs=1, verbose=0)
+    load_before = load_average()
     speeds = {name: [] for name in runs}
     for _ in range(ROUNDS):
         for name, (model, batch_size) in runs.items():
             speeds[name].append(samples_per_second(model, batch_size, x, y))
-    medians = {name: statistics.median(values) for name, values in speeds.items()}
-    print(f"backend: {keras.backend.backend()}")
-    base = medians["plain fit, batch 128"]
-    native = medians["Keras gradient_accumulation_steps=4, batch 128"]
-    print(f"{'trainer':50s} {'samples/s':>10s} {'vs plain-128':>13s} {'vs Keras native':>16s}")
-    for name, value in medians.items():
-        print(f"{name:50s} {value:10.0f} {value / base:12.2f}x {value / native:15.2f}x")
+    wall = {name: statistics.median(s for s, _ in values) for name, values in speeds.items()}
+    cpu = {name: statistics.median(c for _, c in values) for name, values in speeds.items()}
+    print(f"backend: {keras.backend.backend()}, load average (1/5/15 min) {load_before} before, "
+          f"{load_average()} after")
+    native = "Keras gradient_accumulation_steps=4, batch 128"
+    print(f"{'trainer':50s} {'samples/s':>10s} {'vs plain-128':>13s} {'vs Keras native':>16s} "
+          f"{'samples/CPU-s':>14s} {'vs Keras native':>16s}")
+    for name in runs:
+        print(f"{name:50s} {wall[name]:10.0f} {wall[name] / wall['plain fit, batch 128']:12.2f}x "
+              f"{wall[name] / wall[native]:15.2f}x {cpu[name]:14.0f} {cpu[name] / cpu[native]:15.2f}x")
     for steps in (1, 20):
         ours, keras_native = exactness(x, y, steps)
         print(

@@ -17,6 +17,7 @@ of the process. All replicas then retry with the same smaller micro-batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,6 +49,7 @@ class RecoveringTrainFunction:
         self._halves_traced = None
         self._needs_trace = True
         self._retired_traces = 0
+        self._reader = None
 
     @property
     def compiles(self) -> int:
@@ -75,9 +77,7 @@ class RecoveringTrainFunction:
             # and the optimizer's variables, which the snapshot must include.
             self._traced_step(data)
             self._needs_trace = False
-        saved = training_state.snapshot(
-            training_state.state_variables(model, include_weights=False, include_slots=False)
-        )
+        saved = self._snapshot()
         attempt = 0
         while True:  # ends by returning, or by shrink raising
             try:
@@ -105,9 +105,7 @@ class RecoveringTrainFunction:
         if self._needs_trace and not model.run_eagerly:
             self._halves()[0].get_concrete_function(data)  # builds what the snapshot must hold
             self._needs_trace = False
-        saved = training_state.snapshot(
-            training_state.state_variables(model, include_weights=False, include_slots=False)
-        )
+        saved = self._snapshot()
         attempt = 0
         while True:  # ends by returning, or by raising OutOfMemoryError on every replica
             compute, finish = self._halves()
@@ -125,6 +123,18 @@ class RecoveringTrainFunction:
                 None, None, f"another worker of the job ran out of memory ({failed} of them)")
             shrink(model, reason, attempt, smaller=smallest)
             attempt += 1
+
+    def _snapshot(self):
+        """`(variable, value before the step)` for what a failed step may have
+        touched (`training_state.state_variables` without the weights and
+        slots), read in one traced call, not one eager copy per variable: it
+        runs before every step (measured on a loaded 2-core Xeon, 4 variables:
+        0.3-1.0 ms as eager copies, 0.2 ms in one call)."""
+        variables = training_state.state_variables(self.model, include_weights=False, include_slots=False)
+        key = tuple(id(v) for v in variables)
+        if self._reader is None or self._reader[0] != key:
+            self._reader = (key, _values_function(variables))
+        return list(zip(variables, self._reader[1]()))
 
     def _halves(self):
         """The traced `compute_step` and `finish_step` for the current micro-batch size."""
@@ -163,6 +173,19 @@ class RecoveringTrainFunction:
             self._step = replica_step_function(self.model, self.model.train_step)
             self._traced_micro_batch_size = micro
         return self._step
+
+
+def _values_function(variables):
+    """A traced function returning the current values of `variables`. A value
+    read stays as read: TensorFlow copies a variable's buffer on write while a
+    read of it is alive. Traced from a partial, not a closure: TensorFlow
+    counts traces by the Python code they come from and warns of retracing
+    when one code traces often, as one reader per model would."""
+    return tf.function(functools.partial(_values, variables))
+
+
+def _values(variables):
+    return [tf.identity(v.value) for v in variables]
 
 
 def _agree(model, error):
