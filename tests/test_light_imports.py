@@ -3,6 +3,7 @@
 (tests/test_without_tensorflow.py blocks TensorFlow's import instead: this also catches an
 import that a `try: import tensorflow` would have hidden there.)"""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,7 +29,8 @@ def loaded_after(code, backend):
 
 
 def test_tensorflow_is_installed_so_the_light_imports_mean_something():
-    assert "tensorflow" in loaded_after("import tensorflow", "jax")
+    # Found on the path, not imported: a fresh process importing it cost 10 s of the suite.
+    assert importlib.util.find_spec("tensorflow") is not None
 
 
 def test_kadapt_and_kadapt_meta_load_no_tensorflow_on_jax():
