@@ -50,6 +50,11 @@ class StartJudge:
             latter's size. Defaults to `1.0` (twice the gain).
         branch_steps: Int >= 1. The most steps each candidate trains. Defaults to `10`.
         held_batches: Int >= 1. The most batches the candidates are scored on. Defaults to `4`.
+        refute: Bool. Whether a kept live rate whose gain beat the suggestion's
+            by the margin stands in for the suggestion in what the meta-model
+            sees (`refutes`): the run showed the test's reading wrong, and the
+            meta-model's `range_test_gap` would pull the rate toward it.
+            Defaults to `True`.
 
     Example:
 
@@ -63,9 +68,12 @@ class StartJudge:
     margin: float = 1.0
     branch_steps: int = 10
     held_batches: int = 4
+    refute: bool = True
 
     def __post_init__(self) -> None:
         check_range("margin", self.margin, low=0.0)
+        if not isinstance(self.refute, bool):
+            raise TypeError(f"Argument `refute` must be True or False. Received: refute={self.refute!r}")
         check_range("branch_steps", self.branch_steps, low=1, integer=True)
         check_range("held_batches", self.held_batches, low=1, integer=True)
 
@@ -104,3 +112,15 @@ class StartJudge:
         # gain(best) - gain(live) > margin * |gain(live)|, without subtracting an exploding loss's gain
         scale = 1 + self.margin if gains[live] >= 0 else 1 - self.margin
         return best if gains[best] > scale * gains[live] else None
+
+    def refutes(self, live: float, start: float, scores: Mapping[float, float], suggestion: float) -> bool:
+        """Whether the branches refute `suggestion`: `refute` is on, the live rate's branch gained
+        (`start - score`) and more than `1 + margin` times the suggestion's (or the suggestion's
+        diverged). Then the meta-model sees the live rate as the test's rate."""
+        if not self.refute or live not in scores or suggestion not in scores or not math.isfinite(start):
+            return False
+        gain = start - scores[live]
+        if not gain > 0:
+            return False
+        other = start - scores[suggestion] if math.isfinite(scores[suggestion]) else -math.inf
+        return gain > (1 + self.margin) * other
