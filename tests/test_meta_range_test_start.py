@@ -137,6 +137,9 @@ def test_the_candidates_are_the_live_rate_the_suggestion_and_between():
     ({0.1: 4.9e21, 0.01: 0.99, 1.0: 1.2}, 0.01),  # an exploding loss: 0.01 does not vanish beside it
     ({0.1: math.inf, 0.01: 1.1, 1.0: math.nan}, 0.01),  # a diverging live rate gives way to any finite one
     ({0.1: math.nan, 0.01: math.inf}, None),  # every branch diverged: keep (the rollback handles it)
+    ({0.1: 1.2, 0.01: 0.9, 1.0: 1.1}, None),  # the live rate rose 0.2, not blew up (< 2x); 0.01 gains only 0.1
+    ({0.1: 1.2, 0.01: 0.7, 1.0: 1.1}, 0.01),  # 0.01 gains 0.3, more than the live rate lost
+    ({0.1: 2.1, 0.01: 0.9, 1.0: 1.1}, 0.01),  # the live rate blew up (> 2x): any gain moves
 ])
 def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(scores, chosen):
     assert StartJudge(margin=1.0).choose(0.1, 1.0, scores) == chosen
@@ -153,6 +156,11 @@ def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(sco
 def test_a_kept_live_rate_refutes_the_suggestion_only_when_its_gain_is_clearly_larger(scores, refuted):
     assert StartJudge(margin=1.0).refutes(0.1, 1.0, scores, 0.01) is refuted
     assert StartJudge(refute=False).refutes(0.1, 1.0, scores, 0.01) is False
+
+
+def test_a_lower_blowup_treats_a_smaller_rise_as_divergence():
+    assert StartJudge(blowup=1.1).choose(0.1, 1.0, {0.1: 1.2, 0.01: 0.9}) == 0.01
+    assert StartJudge(blowup=2.0).choose(0.1, 1.0, {0.1: 1.2, 0.01: 0.9}) is None
 
 
 def test_without_a_live_rate_the_best_candidate_is_chosen():
@@ -391,6 +399,8 @@ def test_bad_arguments():
         kadapt.find_learning_rate(linear_model(0.1), *data(), num_steps=10, on_step=3)
     with pytest.raises(ValueError, match="Argument `margin` must be"):
         StartJudge(margin=-0.1)
+    with pytest.raises(ValueError, match="Argument `blowup` must be"):
+        StartJudge(blowup=1.0)
     with pytest.raises(TypeError, match="Argument `refute` must be True or False"):
         StartJudge(refute="no")
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):
