@@ -323,7 +323,8 @@ def test_the_warmup_is_the_sweep_trained_up_to_the_rung_below_the_starting_rate(
     x, y = data()
     batches = fixed_batches(x, y, TEST_STEPS, np.random.default_rng(1).permutation(ROWS))
     model = linear_model(0.1)
-    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9)
+    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9,
+                           warmup=True)
     run = run_range_test(start, model, budget=EPOCHS * ROWS // BATCH)
     detail = run.detail
     assert run.action == "keep" and run.steps == TEST_STEPS and detail["suggestion"] < 0.01  # read below 0.1
@@ -348,7 +349,8 @@ def test_a_warmed_start_charges_only_the_sweep_above_it_and_trains_on_as_plain_f
     x, y = data()
     batches = fixed_batches(x, y, TEST_STEPS, np.random.default_rng(1).permutation(ROWS))
     model = linear_model(0.1)
-    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9)
+    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9,
+                           warmup=True)
     adjuster = MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
                             trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])

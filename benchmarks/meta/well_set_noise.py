@@ -1,38 +1,53 @@
-"""How far a well-set run's final validation loss moves when it trains a few steps fewer.
+"""How far a well-set run's final validation loss moves when it trains a few steps fewer, or in another order.
 
 The meta_adjust figure "well-set runs harmed" counts runs at the grid-best
 rate whose final validation loss ends above 1.05x the run without the
 adjuster. A start that changes nothing but costs steps trains the same
-trajectory, shorter. This script trains exactly that: the plain run at the
-grid-best rate (constant and cosine, `kadapt.meta.evaluation`'s tasks), full
-and with its last `--cuts` steps cut (the cosine spans the full budget and
-stops early, as a run whose start was charged does), and
-prints each final loss against the full run's: the noise floor of the 1.05x
-criterion for a start that costs those steps.
+trajectory, shorter; one that keeps the sweep's warm-up or a branch trains
+other batches first. This script trains the plain run at the grid-best rate
+(constant and cosine, `kadapt.meta.evaluation`'s tasks): full; with its last
+`--cuts` steps cut (the cosine spans the full budget and stops early, as a
+run whose start was charged does); and full with its training rows in
+`--orders` other orders (the same data, initialization and rate). Printed:
+each final loss against the full run's, and how many lie above 1.05x: the
+noise floor of the criterion for a start that changes nothing else.
 
-    python benchmarks/meta/well_set_noise.py --results runs/base/base_*.json --cuts 10 30 100
+    python benchmarks/meta/well_set_noise.py --results runs/base/base_*.json --cuts 10 100 --orders 3
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
+
+import numpy as np
 
 from kadapt.meta import evaluation
 from kadapt.recipes.training import steps_per_epoch
 
 
-def cut_runs(family, seed, rate, cuts, epochs):
-    """Final val loss of the well-set run, full and cut, for each schedule."""
+def reordered(task, order):
+    """`task` with its training rows permuted (permutation `order` of a NumPy generator)."""
+    x, y, x_val, y_val = task.data
+    rows = np.random.default_rng([task.seed, order]).permutation(len(x))
+    return dataclasses.replace(task, data=(x[rows], y[rows], x_val, y_val))
+
+
+def noise_runs(family, seed, rate, cuts, orders, epochs, schedules):
+    """Final val loss of the well-set run, full, cut and reordered, for each schedule."""
     losses = {}
-    for schedule in ("constant", "cosine"):
+    for schedule in schedules:
         task = evaluation.evaluation_task(family, seed, rate, schedule)
         budget = epochs * steps_per_epoch(len(task.data[0]), task.batch_size)
-        full = evaluation.train_run(task, epochs)["val_loss"]
-        losses[schedule] = {"budget": budget, "full": full,
-                            "cut": {cut: evaluation.train_run(task, epochs, [evaluation.StopAfterSteps(budget - cut)])
-                                    ["val_loss"] for cut in cuts if cut < budget}}
+        runs = {"full": evaluation.train_run(task, epochs)["val_loss"]}
+        for cut in (c for c in cuts if c < budget):
+            stop = evaluation.StopAfterSteps(budget - cut)
+            runs[f"cut {cut}"] = evaluation.train_run(task, epochs, [stop])["val_loss"]
+        for order in range(1, orders + 1):
+            runs[f"order {order}"] = evaluation.train_run(reordered(task, order), epochs)["val_loss"]
+        losses[schedule] = {"budget": budget, "runs": runs}
     return losses
 
 
@@ -40,27 +55,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", nargs="+", type=Path, required=True,
                         help="meta_adjust results (or table_results.py's base files): the grid-best rates")
-    parser.add_argument("--cuts", nargs="+", type=int, default=[10, 30, 100])
+    parser.add_argument("--cuts", nargs="+", type=int, default=[10, 100])
+    parser.add_argument("--orders", type=int, default=3)
+    parser.add_argument("--schedules", nargs="+", default=["constant", "cosine"], choices=["constant", "cosine"])
     parser.add_argument("--epochs", type=int, default=evaluation.EPOCHS)
     args = parser.parse_args()
     runs = [run for path in args.results for run in json.loads(path.read_text())["runs"]]
-    print(f"| task | seed | schedule | budget | full | {' | '.join(f'cut {c}' for c in args.cuts)} |")
-    print("|---|---|---|---|---|" + "---|" * len(args.cuts))
-    above = {cut: 0 for cut in args.cuts}
-    count = 0
+    names = [f"cut {c}" for c in args.cuts] + [f"order {k}" for k in range(1, args.orders + 1)]
+    print(f"| task | seed | schedule | budget | full | {' | '.join(names)} |")
+    print("|---|---|---|---|---|" + "---|" * len(names))
+    above = {"cut": [0, 0], "order": [0, 0]}  # runs above 1.05x the full one, runs
     for run in runs:
-        for schedule, found in cut_runs(run["family"], run["seed"], run["best_rate"], args.cuts, args.epochs).items():
-            cells = []
-            for cut in args.cuts:
-                loss = found["cut"].get(cut)
-                ratio = loss / found["full"] if loss is not None else None
-                above[cut] += ratio is not None and ratio > evaluation.WELL_SET_HARM
-                cells.append("-" if ratio is None else f"{loss:.4g} ({ratio:.2f}x)")
-            count += 1
-            print(f"| {run['family']} | {run['seed']} | {schedule} | {found['budget']} | {found['full']:.4g} | "
+        found = noise_runs(run["family"], run["seed"], run["best_rate"], args.cuts, args.orders, args.epochs,
+                           args.schedules)
+        for schedule, result in found.items():
+            full, cells = result["runs"]["full"], []
+            for name in names:
+                loss = result["runs"].get(name)
+                if loss is None:
+                    cells.append("-")
+                    continue
+                count = above[name.split()[0]]
+                count[0] += not loss <= evaluation.WELL_SET_HARM * full
+                count[1] += 1
+                cells.append(f"{loss:.4g} ({loss / full:.2f}x)")
+            print(f"| {run['family']} | {run['seed']} | {schedule} | {result['budget']} | {full:.4g} | "
                   f"{' | '.join(cells)} |", flush=True)
-    print("\n" + ", ".join(f"cut {cut}: {above[cut]}/{count} above {evaluation.WELL_SET_HARM}x the full run"
-                           for cut in args.cuts))
+    print(f"\nabove {evaluation.WELL_SET_HARM}x the full run: cut {above['cut'][0]}/{above['cut'][1]}, "
+          f"reordered {above['order'][0]}/{above['order'][1]}")
 
 
 if __name__ == "__main__":

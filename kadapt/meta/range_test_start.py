@@ -86,7 +86,8 @@ class RangeTestStart:
         warmup: Bool. Whether the run goes on from the state the test's
             sweep left below the rate it starts from (`kadapt.meta.warmup`):
             those steps are its warm-up, not charged; only the sweep above
-            them is. Defaults to `True`.
+            them is. Measured worse on held-out well-set runs (docs/meta-model.md):
+            off unless asked. Defaults to `False`.
 
     Example:
 
@@ -100,7 +101,7 @@ class RangeTestStart:
     def __init__(self, x: Any, y: Any = None, batch_size: int | None = None, max_steps: int = 100,
                  factor: float = 3.0, rule: str = "valley", seed: int | None = None,
                  judge: str | StartJudge = "branches", continue_branch: bool = True,
-                 warmup: bool = True) -> None:
+                 warmup: bool = False) -> None:
         check_range("max_steps", max_steps, low=MIN_STEPS, integer=True)
         check_range("factor", factor, low=1.0, low_open=True)
         if rule not in curve.RULES:
