@@ -137,12 +137,20 @@ def test_the_candidates_are_the_live_rate_the_suggestion_and_between():
     ({0.1: 4.9e21, 0.01: 0.99, 1.0: 1.2}, 0.01),  # an exploding loss: 0.01 does not vanish beside it
     ({0.1: math.inf, 0.01: 1.1, 1.0: math.nan}, 0.01),  # a diverging live rate gives way to any finite one
     ({0.1: math.nan, 0.01: math.inf}, None),  # every branch diverged: keep (the rollback handles it)
-    ({0.1: 1.2, 0.01: 0.9, 1.0: 1.1}, None),  # the live rate rose 0.2, not blew up (< 2x); 0.01 gains only 0.1
-    ({0.1: 1.2, 0.01: 0.7, 1.0: 1.1}, 0.01),  # 0.01 gains 0.3, more than the live rate lost
-    ({0.1: 2.1, 0.01: 0.9, 1.0: 1.1}, 0.01),  # the live rate blew up (> 2x): any gain moves
 ])
 def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(scores, chosen):
     assert StartJudge(margin=1.0).choose(0.1, 1.0, scores) == chosen
+
+
+@pytest.mark.parametrize("scores, chosen", [
+    ({0.1: 1.2, 0.01: 0.9, 1.0: 1.1}, None),  # the live rate rose 0.2, not blew up (< 2x); 0.01 gains only 0.1
+    ({0.1: 1.2, 0.01: 0.7, 1.0: 1.1}, 0.01),  # 0.01 gains 0.3, more than the live rate lost
+    ({0.1: 2.1, 0.01: 0.9, 1.0: 1.1}, 0.01),  # the live rate blew up (> 2x): any gain moves
+    ({0.1: 0.9, 0.01: 0.85, 1.0: 1.1}, None),  # the live rate gained: the rule without blowup (0.15 < 2 x 0.1)
+])
+def test_with_blowup_a_live_rate_that_rose_a_little_yields_only_to_a_larger_gain(scores, chosen):
+    assert StartJudge(margin=1.0, blowup=2.0).choose(0.1, 1.0, scores) == chosen
+    assert StartJudge(margin=1.0).choose(0.1, 1.0, {0.1: 1.2, 0.01: 0.9}) == 0.01  # without: any gain moves
 
 
 @pytest.mark.parametrize("scores, refuted", [
@@ -154,8 +162,8 @@ def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(sco
     ({0.1: 0.9}, False),  # the suggestion was not branched
 ])
 def test_a_kept_live_rate_refutes_the_suggestion_only_when_its_gain_is_clearly_larger(scores, refuted):
-    assert StartJudge(margin=1.0).refutes(0.1, 1.0, scores, 0.01) is refuted
-    assert StartJudge(refute=False).refutes(0.1, 1.0, scores, 0.01) is False
+    assert StartJudge(margin=1.0, refute=True).refutes(0.1, 1.0, scores, 0.01) is refuted
+    assert StartJudge().refutes(0.1, 1.0, scores, 0.01) is False  # off by default
 
 
 def test_a_lower_blowup_treats_a_smaller_rise_as_divergence():
@@ -263,7 +271,8 @@ def test_a_judged_start_moves_a_diverging_rate_and_goes_on_from_its_best_branch(
 def test_a_judged_start_keeps_a_well_set_rate_and_goes_on_from_its_branch(continue_branch):
     x, y = data()
     model = linear_model(0.1)
-    adjuster = silent_adjuster(x, y, judge="branches", continue_branch=continue_branch)
+    start_judge = StartJudge(refute=True)
+    adjuster = silent_adjuster(x, y, judge=start_judge, continue_branch=continue_branch)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
     assert decision["action"] == "keep" and "more than 2x the live rate's" in decision["range_test"]["why"]
@@ -280,7 +289,7 @@ def test_a_judged_start_keeps_a_well_set_rate_and_goes_on_from_its_branch(contin
         return
     # Where the live rate's branch refuted the reading, the meta-model sees the live rate as the test's.
     scores = {b["learning_rate"]: b["held_loss"] for b in detail["branches"]}
-    refuted = StartJudge().refutes(detail["learning_rate"], detail["held_loss"], scores, detail["suggestion"])
+    refuted = start_judge.refutes(detail["learning_rate"], detail["held_loss"], scores, detail["suggestion"])
     assert detail.get("suggestion_refuted", False) is refuted
     seen = detail["learning_rate"] if refuted else detail["suggestion"]
     assert adjuster.get_state()["range_test_rate"] == pytest.approx(seen)
