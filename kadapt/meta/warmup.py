@@ -1,14 +1,15 @@
 """`WarmStates`: the range test's steps below the run's starting rate, kept as its warm-up.
 
 The range test (`kadapt.find_learning_rate`) trains the model one step per
-rate from 1e-7 upward and then puts the state back: all its steps are
-charged to the run, ~90-100 of a 720-940-step run, and on held-out tasks that
-charge alone harmed well-set runs (> 1.05x their final loss without the
-adjuster) whose rate the test did not change. Yet the sweep's steps up to a
-rate `r` are an exponential warm-up to `r`: had the run trained them itself,
-at those rates, it would be in that state. So the state the sweep left below
-the rate the run starts from is kept, and those steps are the run's own
-training, not charged; only the sweep above it is.
+rate from 1e-7 upward and then puts the state back: ~90-100 steps of a
+720-940-step run undone. Yet the sweep's steps up to a rate `r` are an
+exponential warm-up to `r`: had the run trained them itself, at those rates,
+it would be in that state. With `RangeTestStart(warmup=True)` the state the
+sweep left below the rate the run starts from is kept, and those steps are
+the run's own training (in `iterations`), not undone; only the sweep above it
+is. Off by default: every step before `fit` counts toward the budget either
+way, so it adds no step at the live rate, and on the held-out task-seeds it
+harmed more well-set runs than it spared (docs/meta-model.md).
 
 The rate the run starts from is known only after the sweep (the judge's
 candidates are the live rate, the suggestion and between: never below both),
