@@ -90,12 +90,12 @@ class StartJudge:
 
     def __post_init__(self) -> None:
         check_range("margin", self.margin, low=0.0)
-        if not isinstance(self.refute, bool):
-            raise TypeError(f"Argument `refute` must be True or False. Received: refute={self.refute!r}")
         check_range("branch_steps", self.branch_steps, low=1, integer=True)
         check_range("held_batches", self.held_batches, low=1, integer=True)
         if self.blowup is not None:
             check_range("blowup", self.blowup, low=1.0, low_open=True)
+        if not isinstance(self.refute, bool):
+            raise TypeError(f"Argument `refute` must be True or False. Received: refute={self.refute!r}")
 
     def candidates(self, live: float, suggestion: float) -> tuple[float, ...]:
         """The rates to branch on, the live rate first (left out where it is not a usable rate)."""

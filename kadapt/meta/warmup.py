@@ -17,10 +17,10 @@ so the state is kept at a ladder of rates: every half decade below the live
 rate down to 1000x below it (mis-set rates are 30-1000x off), then every
 decade to the sweep's start (a diverging rate's suggestion may lie 3000x
 below it): at most twelve host copies of the weights and slots, beside the
-test's own, each the state after the sweep's last step at or below its rung. The run goes on from the
-latest of them whose step's rate is at or below `min(live, suggestion)` and
-after which the sweep ran a step without stopping (the state was not the one
-that blew up).
+test's own, each the state after the sweep's last step at or below its rung.
+The run goes on from the latest of them whose step's rate is at or below
+`min(live, suggestion)` and after which the sweep ran a step without stopping
+(the state was not the one that blew up).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class WarmStates:
     ```python
     warm = WarmStates(model, curve.sweep_rates(1e-7, 10.0, 100), live=0.01)
     result = kadapt.find_learning_rate(model, x, y, num_steps=100, on_step=warm.on_step)
-    steps, rate = warm.warmup(model, min(0.01, result.suggestion))  # e.g. 69 steps, up to 0.0084
+    steps, rate = warm.warmup(model, min(0.01, result.suggestion))  # steps kept, the last one's rate
     ```
     """
 
