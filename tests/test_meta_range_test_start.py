@@ -17,7 +17,9 @@ from kadapt.meta.actions import KEEP
 from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.evaluation import StopAfterSteps
 from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.start_judge import StartJudge
+from kadapt.meta.warmup import WarmStates
 from kadapt.range_test import curve
 from kadapt.range_test import find
 
@@ -40,9 +42,11 @@ def linear_model(learning_rate):
     return model
 
 
-def silent_adjuster(x, y, judge="always", **options):
-    """Acts only on the range test: its trigger never fires."""
-    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, **options)
+def silent_adjuster(x, y, judge="always", warmup=False, **options):
+    """Acts only on the range test: its trigger never fires. Without a warm-up unless asked: the
+    sweep's steps all undone and charged, as before it."""
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, warmup=warmup,
+                           **options)
     return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
                         trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
 
@@ -136,6 +140,35 @@ def test_the_candidates_are_the_live_rate_the_suggestion_and_between():
 ])
 def test_the_judge_keeps_the_live_rate_unless_a_candidate_gains_clearly_more(scores, chosen):
     assert StartJudge(margin=1.0).choose(0.1, 1.0, scores) == chosen
+
+
+@pytest.mark.parametrize("scores, chosen", [
+    ({0.1: 1.2, 0.01: 0.9, 1.0: 1.1}, None),  # the live rate rose 0.2, not blew up (< 2x); 0.01 gains only 0.1
+    ({0.1: 1.2, 0.01: 0.7, 1.0: 1.1}, 0.01),  # 0.01 gains 0.3, more than the live rate lost
+    ({0.1: 2.1, 0.01: 0.9, 1.0: 1.1}, 0.01),  # the live rate blew up (> 2x): any gain moves
+    ({0.1: 0.9, 0.01: 0.85, 1.0: 1.1}, None),  # the live rate gained: the rule without blowup (0.15 < 2 x 0.1)
+])
+def test_with_blowup_a_live_rate_that_rose_a_little_yields_only_to_a_larger_gain(scores, chosen):
+    assert StartJudge(margin=1.0, blowup=2.0).choose(0.1, 1.0, scores) == chosen
+    assert StartJudge(margin=1.0).choose(0.1, 1.0, {0.1: 1.2, 0.01: 0.9}) == 0.01  # without: any gain moves
+
+
+@pytest.mark.parametrize("scores, refuted", [
+    ({0.1: 0.5, 0.01: 0.9}, True),  # the live rate gains 0.5, the suggestion 0.1: more than 2x
+    ({0.1: 0.85, 0.01: 0.9}, False),  # 0.15 against 0.1: not 2x
+    ({0.1: 1.1, 0.01: 0.9}, False),  # the live rate lost: it refutes nothing
+    ({0.1: 0.9, 0.01: math.inf}, True),  # the suggestion diverged, the live rate gained
+    ({0.1: 0.9, 0.01: 1.2}, True),  # the suggestion lost, the live rate gained
+    ({0.1: 0.9}, False),  # the suggestion was not branched
+])
+def test_a_kept_live_rate_refutes_the_suggestion_only_when_its_gain_is_clearly_larger(scores, refuted):
+    assert StartJudge(margin=1.0, refute=True).refutes(0.1, 1.0, scores, 0.01) is refuted
+    assert StartJudge().refutes(0.1, 1.0, scores, 0.01) is False  # off by default
+
+
+def test_a_lower_blowup_treats_a_smaller_rise_as_divergence():
+    assert StartJudge(blowup=1.1).choose(0.1, 1.0, {0.1: 1.2, 0.01: 0.9}) == 0.01
+    assert StartJudge(blowup=2.0).choose(0.1, 1.0, {0.1: 1.2, 0.01: 0.9}) is None
 
 
 def test_without_a_live_rate_the_best_candidate_is_chosen():
@@ -238,7 +271,8 @@ def test_a_judged_start_moves_a_diverging_rate_and_goes_on_from_its_best_branch(
 def test_a_judged_start_keeps_a_well_set_rate_and_goes_on_from_its_branch(continue_branch):
     x, y = data()
     model = linear_model(0.1)
-    adjuster = silent_adjuster(x, y, judge="branches", continue_branch=continue_branch)
+    start_judge = StartJudge(refute=True)
+    adjuster = silent_adjuster(x, y, judge=start_judge, continue_branch=continue_branch)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
     (decision,) = adjuster.decisions
     assert decision["action"] == "keep" and "more than 2x the live rate's" in decision["range_test"]["why"]
@@ -253,6 +287,12 @@ def test_a_judged_start_keeps_a_well_set_rate_and_goes_on_from_its_branch(contin
                       callbacks=[StopAfterSteps(EPOCHS * ROWS // BATCH - charged)])
         np.testing.assert_array_equal(model.get_weights()[0], reference.get_weights()[0])
         return
+    # Where the live rate's branch refuted the reading, the meta-model sees the live rate as the test's.
+    scores = {b["learning_rate"]: b["held_loss"] for b in detail["branches"]}
+    refuted = start_judge.refutes(detail["learning_rate"], detail["held_loss"], scores, detail["suggestion"])
+    assert detail.get("suggestion_refuted", False) is refuted
+    seen = detail["learning_rate"] if refuted else detail["suggestion"]
+    assert adjuster.get_state()["range_test_rate"] == pytest.approx(seen)
     # The live branch's steps are the run's: only the test's and the other branches' are charged.
     assert charged == TEST_STEPS + steps * (candidates - 1) and detail["continued_from"] == pytest.approx(0.1)
     reference, reference_history = plain_fit_reference(0.1, x, y, steps, EPOCHS * ROWS // BATCH - charged - steps)
@@ -273,6 +313,88 @@ def test_a_judged_start_near_the_suggestion_runs_no_branch():
     assert "branches" not in decision["range_test"] and adjuster.get_state()["range_test_steps"] == TEST_STEPS
 
 
+def fixed_batches(x, y, count, order=None):
+    """`count` batches of BATCH rows in `order` (default: as they are), repeated: what a step trains on."""
+    index = np.resize(np.arange(ROWS) if order is None else order, count * BATCH).reshape(count, BATCH)
+    return [(x[rows], y[rows]) for rows in index]
+
+
+def numpy_sgd(weights, velocity, batches, rates, momentum=0.5):
+    """Closed-form SGD with momentum on the linear model's mean squared error: the oracle."""
+    for (batch_x, batch_y), rate in zip(batches, rates, strict=True):
+        gradient = 2 * batch_x.T @ (batch_x @ weights - batch_y) / len(batch_x)
+        velocity = momentum * velocity - rate * gradient
+        weights = weights + velocity
+    return weights, velocity
+
+
+def test_the_warmup_is_the_sweep_trained_up_to_the_rung_below_the_starting_rate():
+    x, y = data()
+    batches = fixed_batches(x, y, TEST_STEPS, np.random.default_rng(1).permutation(ROWS))
+    model = linear_model(0.1)
+    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9,
+                           warmup=True)
+    run = run_range_test(start, model, budget=EPOCHS * ROWS // BATCH)
+    detail = run.detail
+    assert run.action == "keep" and run.steps == TEST_STEPS and detail["suggestion"] < 0.01  # read below 0.1
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.1)
+    # States are kept at the sweep's last step at or below each rung 0.1 / sqrt(10)^j; the warm-up is
+    # the latest of them whose rate is at or below min(live, suggestion).
+    rates = 1e-7 * 1e8 ** (np.arange(TEST_STEPS) / (TEST_STEPS - 1))
+    live = float(model.optimizer.learning_rate.numpy())
+    rungs = [live / 10 ** (j / 2) for j in range(7)] + [live / 10 ** (3 + k) for k in range(1, 6)]
+    kept_at = {int(np.sum(rates <= rung)) - 1 for rung in rungs} - {-1}
+    steps = 1 + max(step for step in kept_at if rates[step] <= min(live, detail["suggestion"]))
+    assert 0 < steps < TEST_STEPS and detail["warmup_steps"] == run.kept == steps
+    assert detail["warmup_rate"] == pytest.approx(rates[steps - 1])
+    weights, velocity = numpy_sgd(np.full((3, 1), 0.2), np.zeros((3, 1)), batches[:steps], rates[:steps])
+    np.testing.assert_allclose(model.get_weights()[0], weights, rtol=1e-5)
+    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), velocity, rtol=1e-5, atol=1e-7)
+    assert int(model.optimizer.iterations.numpy()) == steps
+    assert float(model.optimizer.momentum.numpy()) == 0.5  # the optimizer's scalars are the run's
+
+
+def test_a_warmed_start_charges_only_the_sweep_above_it_and_trains_on_as_plain_fit():
+    x, y = data()
+    batches = fixed_batches(x, y, TEST_STEPS, np.random.default_rng(1).permutation(ROWS))
+    model = linear_model(0.1)
+    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9,
+                           warmup=True)
+    adjuster = MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
+                            trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
+    (decision,) = adjuster.decisions
+    warmed = decision["range_test"]["warmup_steps"]
+    charged = adjuster.get_state()["range_test_steps"]
+    assert charged == TEST_STEPS - warmed and warmed > 0
+    fit_steps = EPOCHS * ROWS // BATCH - TEST_STEPS
+    assert int(model.optimizer.iterations.numpy()) == warmed + fit_steps
+    # The oracle: the warm-up's batches at the sweep's rates, then fit's first batches at 0.1.
+    rates = 1e-7 * 1e8 ** (np.arange(TEST_STEPS) / (TEST_STEPS - 1))
+    weights, velocity = numpy_sgd(np.full((3, 1), 0.2), np.zeros((3, 1)), batches[:warmed], rates[:warmed])
+    weights, velocity = numpy_sgd(weights, velocity, fixed_batches(x, y, fit_steps), [0.1] * fit_steps)
+    np.testing.assert_allclose(model.get_weights()[0], weights, rtol=1e-4)
+    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), velocity, rtol=1e-4, atol=1e-6)
+
+
+def test_a_warm_state_is_kept_only_where_the_sweep_ran_on_after_it():
+    model = linear_model(0.1)
+    model.fit(*data(), batch_size=BATCH, epochs=1, verbose=0)  # built, with slots
+    rates = curve.sweep_rates(1e-7, 10.0, 16)  # 1e-7, 3.4e-7, ... rungs 0.2, 0.063, 0.02, ...
+    warm = WarmStates(model, rates, live=0.2)
+    rungs = [0.2 / 10 ** (j / 2) for j in range(7)] + [2e-4 / 10**k for k in range(1, 6)]  # down to 2e-9
+    assert warm.keep_at == {int(np.sum(rates <= rung)) - 1 for rung in rungs} - {-1}
+    for step in range(12):
+        warm.on_step(step, rates[step], 1.0)  # stopped at step 11 (its loss diverged)
+    top = max(warm.keep_at)
+    assert rates[top] <= 0.2 < rates[top + 1] and top == 11
+    steps, rung = warm.warmup(model, 0.2)  # the rung at 0.2 left the state that diverged next: not used
+    assert steps == max(s for s in warm.keep_at if s <= 12 - 3) + 1 and rung < 0.1
+    assert warm.warmup(model, 1e-8) == (0, None)  # below the sweep's first rate: nothing
+    assert WarmStates(model, rates, live=math.nan).keep_at == set()
+    assert WarmStates(model, rates, live=1e-8).keep_at == set()  # below the sweep: no state
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Argument `factor` must be"):
         RangeTestStart(np.zeros((4, 1)), factor=1.0)
@@ -282,8 +404,16 @@ def test_bad_arguments():
         RangeTestStart(np.zeros((4, 1)), judge="never")
     with pytest.raises(TypeError, match="Argument `continue_branch` must be True or False"):
         RangeTestStart(np.zeros((4, 1)), continue_branch="yes")
+    with pytest.raises(TypeError, match="Argument `warmup` must be True or False"):
+        RangeTestStart(np.zeros((4, 1)), warmup=1)
+    with pytest.raises(TypeError, match="Argument `on_step` must be a callable"):
+        kadapt.find_learning_rate(linear_model(0.1), *data(), num_steps=10, on_step=3)
     with pytest.raises(ValueError, match="Argument `margin` must be"):
         StartJudge(margin=-0.1)
+    with pytest.raises(ValueError, match="Argument `blowup` must be"):
+        StartJudge(blowup=1.0)
+    with pytest.raises(TypeError, match="Argument `refute` must be True or False"):
+        StartJudge(refute="no")
     with pytest.raises(TypeError, match="Argument `range_test` must be a kadapt.meta.RangeTestStart"):
         MetaAdjuster(constant_meta_model(KEEP), range_test=True)
 
