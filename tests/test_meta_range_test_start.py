@@ -17,9 +17,7 @@ from kadapt.meta.actions import KEEP
 from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.evaluation import StopAfterSteps
 from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.start_judge import StartJudge
-from kadapt.meta.warmup import WarmStates
 from kadapt.range_test import curve
 from kadapt.range_test import find
 
@@ -42,11 +40,9 @@ def linear_model(learning_rate):
     return model
 
 
-def silent_adjuster(x, y, judge="always", warmup=False, **options):
-    """Acts only on the range test: its trigger never fires. Without a warm-up unless asked: the
-    sweep's steps all undone and charged, as before it."""
-    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, warmup=warmup,
-                           **options)
+def silent_adjuster(x, y, judge="always", **options):
+    """Acts only on the range test: its trigger never fires."""
+    start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, **options)
     return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
                         trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
 
@@ -313,88 +309,6 @@ def test_a_judged_start_near_the_suggestion_runs_no_branch():
     assert "branches" not in decision["range_test"] and adjuster.get_state()["range_test_steps"] == TEST_STEPS
 
 
-def fixed_batches(x, y, count, order=None):
-    """`count` batches of BATCH rows in `order` (default: as they are), repeated: what a step trains on."""
-    index = np.resize(np.arange(ROWS) if order is None else order, count * BATCH).reshape(count, BATCH)
-    return [(x[rows], y[rows]) for rows in index]
-
-
-def numpy_sgd(weights, velocity, batches, rates, momentum=0.5):
-    """Closed-form SGD with momentum on the linear model's mean squared error: the oracle."""
-    for (batch_x, batch_y), rate in zip(batches, rates, strict=True):
-        gradient = 2 * batch_x.T @ (batch_x @ weights - batch_y) / len(batch_x)
-        velocity = momentum * velocity - rate * gradient
-        weights = weights + velocity
-    return weights, velocity
-
-
-def test_the_warmup_is_the_sweep_trained_up_to_the_rung_below_the_starting_rate():
-    x, y = data()
-    batches = fixed_batches(x, y, TEST_STEPS, np.random.default_rng(1).permutation(ROWS))
-    model = linear_model(0.1)
-    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9,
-                           warmup=True)
-    run = run_range_test(start, model, budget=EPOCHS * ROWS // BATCH)
-    detail = run.detail
-    assert run.action == "keep" and run.steps == TEST_STEPS and detail["suggestion"] < 0.01  # read below 0.1
-    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.1)
-    # States are kept at the sweep's last step at or below each rung 0.1 / sqrt(10)^j; the warm-up is
-    # the latest of them whose rate is at or below min(live, suggestion).
-    rates = 1e-7 * 1e8 ** (np.arange(TEST_STEPS) / (TEST_STEPS - 1))
-    live = float(model.optimizer.learning_rate.numpy())
-    rungs = [live / 10 ** (j / 2) for j in range(7)] + [live / 10 ** (3 + k) for k in range(1, 6)]
-    kept_at = {int(np.sum(rates <= rung)) - 1 for rung in rungs} - {-1}
-    steps = 1 + max(step for step in kept_at if rates[step] <= min(live, detail["suggestion"]))
-    assert 0 < steps < TEST_STEPS and detail["warmup_steps"] == run.kept == steps
-    assert detail["warmup_rate"] == pytest.approx(rates[steps - 1])
-    weights, velocity = numpy_sgd(np.full((3, 1), 0.2), np.zeros((3, 1)), batches[:steps], rates[:steps])
-    np.testing.assert_allclose(model.get_weights()[0], weights, rtol=1e-5)
-    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), velocity, rtol=1e-5, atol=1e-7)
-    assert int(model.optimizer.iterations.numpy()) == steps
-    assert float(model.optimizer.momentum.numpy()) == 0.5  # the optimizer's scalars are the run's
-
-
-def test_a_warmed_start_charges_only_the_sweep_above_it_and_trains_on_as_plain_fit():
-    x, y = data()
-    batches = fixed_batches(x, y, TEST_STEPS, np.random.default_rng(1).permutation(ROWS))
-    model = linear_model(0.1)
-    start = RangeTestStart((batch for batch in batches), max_steps=TEST_STEPS, judge="always", factor=1e9,
-                           warmup=True)
-    adjuster = MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
-                            trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[adjuster])
-    (decision,) = adjuster.decisions
-    warmed = decision["range_test"]["warmup_steps"]
-    charged = adjuster.get_state()["range_test_steps"]
-    assert charged == TEST_STEPS - warmed and warmed > 0
-    fit_steps = EPOCHS * ROWS // BATCH - TEST_STEPS
-    assert int(model.optimizer.iterations.numpy()) == warmed + fit_steps
-    # The oracle: the warm-up's batches at the sweep's rates, then fit's first batches at 0.1.
-    rates = 1e-7 * 1e8 ** (np.arange(TEST_STEPS) / (TEST_STEPS - 1))
-    weights, velocity = numpy_sgd(np.full((3, 1), 0.2), np.zeros((3, 1)), batches[:warmed], rates[:warmed])
-    weights, velocity = numpy_sgd(weights, velocity, fixed_batches(x, y, fit_steps), [0.1] * fit_steps)
-    np.testing.assert_allclose(model.get_weights()[0], weights, rtol=1e-4)
-    np.testing.assert_allclose(model.optimizer.variables[-1].numpy(), velocity, rtol=1e-4, atol=1e-6)
-
-
-def test_a_warm_state_is_kept_only_where_the_sweep_ran_on_after_it():
-    model = linear_model(0.1)
-    model.fit(*data(), batch_size=BATCH, epochs=1, verbose=0)  # built, with slots
-    rates = curve.sweep_rates(1e-7, 10.0, 16)  # 1e-7, 3.4e-7, ... rungs 0.2, 0.063, 0.02, ...
-    warm = WarmStates(model, rates, live=0.2)
-    rungs = [0.2 / 10 ** (j / 2) for j in range(7)] + [2e-4 / 10**k for k in range(1, 6)]  # down to 2e-9
-    assert warm.keep_at == {int(np.sum(rates <= rung)) - 1 for rung in rungs} - {-1}
-    for step in range(12):
-        warm.on_step(step, rates[step], 1.0)  # stopped at step 11 (its loss diverged)
-    top = max(warm.keep_at)
-    assert rates[top] <= 0.2 < rates[top + 1] and top == 11
-    steps, rung = warm.warmup(model, 0.2)  # the rung at 0.2 left the state that diverged next: not used
-    assert steps == max(s for s in warm.keep_at if s <= 12 - 3) + 1 and rung < 0.1
-    assert warm.warmup(model, 1e-8) == (0, None)  # below the sweep's first rate: nothing
-    assert WarmStates(model, rates, live=math.nan).keep_at == set()
-    assert WarmStates(model, rates, live=1e-8).keep_at == set()  # below the sweep: no state
-
-
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Argument `factor` must be"):
         RangeTestStart(np.zeros((4, 1)), factor=1.0)
@@ -404,10 +318,6 @@ def test_bad_arguments():
         RangeTestStart(np.zeros((4, 1)), judge="never")
     with pytest.raises(TypeError, match="Argument `continue_branch` must be True or False"):
         RangeTestStart(np.zeros((4, 1)), continue_branch="yes")
-    with pytest.raises(TypeError, match="Argument `warmup` must be True or False"):
-        RangeTestStart(np.zeros((4, 1)), warmup=1)
-    with pytest.raises(TypeError, match="Argument `on_step` must be a callable"):
-        kadapt.find_learning_rate(linear_model(0.1), *data(), num_steps=10, on_step=3)
     with pytest.raises(ValueError, match="Argument `margin` must be"):
         StartJudge(margin=-0.1)
     with pytest.raises(ValueError, match="Argument `blowup` must be"):

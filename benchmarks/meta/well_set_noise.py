@@ -3,7 +3,7 @@
 The meta_adjust figure "well-set runs harmed" counts runs at the grid-best
 rate whose final validation loss ends above 1.05x the run without the
 adjuster. A start that changes nothing but costs steps trains the same
-trajectory, shorter; one that keeps the sweep's warm-up or a branch trains
+trajectory, shorter; one that goes on from a branch trains
 other batches first. This script trains the plain run at the grid-best rate
 (constant and cosine, `kadapt.meta.evaluation`'s tasks): full; with its last
 `--cuts` steps cut (the cosine spans the full budget and stops early, as a

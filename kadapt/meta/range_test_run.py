@@ -19,13 +19,9 @@ import keras
 from kadapt.batching.training_state import restore
 from kadapt.meta import actions as action_lib
 from kadapt.meta.branch_trials import branch_scores
-from kadapt.meta.range_test_start import SWEEP_START
-from kadapt.meta.range_test_start import SWEEP_STOP
 from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.start_judge import SPREAD
-from kadapt.meta.warmup import WarmStates
 from kadapt.optimizers.live_variables import applied_learning_rate
-from kadapt.range_test import curve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +40,9 @@ class RangeTestRun:
             test did not run. Defaults to `None`.
         learning_rate: Float or `None`. The rate the optimizer applies now,
             where it was moved; `None` where it was kept. Defaults to `None`.
-        kept: Int. Of `steps`, those the run goes on from: the sweep's below
-            its starting rate (`RangeTestStart(warmup=True)`) and the chosen
-            branch's (`continue_branch=True`): trained, not undone, so not
-            charged. Defaults to `0`.
+        kept: Int. Of `steps`, those of the branch the run goes on from
+            (`RangeTestStart(continue_branch=True)`): trained, not undone, so
+            not charged. Defaults to `0`.
         continued_from: Float or `None`. The rate of the branch the run goes
             on from; `None` where the state before the branches was put back.
             Defaults to `None`.
@@ -81,30 +76,24 @@ def run_range_test(start: RangeTestStart, model: keras.Model, budget: int | None
     if num_steps is None:
         return RangeTestRun("keep", {"why": f"no room for a range test in a budget of {budget} steps"})
     live = applied_learning_rate(model.optimizer)
-    warm = WarmStates(model, curve.sweep_rates(SWEEP_START, SWEEP_STOP, num_steps), live) if start.warmup else None
     try:
-        result = start.run(model, num_steps, on_step=None if warm is None else warm.on_step)
+        result = start.run(model, num_steps)
     except ValueError as error:
         # A curve no rate can be read off: the test ran (up to num_steps), the rate stays.
-        warmed, detail = _warmup(warm, model, live)
-        return RangeTestRun("keep", {"why": str(error), "learning_rate": live, **detail}, num_steps, kept=warmed)
+        return RangeTestRun("keep", {"why": str(error), "learning_rate": live}, num_steps)
     steps, suggestion = result.steps_run, float(result.suggestion)
     detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
     settable = action_lib.can_adjust_learning_rate(model.optimizer)
-    # The run goes on from the sweep's state below the lowest rate it may start from (the judge's
-    # candidates are never below both the live rate and the suggestion).
-    warmed, warm_detail = _warmup(warm, model, min(live, suggestion) if live > 0 else suggestion)
-    detail.update(warm_detail)
-    kept = warmed  # steps the run goes on from: the warm-up's, and a continued branch's
+    kept = 0  # steps of a branch the run goes on from
     if start.judge is None:
         rate = start.choose(live, result.suggestion)
         why = f"within {start.factor:g}x of the suggestion"
     if not settable:
         rate, why = None, "the optimizer's rate cannot be set live"
     elif start.judge is not None:
-        rate, why, judged, branch_steps, branch_kept = _judge_start(start, model, live, result.suggestion, budget)
+        rate, why, judged, branch_steps, kept = _judge_start(start, model, live, result.suggestion, budget)
         detail.update(judged)
-        steps, kept = steps + branch_steps, kept + branch_kept
+        steps += branch_steps
     continued = detail.get("continued_from")
     if detail.get("suggestion_refuted"):  # the live rate beat it: the meta-model sees the live rate as the test's
         suggestion = live
@@ -156,14 +145,6 @@ def _judge_start(start, model, live, suggestion, budget):
         judged["continued_from"] = live if chosen is None else chosen
     why = f"no candidate's gain in held loss more than {1 + judge.margin:g}x the live rate's"
     return chosen, why, judged, steps * len(rates), 0 if end is None else steps
-
-
-def _warmup(warm, model, rate):
-    """Puts the model in the sweep's kept state below `rate`; the steps it holds, and what to log."""
-    if warm is None or not math.isfinite(rate):
-        return 0, {}
-    steps, rung = warm.warmup(model, rate)
-    return steps, ({"warmup_steps": steps, "warmup_rate": rung} if steps else {})
 
 
 def _json_number(value):

@@ -37,7 +37,6 @@ MIN_STEPS = 10  # kadapt.range_test.find's, which loads TensorFlow: imported whe
 BUDGET_SHARE = 0.5  # at most half the run's steps go to the test (and branches): at least half trains
 TEST_SHARE = BUDGET_SHARE - BRANCH_SHARE  # the judged test's most; shorter sweeps read worse (benchmarks/README)
 JUDGES = ("branches", "always")
-SWEEP_START, SWEEP_STOP = 1e-7, 10.0  # fastai's range
 HELD_SHARE = 0.25  # of the rows, at most, held out of the branches' training to score them
 
 
@@ -83,11 +82,6 @@ class RangeTestStart:
         continue_branch: Bool. With a judge of branches, whether the run goes
             on from the chosen rate's branch (`True`) or from the state before
             the branches, all their steps charged (`False`). Defaults to `True`.
-        warmup: Bool. Whether the run goes on from the state the test's
-            sweep left below the rate it starts from (`kadapt.meta.warmup`):
-            those steps are its warm-up, not charged; only the sweep above
-            them is. Measured worse on held-out well-set runs (docs/meta-model.md):
-            off unless asked. Defaults to `False`.
 
     Example:
 
@@ -100,8 +94,7 @@ class RangeTestStart:
 
     def __init__(self, x: Any, y: Any = None, batch_size: int | None = None, max_steps: int = 100,
                  factor: float = 3.0, rule: str = "valley", seed: int | None = None,
-                 judge: str | StartJudge = "branches", continue_branch: bool = True,
-                 warmup: bool = False) -> None:
+                 judge: str | StartJudge = "branches", continue_branch: bool = True) -> None:
         check_range("max_steps", max_steps, low=MIN_STEPS, integer=True)
         check_range("factor", factor, low=1.0, low_open=True)
         if rule not in curve.RULES:
@@ -115,9 +108,6 @@ class RangeTestStart:
             raise TypeError("Argument `continue_branch` must be True or False. "
                             f"Received: continue_branch={continue_branch!r}")
         self.continue_branch = continue_branch
-        if not isinstance(warmup, bool):
-            raise TypeError(f"Argument `warmup` must be True or False. Received: warmup={warmup!r}")
-        self.warmup = warmup
 
     def num_steps(self, budget: int | None) -> int | None:
         """Steps of the test for a run of `budget` steps (`None`: unknown); `None` if there is no room."""
@@ -125,9 +115,8 @@ class RangeTestStart:
         steps = self.max_steps if budget is None else min(self.max_steps, int(budget * share))
         return steps if steps >= MIN_STEPS else None
 
-    def run(self, model: keras.Model, num_steps: int, on_step: Any = None) -> Any:
-        """`kadapt.find_learning_rate` on `model` for `num_steps` (from `SWEEP_START` to
-        `SWEEP_STOP`, `on_step` called after each step); the model is left as it was.
+    def run(self, model: keras.Model, num_steps: int) -> Any:
+        """`kadapt.find_learning_rate` on `model` for `num_steps`; the model is left as it was.
 
         Raises:
             ValueError: the curve gives no rate (it never fell, or diverged
@@ -138,9 +127,8 @@ class RangeTestStart:
         x, y, batch_size = self.x, self.y, self.batch_size
         if _is_arrays(x):
             x, y, batch_size = _endless_batches(x, y, batch_size or DEFAULT_BATCH_SIZE, self.seed), None, None
-        return find_learning_rate(model, x, y, batch_size=batch_size, start=SWEEP_START, stop=SWEEP_STOP,
-                                  num_steps=num_steps, smoothing=curve.sweep_smoothing(num_steps), rule=self.rule,
-                                  on_step=on_step)
+        return find_learning_rate(model, x, y, batch_size=batch_size, num_steps=num_steps,
+                                  smoothing=curve.sweep_smoothing(num_steps), rule=self.rule)
 
     def branch_batches(self, num_train: int, num_held: int) -> tuple[list, list]:
         """`num_train` batches for every branch to train on and up to `num_held` to score it on,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -25,8 +24,7 @@ MIN_STEPS = 10  # a rule reads what is left after num_steps // 10 + 5 points are
 def find_learning_rate(model: keras.Model, x: Any, y: Any = None, *, batch_size: int | None = None,
                        start: float = 1e-7, stop: float = 10.0, num_steps: int = 100,
                        smoothing: float = 0.98, divergence: float = 4.0, rule: str = "valley",
-                       shuffle: bool = True,
-                       on_step: Callable[[int, float, float], None] | None = None) -> RangeTestResult:
+                       shuffle: bool = True) -> RangeTestResult:
     """Runs a learning-rate range test and suggests a rate.
 
     Trains the compiled model for up to `num_steps` steps, one batch each,
@@ -62,12 +60,6 @@ def find_learning_rate(model: keras.Model, x: Any, y: Any = None, *, batch_size:
             `"minimum/10"` (fastai's `minimum`). Defaults to `"valley"`.
         shuffle: Bool. Whether array rows are drawn in a random order.
             Defaults to `True`.
-        on_step: Callable or `None`. Called after each step of the sweep as
-            `on_step(step, rate, loss)` (the step's index from 0, the rate it
-            applied, its batch's loss), while the model holds the state that
-            step left, before the test puts the model back: e.g. to keep the
-            state after the steps below a rate (`kadapt.meta.warmup`).
-            Defaults to `None`.
 
     Returns:
         A `kadapt.RangeTestResult`.
@@ -86,8 +78,6 @@ def find_learning_rate(model: keras.Model, x: Any, y: Any = None, *, batch_size:
     ```
     """
     _check_arguments(model, start, stop, num_steps, smoothing, divergence, rule)
-    if on_step is not None and not callable(on_step):
-        raise TypeError(f"Argument `on_step` must be a callable or None. Received: on_step={on_step!r}")
     iterator, count = batches(x, y, batch_size, shuffle)
     _check_count(count, num_steps, x, batch_size)
     first = next(iterator, None)
@@ -99,7 +89,7 @@ def find_learning_rate(model: keras.Model, x: Any, y: Any = None, *, batch_size:
     try:
         with swept_rate(model, start, stop, num_steps) as set_rate:
             losses, diverged = _sweep(model, itertools.chain([first], iterator), rates, set_rate,
-                                      smoothing, divergence, on_step)
+                                      smoothing, divergence)
     finally:
         restore(saved)
     if len(losses) < num_steps and not diverged:
@@ -110,16 +100,14 @@ def find_learning_rate(model: keras.Model, x: Any, y: Any = None, *, batch_size:
     return _result(rates[:len(losses)], np.array(losses), smoothing, rule, num_steps, diverged)
 
 
-def _sweep(model, data, rates, set_rate, smoothing, divergence, on_step=None):
-    """Trains one step per rate (calling `on_step` after each); returns the losses and whether it diverged."""
+def _sweep(model, data, rates, set_rate, smoothing, divergence):
+    """Trains one step per rate; returns the losses and whether it diverged."""
     losses, average, best = [], 0.0, math.inf
     for step, (batch_x, batch_y, sample_weight) in zip(range(len(rates)), data):
         set_rate(float(rates[step]))
         logs = model.train_on_batch(batch_x, batch_y, sample_weight=sample_weight, return_dict=True)
         loss = float(logs["loss"])
         losses.append(loss)
-        if on_step is not None:
-            on_step(step, float(rates[step]), loss)
         average = smoothing * average + (1.0 - smoothing) * loss
         smoothed = average / (1.0 - smoothing ** (step + 1))
         best = min(best, smoothed)
