@@ -168,3 +168,18 @@ def kill_child_after_first_epoch(launcher, run, is_target, seconds):
     assert target is not None and launcher.poll() is None, "the run ended before its worker could be killed"
     os.kill(target, signal.SIGKILL)
     return time.monotonic()
+
+
+def assert_trained_alike(run, one, atol):
+    """The `kadapt train` run directories `run` and `one` hold the same history (loss, val_loss,
+    accuracy within 1e-5) and the same `model.keras` weights (within 1e-5 relative, `atol`)."""
+    import json
+
+    import kadapt
+
+    histories = [json.loads((path / "history.json").read_text()) for path in (run, one)]
+    for key in ("loss", "val_loss", "accuracy"):
+        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-5)
+    weights = [kadapt.load_model(path / "model.keras").get_weights() for path in (run, one)]
+    for got, want in zip(*weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)

@@ -34,6 +34,7 @@ def _is_process(index):
 
 
 def test_kadapt_train_on_two_jax_processes_resumes_after_a_killed_one_and_trains_as_one_process(tmp_path, monkeypatch):
+    from helpers import assert_trained_alike
     from helpers import epochs_done
     from helpers import kill_child_after_first_epoch
 
@@ -73,17 +74,11 @@ def test_kadapt_train_on_two_jax_processes_resumes_after_a_killed_one_and_trains
     assert len(others) == 2 and all((p / "run.json").is_file() for p in others)  # process 1 wrote to scratch
     # The same run in one process, uninterrupted (the plain command, in-process), trains the same model.
     from kadapt import cli
-    from kadapt import load_model
 
     one = tmp_path / "runs" / "one"
     monkeypatch.chdir(tmp_path)
     assert cli.main([*TRAIN, "--out", str(one)]) == 0
-    histories = [json.loads((path / "history.json").read_text()) for path in (run, one)]
-    for key in ("loss", "val_loss", "accuracy"):
-        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-5)
-    weights = [load_model(path / "model.keras").get_weights() for path in (run, one)]
-    for got, want in zip(*weights, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_trained_alike(run, one, atol=1e-5)
     scores = [json.loads((path / "run.json").read_text()) for path in (run, one)]
     np.testing.assert_allclose(scores[0]["test_loss"], scores[1]["test_loss"], rtol=1e-5)
 

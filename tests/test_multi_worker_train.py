@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 from multi_worker_oracle import JOB_TIMEOUT_SECONDS
 
 EPOCHS = 4
@@ -24,6 +22,7 @@ def _is_worker(index):
 
 
 def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as_one_process(tmp_path, monkeypatch):
+    from helpers import assert_trained_alike
     from helpers import epochs_done
     from helpers import kill_child_after_first_epoch
     from helpers import write_tiny_npz
@@ -67,14 +66,8 @@ def test_kadapt_train_on_two_workers_resumes_after_a_killed_worker_and_trains_as
     assert probe["micro_batch_size"] == json.loads((worker / "probe.json").read_text())["micro_batch_size"] <= 8
     # The same run in one process, uninterrupted (the plain command, in-process), trains the same model.
     from kadapt import cli
-    from kadapt import load_model
 
     one = tmp_path / "runs" / "one"
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", *command[command.index("--data"):command.index("--out")], "--out", str(one)]) == 0
-    histories = [json.loads((path / "history.json").read_text()) for path in (run, one)]
-    for key in ("loss", "val_loss", "accuracy"):
-        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-5)
-    weights = [load_model(path / "model.keras").get_weights() for path in (run, one)]
-    for got, want in zip(*weights, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert_trained_alike(run, one, atol=1e-6)
