@@ -56,7 +56,7 @@ def test_recovers_and_ends_with_the_full_batch_weights():
 
 
 @pytest.mark.parametrize("max_oom_retries", [0, 3])
-def test_a_fit_with_a_short_last_batch_traces_the_step_once(max_oom_retries):
+def test_a_fit_with_a_short_last_batch_traces_the_step_once(max_oom_retries, tmp_path):
     # 32 rows in batches of 12: 12, 12, 8. Keras traces its step once for the dataset's
     # spec (rows unknown); the accumulating step, fed each batch as a tensor, did twice.
     accumulated = kadapt.accumulate(_model(None), 4, max_oom_retries=max_oom_retries)
@@ -64,6 +64,13 @@ def test_a_fit_with_a_short_last_batch_traces_the_step_once(max_oom_retries):
     accumulated.fit(x, y, batch_size=12, epochs=2, verbose=0, shuffle=False)
     assert accumulated.train_function.compiles == 1
     assert int(accumulated.optimizer.iterations) == 6
+    # Another model built, saved and loaded in the process does not make the next fit trace again.
+    other = _model(None)
+    other.save(tmp_path / "other.keras")
+    keras.saving.load_model(tmp_path / "other.keras")
+    accumulated.fit(x, y, batch_size=12, epochs=1, verbose=0, shuffle=False)
+    assert accumulated.train_function.compiles == 1
+    assert int(accumulated.optimizer.iterations) == 9
 
 
 def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch):
