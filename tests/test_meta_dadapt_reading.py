@@ -102,6 +102,29 @@ def test_a_reading_on_a_model_matches_the_oracle_and_leaves_the_model_as_it_was(
         np.testing.assert_array_equal(value, variable.numpy())  # weights, velocities, momentum, iterations
 
 
+def test_a_reading_stops_where_the_loss_diverges_and_reads_the_estimate_before():
+    # One input scaled 3x: D-Adaptation's steps (momentum 0) overshoot it and the loss blows up.
+    x, _ = data()
+    y = (x @ TARGET[:, None]).astype("float32")
+    x = x * np.array([3.0, 1.0, 0.1], "float32")
+    model = linear_model(momentum=0.0)
+    reading = read_dadapt_rate(model, iter([(x[:BATCH], y[:BATCH])] * 60), 60)
+    # The oracle: closed-form loss and gradient, the range test's stop written out (beta 1 - 2/60).
+    beta, average, best = 1 - 2 / 60, 0.0, np.inf
+    oracle, losses = DAdaptation(np.full(3, 0.2)), []
+    for step in range(1, 61):
+        residual = x[:BATCH].astype(np.float64) @ oracle.x - y[:BATCH, 0]
+        average = beta * average + (1 - beta) * np.mean(residual**2)
+        best = min(best, average / (1 - beta**step))
+        if average / (1 - beta**step) > 4 * best:
+            break
+        losses.append(np.mean(residual**2))
+        oracle.step(mse_gradient(oracle.x, x[:BATCH], y[:BATCH]))
+    assert reading.diverged and reading.steps_run == len(losses) < 60
+    assert reading.suggestion == pytest.approx(oracle.rate(), rel=1e-4)
+    np.testing.assert_allclose(reading.losses, losses, rtol=1e-4)
+
+
 def test_a_judged_start_reading_dadapt_logs_the_reading_it_branched_on():
     x, y = data()
     model = linear_model(1e-4)

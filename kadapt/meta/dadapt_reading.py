@@ -46,6 +46,7 @@ from kadapt.batching.training_state import restore
 from kadapt.batching.training_state import state_variables
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.optimizers.sgd import SGD
+from kadapt.range_test import curve
 from kadapt.range_test.rate_control import swept_rate
 from kadapt.validation import check_range
 
@@ -130,7 +131,7 @@ class DAdaptReading:
         d: Float. The estimate of D at the end.
         gradient_norm: Float. ||g_0||, the first gradient's norm.
         losses: Tuple of floats. Each step's training loss.
-        diverged: Bool. Whether a loss turned non-finite (the reading is the last finite step's).
+        diverged: Bool. Whether the loss diverged (the reading is the estimate before it did).
     """
 
     suggestion: float
@@ -141,15 +142,21 @@ class DAdaptReading:
     diverged: bool
 
 
-def read_dadapt_rate(model: keras.Model, batches: Iterator[tuple], num_steps: int) -> DAdaptReading:
+def read_dadapt_rate(model: keras.Model, batches: Iterator[tuple], num_steps: int,
+                     divergence: float = 4.0) -> DAdaptReading:
     """Runs SGD with D-Adaptation on `model` for `num_steps` batches and reads its rate; the model is
     left as it was.
+
+    Like the range test, it stops where the loss (smoothed as `kadapt.range_test.curve`
+    smooths a sweep of `num_steps`) exceeds `divergence` times its best, or is not finite: d
+    keeps growing as a diverging run travels, so the reading is the estimate before that step.
 
     Args:
         model: A compiled, built `keras.Model` whose optimizer steps as SGD
             (`kadapt.optimizers.SGD`, or `keras.optimizers.SGD` without momentum).
         batches: Iterator of `(x, y)` or `(x, y, sample_weight)`: at least `num_steps`.
         num_steps: Int >= 1.
+        divergence: Float > 1. Defaults to `4.0` (`kadapt.find_learning_rate`'s).
 
     Returns:
         A `DAdaptReading`.
@@ -166,6 +173,7 @@ def read_dadapt_rate(model: keras.Model, batches: Iterator[tuple], num_steps: in
     ```
     """
     check_range("num_steps", num_steps, low=1, integer=True)
+    check_range("divergence", divergence, low=1.0, low_open=True)
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # a LossScaleOptimizer's
     momentum = _check_sgd(optimizer)
     batches = _built(model, optimizer, batches)  # so that the snapshot holds what the first step builds
@@ -173,7 +181,7 @@ def read_dadapt_rate(model: keras.Model, batches: Iterator[tuple], num_steps: in
     saved = host_snapshot(state_variables(model))
     weights = _flat(trainable)  # as the device holds them: the step's difference is taken in their precision
     estimate = DAdaptation(weights, momentum)
-    losses, taken = [], 0
+    losses, taken, watch = [], 0, _Divergence(curve.sweep_smoothing(num_steps), divergence)
     try:
         if momentum:
             optimizer.momentum = 0.0
@@ -182,7 +190,7 @@ def read_dadapt_rate(model: keras.Model, batches: Iterator[tuple], num_steps: in
                 set_rate(GRADIENT_RATE)
                 loss = float(model.train_on_batch(*batch, return_dict=True)["loss"])
                 gradient = (weights - _flat(trainable)) / GRADIENT_RATE
-                if not (math.isfinite(loss) and np.isfinite(gradient).all()):
+                if watch.diverged(loss) or not np.isfinite(gradient).all():
                     break
                 losses.append(loss)
                 weights = _assign(trainable, estimate.step(gradient))
@@ -195,6 +203,20 @@ def read_dadapt_rate(model: keras.Model, batches: Iterator[tuple], num_steps: in
         raise ValueError("D-Adaptation's first step gave a non-finite loss or gradient: no rate to read.")
     return DAdaptReading(estimate.rate(), len(losses), estimate.d, estimate.gradient_norm, tuple(losses),
                          diverged=len(losses) < num_steps)
+
+
+class _Divergence:
+    """The range test's stop: the debiased moving average of the loss above `factor` times its best."""
+
+    def __init__(self, beta, factor):
+        self.beta, self.factor, self.average, self.best, self.steps = beta, factor, 0.0, math.inf, 0
+
+    def diverged(self, loss):
+        self.steps += 1
+        self.average = self.beta * self.average + (1 - self.beta) * loss
+        smoothed = self.average / (1 - self.beta ** self.steps)
+        self.best = min(self.best, smoothed)
+        return not math.isfinite(smoothed) or smoothed > self.factor * self.best
 
 
 def _check_sgd(optimizer):
