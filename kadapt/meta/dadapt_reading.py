@@ -70,7 +70,7 @@ class DAdaptation:
     x = estimate.x
     for _ in range(50):
         x = estimate.step(2 * (x - np.array([3.0, 4.0])))   # the gradient of ||x - (3, 4)||^2
-    estimate.d   # grows toward ||x0 - x*|| = 5
+    estimate.d   # 4.34 after 50 steps; the distance ||x0 - x*|| is 5
     ```
     """
 

@@ -87,8 +87,10 @@ class RangeTestStart:
             weighs against the live one, in the same steps: the range test's
             curve (`rule`), or SGD with D-Adaptation run from the model's state
             (`kadapt.meta.dadapt_reading`; SGD optimizers only): its estimate
-            (1 - momentum) d / ||g_0||. Measured on the held-out tasks:
-            benchmarks/README.md#meta_adjust. Defaults to `"range_test"`.
+            (1 - momentum) d / ||g_0||. Measured worse on the held-out tasks
+            (it reads too high, and short branches take it: well-set runs
+            harmed 17/36 against 8/36; benchmarks/README.md#meta_adjust).
+            Defaults to `"range_test"`.
 
     Example:
 
