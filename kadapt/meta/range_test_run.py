@@ -83,8 +83,6 @@ def run_range_test(start: RangeTestStart, model: keras.Model, budget: int | None
         return RangeTestRun("keep", {"why": str(error), "learning_rate": live}, num_steps)
     steps, suggestion = result.steps_run, float(result.suggestion)
     detail = {"suggestion": result.suggestion, "steps_run": result.steps_run, "learning_rate": live}
-    if start.reading == "dadapt":
-        detail.update(reading="dadapt", d=result.d, gradient_norm=result.gradient_norm, diverged=result.diverged)
     settable = action_lib.can_adjust_learning_rate(model.optimizer)
     kept = 0  # steps of a branch the run goes on from
     if start.judge is None:

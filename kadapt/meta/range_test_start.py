@@ -37,7 +37,6 @@ MIN_STEPS = 10  # kadapt.range_test.find's, which loads TensorFlow: imported whe
 BUDGET_SHARE = 0.5  # at most half the run's steps go to the test (and branches): at least half trains
 TEST_SHARE = BUDGET_SHARE - BRANCH_SHARE  # the judged test's most; shorter sweeps read worse (benchmarks/README)
 JUDGES = ("branches", "always")
-READINGS = ("range_test", "dadapt")
 HELD_SHARE = 0.25  # of the rows, at most, held out of the branches' training to score them
 
 
@@ -83,14 +82,6 @@ class RangeTestStart:
         continue_branch: Bool. With a judge of branches, whether the run goes
             on from the chosen rate's branch (`True`) or from the state before
             the branches, all their steps charged (`False`). Defaults to `True`.
-        reading: `"range_test"` or `"dadapt"`. What reads the rate the judge
-            weighs against the live one, in the same steps: the range test's
-            curve (`rule`), or SGD with D-Adaptation run from the model's state
-            (`kadapt.meta.dadapt_reading`; SGD optimizers only): its estimate
-            (1 - momentum) d / ||g_0||. Measured worse on the held-out tasks
-            (it reads too high, and short branches take it: well-set runs
-            harmed 17/36 against 8/36; benchmarks/README.md#meta_adjust).
-            Defaults to `"range_test"`.
 
     Example:
 
@@ -103,8 +94,7 @@ class RangeTestStart:
 
     def __init__(self, x: Any, y: Any = None, batch_size: int | None = None, max_steps: int = 100,
                  factor: float = 3.0, rule: str = "valley", seed: int | None = None,
-                 judge: str | StartJudge = "branches", continue_branch: bool = True,
-                 reading: str = "range_test") -> None:
+                 judge: str | StartJudge = "branches", continue_branch: bool = True) -> None:
         check_range("max_steps", max_steps, low=MIN_STEPS, integer=True)
         check_range("factor", factor, low=1.0, low_open=True)
         if rule not in curve.RULES:
@@ -118,9 +108,6 @@ class RangeTestStart:
             raise TypeError("Argument `continue_branch` must be True or False. "
                             f"Received: continue_branch={continue_branch!r}")
         self.continue_branch = continue_branch
-        if reading not in READINGS:
-            raise ValueError(f"Argument `reading` must be one of {list(READINGS)}. Received: reading={reading!r}")
-        self.reading = reading
 
     def num_steps(self, budget: int | None) -> int | None:
         """Steps of the test for a run of `budget` steps (`None`: unknown); `None` if there is no room."""
@@ -129,25 +116,17 @@ class RangeTestStart:
         return steps if steps >= MIN_STEPS else None
 
     def run(self, model: keras.Model, num_steps: int) -> Any:
-        """`kadapt.find_learning_rate` (or, with `reading="dadapt"`,
-        `kadapt.meta.dadapt_reading.read_dadapt_rate`) on `model` for `num_steps`; the model is left
-        as it was. The result has the rate read (`suggestion`) and `steps_run`.
+        """`kadapt.find_learning_rate` on `model` for `num_steps`; the model is left as it was.
 
         Raises:
             ValueError: the curve gives no rate (it never fell, or diverged
                 too early), or the data ran out.
-            TypeError: `reading="dadapt"` and the optimizer is not SGD.
         """
+        from kadapt.range_test.find import find_learning_rate
+
         x, y, batch_size = self.x, self.y, self.batch_size
         if _is_arrays(x):
             x, y, batch_size = _endless_batches(x, y, batch_size or DEFAULT_BATCH_SIZE, self.seed), None, None
-        if self.reading == "dadapt":
-            from kadapt.meta.dadapt_reading import read_dadapt_rate
-            from kadapt.range_test.batches import batches
-
-            return read_dadapt_rate(model, batches(x, y, batch_size, shuffle=False)[0], num_steps)
-        from kadapt.range_test.find import find_learning_rate
-
         return find_learning_rate(model, x, y, batch_size=batch_size, num_steps=num_steps,
                                   smoothing=curve.sweep_smoothing(num_steps), rule=self.rule)
 
