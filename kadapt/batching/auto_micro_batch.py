@@ -224,7 +224,22 @@ def unmeasured_fallback(trials: Any, size: int, cap: int, checked: dict | None =
     (the measured sizes decide). Issue 44's net on an Intel Xeon: 40 rows
     fitted at 37.2-41.2 MiB of 48 in 4 probing processes of 24 and peaked
     at 49.1-57.8 MiB in the other 20; 32 rows trained at 42.3-42.4 MiB in
-    every process that shrank to them."""
+    every process that shrank to them.
+
+    Args:
+        trials: The probe's `ProbeTrial`s.
+        size: Int. The micro-batch the process trains with.
+        cap: Int. The logical batch (the fallback is a size it trains as).
+        checked: Dict `{str(size): peak bytes}` or `None`: steps checked
+            in earlier processes (a probe-cache entry's `"checked"`).
+            Defaults to `None`.
+
+    Example:
+
+    ```python
+    fallback = unmeasured_fallback(result.trials, model.micro_batch_size, 1024)
+    ```
+    """
     fallback = balanced_micro_batch(cap, math.ceil(FALLBACK * size))
     measured = {t.micro_batch_size for t in trials} | {int(m) for m in (checked or {})}
     if fallback >= size or not _jumped(trials, size) or any(fallback <= m < size for m in measured):
