@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from kadapt.batching.batch_plan import balanced_micro_batch
-from kadapt.batching.peak_search import FALLBACK
 from kadapt.batching.peak_search import MAX_TRIALS
 from kadapt.batching.peak_search import TYPICAL_TRIALS
 from kadapt.batching.peak_search import PeakSearch
@@ -74,10 +73,7 @@ def test_search_on_non_monotonic_curves_chooses_close_to_the_largest_that_fits(n
     assert any(t.micro_batch_size == chosen and t.fits for t in search.trials)
     assert curve(chosen) * max(STEADY) <= BUDGET
     assert chosen >= 0.85 * _largest_fitting(curve)
-    # A sixth trial only for the fallback: a size within FALLBACK x below the chosen one.
-    assert len(search.trials) <= TYPICAL_TRIALS + 1
-    if len(search.trials) > TYPICAL_TRIALS:
-        assert FALLBACK * chosen <= search.trials[-1].micro_batch_size < chosen
+    assert len(search.trials) <= TYPICAL_TRIALS  # no insurance trial after the choice
     assert all(t.micro_batch_size == trained(t.micro_batch_size) for t in search.trials)
 
 
@@ -87,9 +83,9 @@ def test_the_issue_curve_keeps_64_rows_after_69_jumps_over():
     search = PeakSearch(_runner(issue_curve), BUDGET, trained)
     assert search.largest(LOGICAL) == 64 == _largest_fitting(issue_curve)
     # 69 peaks 40% above the line through 16 and 64 (a jump): the search looks past it once.
-    # Then 52 (0.8 x 64), the fallback for a process where 64 overflows: a ragged split, over.
-    assert [t.micro_batch_size for t in search.trials] == [16, 64, 69, 74, 52]
-    assert [t.fits for t in search.trials] == [True, True, False, False, False]
+    # No fallback trial at 52 (0.8 x 64): a process where 64 overflows checks it there.
+    assert [t.micro_batch_size for t in search.trials] == [16, 64, 69, 74]
+    assert [t.fits for t in search.trials] == [True, True, False, False]
 
 
 def test_a_size_that_fits_is_kept_when_a_smaller_one_did_not():
@@ -174,38 +170,12 @@ def test_a_wide_spread_at_the_edge_is_kept_as_room_at_that_size():
     assert 16 < search.next_size(LOGICAL) < 34
 
 
-def test_the_choice_comes_with_a_measured_fallback_below_it():
-    # Measured on an Intel Xeon (benchmarks/README.md#probe): in one probing process 40 rows fitted at
-    # 39-41 MiB, 47 and 57 did not; no trial lay between 16 and 40. A fallback at 0.8 x 40 = 32
-    # rows (32 even micro-batches) is measured, and the choice stays 40.
-    mib = 2**20
-    steps = {16: (34.0, 34.0, 34.0), 64: (59.4, 59.4, 59.4), 40: (39.1, 40.5, 41.0), 57: (53.5, 60.5, 62.7),
-             47: (44.3, 48.9, 44.3), 32: (30.4, 30.3, 30.4)}
-
-    def runner(size):
-        peaks = tuple(int(p * mib) for p in steps[size])
-        return ProbeTrial(size, max(peaks), 1e-4, max(peaks) <= 48 * mib, peaks)
-
-    search = PeakSearch(runner, 48 * mib, trained)
-    search.trials = [runner(size) for size in (16, 64, 40, 57, 47)]
-    assert not search.has_room(40)  # 41.0 MiB of 48: 15% free
-    search.measure_fallback()
-    assert [t.micro_batch_size for t in search.trials][-1] == 32 and search.trials[-1].fits
-    assert search.chosen() == 40
-    search.measure_fallback()  # measured once
-    assert len(search.trials) == 6
-
-
-def test_a_jump_above_the_choice_is_known_and_asks_for_the_fallback():
+def test_a_jump_above_the_choice_is_known():
     search = PeakSearch(_runner(issue_curve), BUDGET, trained)
     assert search.largest(LOGICAL) == 64
     assert search.jumped_above(64) and not search.jumped_above(74)
     smooth = PeakSearch(_runner(lambda m: 10 * MB + 0.3 * MB * m), BUDGET, trained)
-    chosen = smooth.largest(LOGICAL)
-    assert not smooth.jumped_above(chosen)
-    count = len(smooth.trials)
-    smooth.measure_fallback()  # no jump: no fallback
-    assert len(smooth.trials) == count
+    assert not smooth.jumped_above(smooth.largest(LOGICAL))
 
 
 def test_bisection_takes_the_trained_size_nearest_the_middle():
@@ -242,22 +212,25 @@ def _measured_runner(steps, budget):
     return runner
 
 
-def test_a_choice_with_room_under_the_budget_runs_no_fallback():
-    # 128 rows peaked at 48.6 MiB of 64 (24% free): in every process measured a cached 128 fitted,
-    # and the fallback at 103 rows was a sixth trial that no process used.
+def test_a_choice_after_a_jump_runs_no_insurance_trial():
+    # small_cnn at 64 MiB: 128 rows at 48.6 MiB (24% free), 147 and 171 jumped above the line.
     budget = 64 * 2**20
     search = PeakSearch(_measured_runner(SMALL_CNN_STEPS, budget), budget, trained)
-    assert search.largest(LOGICAL) == 128
-    assert search.jumped_above(128) and search.has_room(128)
+    assert search.largest(LOGICAL) == 128 and search.jumped_above(128)
     assert [t.micro_batch_size for t in search.trials] == [16, 64, 128, 147, 171]
 
 
-def test_a_choice_near_the_budget_keeps_its_fallback():
-    # The same probe, simulated with 128 rows at 52.0 MiB of 64 (19% free) and 147 still 20%
-    # above the line: the fallback runs.
-    budget = 64 * 2**20
-    steps = {**SMALL_CNN_STEPS, 128: (52.0, 51.5, 52.0), 147: (70.1, 72.0, 74.9)}
-    search = PeakSearch(_measured_runner(steps, budget), budget, trained)
-    assert search.largest(LOGICAL) == 128
-    assert search.jumped_above(128) and not search.has_room(128)
-    assert [t.micro_batch_size for t in search.trials][-1] == 103 and search.trials[-1].fits
+# A probe of two_conv at 128 MiB with oneDNN off (the BFC allocator) on an Intel Xeon (MiB;
+# benchmarks/README.md#probe): 128 rows at 120.2 MiB (6% free), 147 and 171 far above the
+# line through 64 and 128. The cached 128s trained at 120.4-123.0 MiB in every process.
+BFC_STEPS = {16: (73.6, 71.8, 73.6), 64: (89.8, 89.8, 89.8), 128: (120.2, 120.2, 120.2),
+             147: (166.4, 166.4, 166.4), 171: (193.5, 193.5, 188.7), 103: (123.3, 123.2, 127.6)}
+
+
+def test_a_choice_near_the_budget_after_a_jump_takes_five_trials():
+    # The rule before ran a sixth trial at 103 (0.8 x 128) wherever the chosen size's trial left
+    # under 20% of the budget free; here it ran in 5 probes of 5 and no process used it.
+    budget = 128 * 2**20
+    search = PeakSearch(_measured_runner(BFC_STEPS, budget), budget, trained)
+    assert search.largest(LOGICAL) == 128 and search.jumped_above(128)
+    assert [t.micro_batch_size for t in search.trials] == [16, 64, 128, 147, 171]

@@ -10,6 +10,8 @@ import tensorflow as tf
 
 import kadapt
 from kadapt.batching import auto_micro_batch
+from kadapt.batching import probe
+from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel
 from kadapt.batching.peak_search import NOISE_SIGMAS
 from kadapt.batching.tensorflow.fit_trial import StepPeaks
@@ -141,3 +143,84 @@ def test_where_the_probe_saw_a_jump_the_shrink_takes_only_measured_sizes():
     assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials, True) == 32
     trials += ((52, 41.0 * mib),)  # a fallback that fitted: 41 + 6.6 x 52 / 64 = 46.4 MiB
     assert auto_micro_batch.size_after_first_step(64, int(54.0 * mib), 48 * mib, line, trials, True) == 52
+
+
+# Issue 44's net on an Intel Xeon, oneDNN on, 48 MiB (MiB; benchmarks/README.md#probe): a probe
+# that chose 40 rows (16+ 64x 40+ 57x 47x; nothing measured between 16 and 40), and one that
+# chose 64 (16+ 64+ 69x 74x). Their cached sizes peaked at 53.9 and 59.2 MiB in fresh processes;
+# 32 rows trained at 42.3-42.4 MiB wherever a process shrank to them, and 52 peaked at 46-52 MiB
+# in the probes that tried it.
+PROBE_40 = {16: (34.0, 34.0, 34.0), 64: (59.4, 59.4, 59.4), 40: (39.1, 40.5, 41.0),
+            57: (53.5, 60.5, 62.7), 47: (44.3, 48.9, 44.3)}
+PROBE_64 = {16: (34.0, 34.0, 34.0), 64: (47.4, 47.4, 47.4), 69: (60.2, 65.0, 65.8), 74: (70.9, 70.7, 67.9)}
+
+
+def _probe_trials(steps):
+    def trial(size, peaks):
+        step_peaks = tuple(int(p * MIB) for p in peaks)
+        return probe.ProbeTrial(size, max(step_peaks), 1e-4, max(step_peaks) <= 48 * MIB, step_peaks)
+
+    return [trial(size, peaks) for size, peaks in steps.items()]
+
+
+class _ScriptedModel:
+    """A model whose steps peak at `peaks[micro_batch_size]` MiB (no training)."""
+
+    def __init__(self, size, peaks, monkeypatch):
+        self.micro_batch_size, self.peaks, self.train_function = size, peaks, None
+        monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: None)
+        monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                            lambda device: {"peak": int(self.peaks[self.micro_batch_size] * MIB), "current": 0})
+
+    def make_train_function(self):
+        return lambda iterator: {}
+
+
+def _check(steps, size, peaks, monkeypatch):
+    """A cached `size` checked where it trains, and its cache entry's key."""
+    trials = _probe_trials(steps)
+    auto_micro_batch._write_cache("key", {"micro_batch_size": size, "probe": {"trials": []}})
+    fitting = auto_micro_batch._measured(trials)
+    line = MemoryModel.fit([m for m, _ in fitting[-2:]], [p for _, p in fitting[-2:]])
+    fallback = auto_micro_batch.unmeasured_fallback(trials, size, 1024)
+    model = _ScriptedModel(size, peaks, monkeypatch)
+    check = auto_micro_batch.FirstStepCheck(model, device_budget(48 * MIB), 1024, line, fitting,
+                                            auto_micro_batch._jumped(trials, size), fallback, "key")
+    model.train_function = check
+    return model, check
+
+
+def test_a_cached_size_that_overflows_falls_back_and_checks_the_fallbacks_steps(monkeypatch):
+    model, check = _check(PROBE_40, 40, {40: 53.9, 32: 42.4}, monkeypatch)
+    assert check.fallback == 32  # 0.8 x 40; the probe ran no trial for it
+    check(None)  # 53.9 MiB of 48: over
+    assert model.micro_batch_size == 32 and model.train_function is check  # still checking
+    check(None)
+    check(None)  # two steps at 32 within the budget: kept, and later processes start from it
+    assert model.micro_batch_size == check.shrunk_to == 32 and model.train_function is not check
+    assert check.steps == 3 and check.fallback_peak_bytes == int(42.4 * MIB)
+    assert auto_micro_batch._read_cache()["key"]["micro_batch_size"] == 32
+    # Without the fallback the shrink had only 16 measured: half of 40 (0.57 x the reference 35).
+    assert auto_micro_batch.size_after_first_step(40, int(53.9 * MIB), 48 * MIB, check.memory_model,
+                                                  check.trials, True) == 20
+
+
+def test_a_fallback_that_overflows_shrinks_to_the_measured_rule_and_is_remembered(monkeypatch):
+    model, check = _check(PROBE_64, 64, {64: 59.2, 52: 50.9, 32: 42.0}, monkeypatch)
+    assert check.fallback == 52
+    check(None)
+    check(None)  # 52 at 50.9 MiB: over; half of 64, 16 measured being smaller
+    assert model.micro_batch_size == check.shrunk_to == 32 and model.train_function is not check
+    entry = auto_micro_batch._read_cache()["key"]
+    assert entry["micro_batch_size"] == 64 and entry["checked"] == {"52": int(50.9 * MIB)}
+    # A later process where 64 overflows skips the fallback measured over the budget.
+    assert auto_micro_batch.unmeasured_fallback(_probe_trials(PROBE_64), 64, 1024, entry["checked"]) is None
+
+
+def test_no_fallback_without_a_jump_above_or_with_a_trial_near_below():
+    assert auto_micro_batch.unmeasured_fallback(_probe_trials(PROBE_40), 40, 1024) == 32
+    # A probe that chose 34 had 28 fitted (0.82 x 34): the measured sizes decide.
+    steps = {**PROBE_40, 40: (57.8, 50.0, 52.5), 28: (31.8, 31.9, 32.2), 34: (33.2, 31.9, 33.2)}
+    assert auto_micro_batch.unmeasured_fallback(_probe_trials(steps), 34, 1024) is None
+    smooth = {16: (20.0, 20.0, 20.0), 64: (32.0, 32.0, 32.0), 128: (49.0, 49.0, 49.0)}
+    assert auto_micro_batch.unmeasured_fallback(_probe_trials(smooth), 64, 1024) is None

@@ -12,8 +12,9 @@ largest micro-batch that fits by that rule (bisection, a fresh process per
 size, set by hand and split evenly as "auto" splits a logical batch: m
 trains as ceil(BATCH / ceil(BATCH / m)), which the table shows).
 
-Target (issue 44): every measured step after at most one shrink within the
-budget in all 10 processes; the size trained with >= 0.85x the reference in
+Target (issue 44): every measured step after the checked ones within the
+budget in all 10 processes (the first-step check reads 2 steps, and 2 more
+where it falls back to an unmeasured size); the size trained with >= 0.85x the reference in
 >= 9 of 10; <= 5 trials typical, <= 8 at most. For each model the largest
 plain-Keras batch that fits (no kadapt, no region, bisection over fresh
 processes) is shown beside it. Run it with oneDNN on (kadapt's default) and
@@ -45,7 +46,8 @@ from benchmark_models import conv_bn  # noqa: E402
 
 BATCH = 1024  # the logical batch, also the largest micro-batch worth having
 PROCESSES = int(os.environ.get("PROCESSES", 5))  # "auto" processes per model, and as many cached
-MEASURED_STEPS = 3
+# The first-step check reads 2 steps, and 2 more at a fallback it falls back to: 5 leave one judged.
+MEASURED_STEPS = 5
 TARGET_RATIO = 0.85
 MIB = 2**20
 
@@ -148,12 +150,15 @@ def train(index, micro_batch_size, cache_dir=None):
         trainer.fit(x, y, batch_size=BATCH, epochs=MEASURED_STEPS, shuffle=False, verbose=0, callbacks=[steps])
     except ValueError as error:  # the probe found no size within the budget
         return {"peaks": [], "budget": budget.bytes, "seconds": 0.0, "size": 0, "shrunk": False, "checked": 0,
+                "fallback": None,
                 "probed": None, "trials": 0, "compiles": 0, "sequence": f"raised: {error}"[:120]}
     check = getattr(trainer, "first_step_check", None)
     probed = trainer.probe_result
     return {"peaks": steps.peaks, "budget": budget.bytes, "seconds": time.perf_counter() - start,
             "size": trainer.micro_batch_size, "shrunk": check is not None and check.shrunk_to is not None,
             "checked": 0 if check is None else check.steps,
+            "fallback": None if check is None or check.fallback_peak_bytes is None else
+            (check.fallback, check.fallback_peak_bytes),
             "probed": None if probed is None else probed.micro_batch_size,
             "trials": 0 if probed is None else len(probed.trials),
             "compiles": 0 if probed is None else probed.compiles,
@@ -237,7 +242,10 @@ def report(name, budget_text, truth, probing, cached, plain):
         for row in rows:
             peaks = " ".join(f"{p / MIB:.1f}" for p in row["peaks"])
             origin = (f"probed {row['probed']} in {row['trials']} trials, {row['compiles']} compiles"
-                      if row["probed"] else "from the cache")
+                      if row["probed"] else "from the cache, 0 trials")
+            if row.get("fallback"):
+                size, peak = row["fallback"]
+                origin += f", steps at the unmeasured fallback {size}: {peak / MIB:.1f} MiB"
             print(f"{'':22s}{kind:>7s} {row['size']:5d} = {row['size'] / truth:4.2f}x, "
                   f"{row['size'] / plain:4.2f}x plain ({origin}"
                   f"{', SHRUNK after step 1' if row['shrunk'] else ''}; {row['seconds']:.1f} s), steps "
@@ -247,9 +255,12 @@ def report(name, budget_text, truth, probing, cached, plain):
     near = sum(row["size"] >= TARGET_RATIO * truth for row in rows)
     most_trials = max(row["trials"] for row in probing)
     typical = int(np.median([row["trials"] for row in probing]))
+    cached_trials = sum(row["trials"] for row in cached)  # a cached process runs none: it checks its steps
     met = fitting == len(rows) and near >= len(rows) - 1 and typical <= 5 and most_trials <= 8
     print(f"{'':22s}fits {fitting}/{len(rows)}, shrunk {sum(r['shrunk'] for r in rows)}/{len(rows)}, "
-          f">= {TARGET_RATIO}x in {near}/{len(rows)}, trials {typical} typical, {most_trials} at most: "
+          f">= {TARGET_RATIO}x in {near}/{len(rows)}, trials {typical} typical, {most_trials} at most "
+          f"({cached_trials} in the cached processes; steps at an unmeasured fallback in "
+          f"{sum(bool(r.get('fallback')) for r in rows)}/{len(rows)}): "
           f"target {'met' if met else 'NOT met'}", flush=True)
 
 

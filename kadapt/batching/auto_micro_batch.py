@@ -43,6 +43,19 @@ MIB = 2**20
 # prefetch buffers while it runs (measured on the CPU: 16 then 20.5 MiB held
 # before a step of 128 rows of 32x32x3). The check reads both.
 CHECKED_STEPS = 2
+# Where a cached size overflows, the probe saw a size above it fail by a jump
+# and measured nothing within this fraction below it, the check falls back to
+# this fraction of the size and checks those steps too: the measured shrink
+# has nothing near the size (issue 44's net on an Intel Xeon: a cached 40
+# with no trial between 16 and 40 shrank to 20, 20, 26 in fresh processes;
+# 32 rows trained at 42.3-42.4 MiB of 48 in every process that shrank to
+# them). The probe used to run this fallback as a trial wherever the chosen
+# size's trial left under 20% of the budget free: with oneDNN off (BFC
+# allocator) two_conv's 128 rows at 128 MiB left 13-16% free and fitted in
+# every cached process, and the trial at 103 ran in all five probes for
+# nothing (benchmarks/README.md#probe). Measured where it trains, the
+# fallback costs nothing where the size fits.
+FALLBACK = 0.8
 
 
 def cache_path() -> Path:
@@ -64,7 +77,9 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         model.micro_batch_size = cached["micro_batch_size"]
         logger.info("micro_batch_size=%d from the probe cache", model.micro_batch_size)
         memory_model, trials = _cached_memory_model(cached), _cached_trials(cached)
-        jumped = _jumped(_cached_probe_trials(cached), model.micro_batch_size)
+        probe_trials = _cached_probe_trials(cached)
+        jumped = _jumped(probe_trials, model.micro_batch_size)
+        fallback = unmeasured_fallback(probe_trials, model.micro_batch_size, cap, cached.get("checked", {}))
     else:
         result = micro_batch_probe.probe_micro_batch(model, data, model.memory_budget,
                                                      max_micro_batch_size=cap, logical_batch_size=cap)
@@ -79,18 +94,19 @@ def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int
         )
         memory_model, trials = result.memory_model, _measured(result.trials)
         jumped = _jumped(result.trials, model.micro_batch_size)
+        fallback = unmeasured_fallback(result.trials, model.micro_batch_size, cap)
     if model.distribute_strategy.num_replicas_in_sync > 1:
         return  # replicas and workers must agree on one size: only OOM recovery changes theirs
     if not allocator_statistics_available(budget.device):
         logger.warning("micro_batch_size=%d is not checked on the first step: %s keeps no allocator "
                        "statistics", model.micro_batch_size, budget.device)
         return
-    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model, trials, jumped)
+    model.first_step_check = FirstStepCheck(model, budget, cap, memory_model, trials, jumped, fallback, key)
     model.train_function = model.first_step_check
 
 
 class FirstStepCheck:
-    """The train function of the first step after `"auto"` chose a size.
+    """The train function of the first steps after `"auto"` chose a size.
 
     A size is judged where the model trains with it: a cached size was
     measured in another process, whose allocator layout can sit 15-20%
@@ -98,19 +114,34 @@ class FirstStepCheck:
     logical batch, prefetched input). This runs the first CHECKED_STEPS
     steps, reads their peak and, over the budget, sets the size
     `size_after_first_step` re-solves before the next step; then it hands
-    the model back its own train function. `peak_bytes` and `shrunk_to` record what it saw.
+    the model back its own train function. Where the probe saw a size
+    above fail by a jump and measured nothing within FALLBACK x below the
+    size (`fallback`, from `unmeasured_fallback`), an overflow shrinks to
+    that fallback instead and checks CHECKED_STEPS more steps there: the
+    fallback trial the probe no longer runs, measured by this process's
+    own steps and only where the size overflowed. Within the budget, the
+    fallback is written to the probe cache under `key` (later processes
+    start from it); over it, the size shrinks once more, to
+    `size_after_first_step`'s measured sizes or half, and the cache
+    records the fallback's peak (later processes skip it).
+    `peak_bytes` (at the first size), `fallback_peak_bytes` and
+    `shrunk_to` record what it saw; `steps` counts the steps checked.
     `trials`: the probe's `(micro_batch_size, mean peak bytes)` of the
     trials that fitted; `jumped`: a size above the chosen one failed by a
     jump in the probe (`PeakSearch.jumped_above`).
     """
 
     def __init__(self, model: keras.Model, budget: MemoryBudget, cap: int,
-                 memory_model: MemoryModel | None, trials: tuple = (), jumped: bool = False) -> None:
+                 memory_model: MemoryModel | None, trials: tuple = (), jumped: bool = False,
+                 fallback: int | None = None, key: str | None = None) -> None:
         self.model, self.budget, self.cap = model, budget, cap
         self.memory_model, self.trials, self.jumped = memory_model, trials, jumped
+        self.fallback, self.key = fallback, key
         self.train_function = model.make_train_function()
-        self.peak_bytes = self.shrunk_to = None
-        self.steps = 0
+        self.peak_bytes = self.shrunk_to = self.fallback_peak_bytes = None
+        self.started = model.micro_batch_size
+        self.steps = self.fallback_steps = 0
+        self.on_fallback = False
 
     def __call__(self, iterator: Any) -> Any:
         import tensorflow as tf  # the TensorFlow backend's check (JAX plans instead)
@@ -119,23 +150,101 @@ class FirstStepCheck:
         tf.config.experimental.reset_memory_stats(device)
         logs = self.train_function(iterator)
         peak = tf.config.experimental.get_memory_info(device)["peak"]
-        self.peak_bytes, self.steps = max(peak, self.peak_bytes or 0), self.steps + 1
+        self.steps += 1
+        if self.on_fallback:
+            self.check_fallback(peak)
+            return logs
+        self.peak_bytes = max(peak, self.peak_bytes or 0)
         size = self.model.micro_batch_size
         smaller = size_after_first_step(size, self.peak_bytes, self.budget.bytes, self.memory_model,
                                         self.trials, self.jumped)
         if smaller == size and self.steps < CHECKED_STEPS:
             return logs
-        self.model.train_function = self.train_function
         if smaller == size:
+            self.model.train_function = self.train_function
             logger.info("first steps at micro_batch_size=%d peaked at %.1f MiB, within the budget (%.1f MiB)",
                         size, self.peak_bytes / MIB, self.budget.bytes / MIB)
             return logs
+        if self.fallback is not None:
+            self.on_fallback = True
+            self.shrunk_to = self.model.micro_batch_size = self.fallback
+            logger.warning("first step at micro_batch_size=%d peaked at %.1f MiB, over the budget (%.1f MiB): "
+                           "micro_batch_size=%d (unmeasured, checked) from the next step", size,
+                           self.peak_bytes / MIB, self.budget.bytes / MIB, self.fallback)
+            return logs
+        self.shrink(smaller)
+        return logs
+
+    def check_fallback(self, peak: int) -> None:
+        """Judges a step at the fallback: over the budget, shrinks once more;
+        after CHECKED_STEPS within it, keeps it and writes it to the cache."""
+        self.fallback_peak_bytes = max(peak, self.fallback_peak_bytes or 0)
+        self.fallback_steps += 1
+        if self.fallback_peak_bytes > self.budget.bytes:
+            self.record({"checked": {str(self.fallback): self.fallback_peak_bytes}})
+            # What the shrink from the first size takes without a fallback: measured sizes or half.
+            smaller = size_after_first_step(self.started, self.peak_bytes, self.budget.bytes, self.memory_model,
+                                            self.trials, self.jumped)
+            self.shrink(min(smaller, self.fallback - 1))
+        elif self.fallback_steps >= CHECKED_STEPS:
+            self.model.train_function = self.train_function
+            self.record({"micro_batch_size": self.fallback,
+                         "checked": {str(self.fallback): self.fallback_peak_bytes}})
+            logger.info("steps at the fallback micro_batch_size=%d peaked at %.1f MiB, within the budget "
+                        "(%.1f MiB)", self.fallback, self.fallback_peak_bytes / MIB, self.budget.bytes / MIB)
+
+    def shrink(self, smaller: int) -> None:
+        """Hands the model back its train function at `smaller` rows (split evenly)."""
+        self.model.train_function = self.train_function
+        size = self.model.micro_batch_size
         self.shrunk_to = balanced_micro_batch(self.cap, smaller)
-        logger.warning("first step at micro_batch_size=%d peaked at %.1f MiB, over the budget (%.1f MiB): "
-                       "micro_batch_size=%d from the next step", size, self.peak_bytes / MIB,
+        logger.warning("step at micro_batch_size=%d peaked at %.1f MiB, over the budget (%.1f MiB): "
+                       "micro_batch_size=%d from the next step", size,
+                       max(self.peak_bytes, self.fallback_peak_bytes or 0) / MIB,
                        self.budget.bytes / MIB, self.shrunk_to)
         self.model.micro_batch_size = self.shrunk_to
-        return logs
+
+    def record(self, update: dict) -> None:
+        """Merges `update` into this key's probe-cache entry (`checked` merged
+        size by size), where there is one."""
+        entry = _read_cache().get(self.key) if self.key else None
+        if entry is None:
+            return
+        checked = {**entry.get("checked", {}), **update.get("checked", {})}
+        _write_cache(self.key, {**entry, **update, "checked": checked})
+
+
+def unmeasured_fallback(trials: Any, size: int, cap: int, checked: dict | None = None) -> int | None:
+    """The size FirstStepCheck falls back to where `size` overflows: FALLBACK
+    x `size` (as `cap` rows train it), where a size above `size` failed by a
+    jump among the probe's `trials` (peaks that jump with the size jump with
+    the process, and no line foretells an unmeasured size) and nothing lies
+    measured in [fallback, `size`): no trial, and no earlier process's
+    checked steps (`checked`: the cache's `{size: peak}`). Else `None`
+    (the measured sizes decide). Issue 44's net on an Intel Xeon: 40 rows
+    fitted at 37.2-41.2 MiB of 48 in 4 probing processes of 24 and peaked
+    at 49.1-57.8 MiB in the other 20; 32 rows trained at 42.3-42.4 MiB in
+    every process that shrank to them.
+
+    Args:
+        trials: The probe's `ProbeTrial`s.
+        size: Int. The micro-batch the process trains with.
+        cap: Int. The logical batch (the fallback is a size it trains as).
+        checked: Dict `{str(size): peak bytes}` or `None`: steps checked
+            in earlier processes (a probe-cache entry's `"checked"`).
+            Defaults to `None`.
+
+    Example:
+
+    ```python
+    fallback = unmeasured_fallback(result.trials, model.micro_batch_size, 1024)
+    ```
+    """
+    fallback = balanced_micro_batch(cap, math.ceil(FALLBACK * size))
+    measured = {t.micro_batch_size for t in trials} | {int(m) for m in (checked or {})}
+    if fallback >= size or not _jumped(trials, size) or any(fallback <= m < size for m in measured):
+        return None
+    return fallback
 
 
 def size_after_first_step(size: int, peak_bytes: int, budget_bytes: int,

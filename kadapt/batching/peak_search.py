@@ -13,10 +13,12 @@ deviations (of the fitting trials within NEIGHBOURS x of that size) fits too. Th
 peak = a + b * m through the two largest fitting trials only proposes where
 to look next; a size that fits is never dropped because a smaller one did
 not, and the search looks only between the largest size chosen so far and
-the smallest tried above it that was not. Where a larger size failed by a
-jump and the chosen size's trial left under FALLBACK_ROOM of the budget
-free, the choice comes with a trial within FALLBACK x below it, for the
-first-step check of a process where the chosen size overflows. Typically five trials, at most eight; it
+the smallest tried above it that was not. The search runs no trial
+to insure the choice: a size that overflows in another process (peaks
+that jump with the size jump with the process too) is caught by the
+first-step check there, which falls back to 0.8 x the size and checks
+those steps (`kadapt.batching.auto_micro_batch.FirstStepCheck`); that
+fallback is measured only where it is needed. Typically five trials, at most eight; it
 never returns a size it did not run.
 """
 
@@ -50,23 +52,6 @@ JUMP = 0.15
 # size far above took a steady size's room (an AMD run of issue 44's net chose
 # 28 rows twice where 34 had fitted).
 NEIGHBOURS = 1.25
-# The chosen size comes with a measured size within this fraction below it
-# (one more trial where none is): a size cached from this process can
-# overflow in another, and the first-step check there shrinks to a measured
-# size, not down a line. Issue 44's net on an Intel Xeon: probes that chose 40
-# rows with no trial between 16 and 40 had their cached 40 shrink to 20, 20, 26
-# in fresh processes; 32 rows peaked at 30.4 MiB in such a probe and trained
-# at 42.3-42.4 MiB of 48 in every process that shrank to it.
-FALLBACK = 0.8
-# ... and only where the chosen size's own trial left less than this share of
-# the budget free at its highest step: a cached size with more room fitted in
-# every process measured, and there the fallback was a trial spent for nothing.
-# Set between the two cases measured on an Intel Xeon (benchmarks/README.md#probe):
-# small_cnn's 128 rows peaked at 48.6 MiB of 64 (24% free) in the probes that
-# saw a jump above it and fitted in every cached process; issue 44's 40 rows
-# fitted at 37.2-41.2 MiB of 48 (14-23% free) in 4 probing processes of 24
-# and peaked at 49.1-57.8 MiB in the other 20.
-FALLBACK_ROOM = 0.2
 
 
 class PeakSearch:
@@ -113,31 +98,7 @@ class PeakSearch:
             if size is None:
                 break
             self.run(size)
-        self.measure_fallback()
         return self.chosen()
-
-    def measure_fallback(self) -> None:
-        """Runs FALLBACK x the chosen size where a size above it failed by a
-        jump (peaks that jump with the size jump with the process too, so
-        the chosen size's trial does not foretell another process's step),
-        the chosen size's highest step left under FALLBACK_ROOM of the
-        budget free, no fitting trial lies in [FALLBACK x chosen, chosen)
-        and trials remain: what the first-step check elsewhere shrinks to
-        when the chosen size overflows there. It does not change the choice."""
-        chosen = self.chosen()
-        floor = math.ceil(FALLBACK * chosen)
-        if (not self.jumped_above(chosen) or self.has_room(chosen) or len(self.trials) >= MAX_TRIALS
-                or any(floor <= t.micro_batch_size < chosen and t.fits for t in self.trials)):
-            return
-        size = self.trained_size(floor)
-        if size < chosen:
-            self.try_size(size)
-
-    def has_room(self, size: int) -> bool:
-        """Whether the highest step of the trial at `size` left at least
-        FALLBACK_ROOM of the budget free."""
-        trial = next(t for t in self.trials if t.micro_batch_size == size)
-        return trial.peak_bytes is not None and trial.peak_bytes <= (1 - FALLBACK_ROOM) * self.budget_bytes
 
     def jumped_above(self, size: int) -> bool:
         """Whether a size above `size` failed by a jump (JUMP above the line
