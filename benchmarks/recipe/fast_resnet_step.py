@@ -44,7 +44,7 @@ def build(combination, images, seed=0):
         model = recipe.recipe_network(FastFitConfig(), images, 10)
     finally:
         module._combination = CURRENT
-    return recipe.compile_recipe(model, FastFitConfig(), 1000)
+    return recipe.compile_recipe(model, FastFitConfig(optimizer="sgd"), 1000)  # the recipe's for fast_resnet
 
 
 def synthetic_batch(batch):
