@@ -35,7 +35,7 @@ def build(images, policy="float32", jit_compile=False):
     with global_policy(policy):
         keras.utils.set_random_seed(0)
         model = recipe.recipe_network(FastFitConfig(), images, 10)
-    model = recipe.compile_recipe(model, FastFitConfig(), 1000)
+    model = recipe.compile_recipe(model, FastFitConfig(optimizer="sgd"), 1000)  # the recipe's for fast_resnet
     model.jit_compile = jit_compile
     return model
 
