@@ -1,5 +1,5 @@
 """The timing every side-by-side benchmark shares: arms alternated round by round in one process,
-each arm's median step time, and its ratio to a base arm.
+each arm's median step time, and its ratio to a base arm; wall and CPU seconds of a call.
 
 A script in a subfolder puts benchmarks/ on its path first:
 
@@ -10,6 +10,14 @@ A script in a subfolder puts benchmarks/ on its path first:
 import time
 
 import numpy as np
+
+
+def timed(run):
+    """`(run(), wall seconds, CPU seconds)`: the CPU seconds of every thread of this process
+    (`time.process_time`), which other processes on the host change far less than the wall time."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = run()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def step_seconds(model, x, y, steps):

@@ -10,13 +10,12 @@ from the step where the two overlap.
 
 import argparse
 import os
-import resource
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import timed  # noqa: E402
 from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()
@@ -28,18 +27,6 @@ from kadapt.recipes import training as recipe  # noqa: E402
 from kadapt.recipes.config import FastFitConfig  # noqa: E402
 
 ROWS = 54_000  # kadapt train's training rows (the last 6,000 of 60,000 validate)
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def timed(run) -> tuple[float, float]:
-    """`(wall seconds, CPU seconds)` of `run()`."""
-    wall, cpu = time.perf_counter(), cpu_seconds()
-    run()
-    return time.perf_counter() - wall, cpu_seconds() - cpu
 
 
 def main():
@@ -69,9 +56,9 @@ def main():
 
     rows = {"batches only": [], "batches + augmentation": [], "training step": []}
     for _ in range(args.rounds):
-        rows["batches only"].append(timed(epoch(False)))
-        rows["batches + augmentation"].append(timed(epoch(True)))
-        wall, cpu = timed(train)
+        rows["batches only"].append(timed(epoch(False))[1:])
+        rows["batches + augmentation"].append(timed(epoch(True))[1:])
+        _, wall, cpu = timed(train)
         rows["training step"].append((wall * steps / args.steps, cpu * steps / args.steps))
     print(f"per epoch of {ROWS} rows in batches of {args.batch} ({steps} steps), medians of {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")

@@ -18,12 +18,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import step_seconds  # noqa: E402
+from harness import timed  # noqa: E402
 from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
@@ -88,10 +88,9 @@ def run_variant(name, seed, data):
     overrides, epochs, batch_size = VARIANTS[name]
     config = FastFitConfig(**overrides)
     x, y, x_val, y_val = data
-    load_before, wall, cpu = os.getloadavg(), time.perf_counter(), time.process_time()
-    model = fast_fit(x, y, validation_data=(x_val, y_val), epochs=epochs, batch_size=batch_size,
-                     config=config, seed=seed)
-    train_wall, train_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    load_before = os.getloadavg()
+    model, train_wall, train_cpu = timed(lambda: fast_fit(x, y, validation_data=(x_val, y_val), epochs=epochs,
+                                                          batch_size=batch_size, config=config, seed=seed))
     return {
         "variant": name, "seed": seed, "epochs": epochs, "batch_size": batch_size,
         "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()},
