@@ -150,7 +150,7 @@ class AdjustmentRunner:
         reading = read_model(self.model)
         observation = self._observation(loss, val_loss, progress, reading)
         self.history.observe(observation)
-        finite = _finite(loss) and _finite(watched) and bool(np.all(np.isfinite(observation.weights)))
+        finite = _finite(loss) and _finite(watched) and self.history.weights_finite
         reason = self.agreement.reason(self.trigger.update(watched if finite else math.nan))
         adjustment, self.policy_state = self.policy.decide(
             self.policy_state, self.history.window(), reason, self.rates[0],

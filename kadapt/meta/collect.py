@@ -363,7 +363,7 @@ class TaskRun:
         observation = observe_model(self.model, self.step, float(loss), val_loss,
                                     min(self.step / self.total_steps, 1.0), self.total_steps, self.range_test_rate)
         history.observe(observation)
-        finite = math.isfinite(loss) and math.isfinite(val_loss) and bool(np.all(np.isfinite(observation.weights)))
+        finite = math.isfinite(loss) and math.isfinite(val_loss) and history.weights_finite
         if finite and history is self.history:
             self.last_good = Snapshot.take(self.model, self.batches, self.step, val_loss)
         return finite
