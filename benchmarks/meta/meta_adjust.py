@@ -26,6 +26,8 @@ beside it.
     .venv/bin/python benchmarks/meta/meta_adjust.py --quick --meta-model /tmp/meta/m.keras
     .venv/bin/python benchmarks/meta/meta_adjust.py --merge a.json b.json   # one table of two processes' families
     nice -n 10 .venv/bin/python benchmarks/meta/meta_adjust.py --overhead-only --overhead-rounds 7   # ~2 min
+    # the same on a wide MLP (784-2048-2048-10, 5.8M weights): what an observation costs as the model grows
+    nice -n 10 .venv/bin/python benchmarks/meta/meta_adjust.py --overhead-only --overhead-rounds 3 --overhead-width 2048
 """
 
 import argparse
@@ -39,6 +41,8 @@ from pathlib import Path
 from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
+
+import keras  # noqa: E402
 
 from kadapt.meta import MetaAdjuster  # noqa: E402
 from kadapt.meta import Trigger  # noqa: E402
@@ -92,7 +96,17 @@ def never_fires():
     return Trigger(patience=10**9, cooldown=0, explode_factor=1e300)
 
 
-def measure_overhead(meta_model, rounds, epochs, step_modes):
+def wide_mlp(width, task):
+    """`task`'s model with its two hidden layers `width` wide (the same loss, optimizer and rate)."""
+    model = task.build()
+    wide = keras.Sequential([keras.Input(model.input_shape[1:]), keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(model.output_shape[-1])])
+    wide.compile(optimizer=model.optimizer.__class__.from_config(model.optimizer.get_config()), loss=model.loss)
+    return wide
+
+
+def measure_overhead(meta_model, rounds, epochs, step_modes, width=None):
     """A silent MetaAdjuster against none, on the same model, in interleaved rounds.
 
     Per arm: median wall and process-CPU time per step, the median paired ratio
@@ -101,12 +115,13 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
     over rounds: a round whose hooks other jobs preempted does not decide it)
     and the median wall time of one observation."""
     task = evaluation.evaluation_task("fashion_mnist", 0, 0.01, "constant")
+    build = task.build if width is None else lambda: wide_mlp(width, task)
     x, y, x_val, y_val = task.data
     arms = {"without": [], "without (A/A)": [],
             "epoch": [TimedMetaAdjuster(meta_model, trigger=never_fires(), verbose=0)],
             **{f"every {n} steps": [TimedMetaAdjuster(meta_model, check_every=n, trigger=never_fires(), verbose=0)]
                for n in step_modes}}
-    models = {name: task.build() for name in arms}
+    models = {name: build() for name in arms}
     wall, cpu, hooks = ({name: [] for name in arms} for _ in range(3))
     observations = {name: [] for name in arms}
     for round_index in range(rounds + 1):
@@ -124,7 +139,9 @@ def measure_overhead(meta_model, rounds, epochs, step_modes):
             for callback in callbacks:
                 callback.observations = []
     steps = epochs * steps_per_epoch(len(x), task.batch_size)
-    return {"task": task.name, "rounds": rounds, "steps_per_round": steps,
+    weights = models["without"].count_params()
+    return {"task": task.name if width is None else f"{task.name}, hidden layers {width} wide",
+            "weights": weights, "rounds": rounds, "steps_per_round": steps,
             "ms_per_step": {name: 1000 * statistics.median(t) / steps for name, t in wall.items()},
             "wall_ratio": _paired_ratios(wall), "cpu_ratio": _paired_ratios(cpu),
             "hook_ratio": {name: statistics.median(1 + h / (w - h)
@@ -142,6 +159,7 @@ def _paired_ratios(seconds):
 
 def print_overhead(overhead):
     print(f"\noverhead, MetaAdjuster whose trigger never fires on {overhead['task']} "
+          f"({overhead.get('weights', '?')} weights) "
           f"({overhead['rounds']} interleaved rounds of {overhead['steps_per_round']} steps):")
     print("\n| arm | ms/step (wall, median) | wall ratio | CPU-time ratio | hook-time ratio | ms/observation | target |"
           "\n|---|---|---|---|---|---|---|")
@@ -168,6 +186,8 @@ def main():
     parser.add_argument("--overhead-rounds", type=int, default=OVERHEAD_ROUNDS, help="0 skips the overhead")
     parser.add_argument("--step-modes", nargs="+", type=int, default=[10, 50],
                         help="check_every values of the step-mode overhead arms")
+    parser.add_argument("--overhead-width", type=int, default=None,
+                        help="the overhead on the task's MLP with hidden layers this wide (2048: 5.8M weights)")
     parser.add_argument("--overhead-only", action="store_true",
                         help=f"only the overhead arm (no held-out runs); results to {OVERHEAD_OUT.name} by default")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {evaluation.QUICK}")
@@ -213,7 +233,8 @@ def overhead_only(args):
     started = time.perf_counter()
     print(f"load average at start: {load_text()}", flush=True)
     meta_model = load_meta_model(args.meta_model)
-    overhead = measure_overhead(meta_model, args.overhead_rounds, OVERHEAD_EPOCHS, args.step_modes)
+    overhead = measure_overhead(meta_model, args.overhead_rounds, OVERHEAD_EPOCHS, args.step_modes,
+                                args.overhead_width)
     print_overhead(overhead)
     seconds = time.perf_counter() - started
     out = OVERHEAD_OUT if args.out == DEFAULT_OUT else args.out
