@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import math
 import os
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from kadapt.meta.features import FeatureHistory
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import load_meta_model
+from kadapt.meta.observation_cost import ObservationCost
 from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_run import run_range_test
@@ -206,6 +209,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._last_epoch_ending = False
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
+        self._cost = None if self.check_every == "epoch" else ObservationCost(self.check_every)
+        self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
         self.decision_log.begin()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -214,6 +219,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._resume(epoch)
         self._last_epoch_ending = False
         self._epoch, self._interval_start = epoch, (0, 0.0)
+        self._observed_at = None  # the epoch before ended in validation: not the steps' time
         self.decision_log.begin_epoch()
         self._epoch_start_step = self._step
 
@@ -239,7 +245,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         start_seen, start_total = self._interval_start
         self._interval_start = (seen, total)
         loss = (total - start_total) / max(seen - start_seen, 1)
+        started = time.perf_counter()
         self._runner.observe(loss, None, loss, measured_now=False, progress=self._progress())
+        self._watch_cost(started, time.perf_counter())
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs if logs is not None else {}
@@ -265,6 +273,17 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._runner.finish()
+
+    def _watch_cost(self, started, ended):
+        """Feeds the observation's wall time and that of the steps before it (within one epoch:
+        an epoch's end runs validation between) to the cost rule; warns once where it advises."""
+        if self._observed_at is not None and self._cost is not None:
+            self._cost.add(ended - started, started - self._observed_at)
+            advice = self._cost.advice()
+            if advice is not None:
+                warnings.warn(advice, RuntimeWarning, stacklevel=2)
+                self._cost = None
+        self._observed_at = ended
 
     def _start_from_range_test(self):
         """Runs the range test, charges its steps, and moves the rate as the start's judge rules."""
