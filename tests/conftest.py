@@ -5,6 +5,7 @@ environment.configure_tensorflow()  # before TensorFlow loads, as the `kadapt` c
 import gc  # noqa: E402
 import itertools  # noqa: E402
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -40,6 +41,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "backends(*names): the Keras backends a test runs on (default: tensorflow only); "
         "under `KERAS_BACKEND` set to another, it is deselected")
+    missing = [name for name in LONG_MODULES if not Path(__file__).with_name(name).is_file()]
+    if missing:  # a renamed module would silently fall back to the end of the run
+        raise pytest.UsageError(f"tests/conftest.py's LONG_MODULES names {missing}, which tests/ does not "
+                                "hold: rename them there too")
 
 
 def pytest_ignore_collect(collection_path, config):
