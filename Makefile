@@ -51,8 +51,8 @@ postgres:
 	fi
 
 test: install-test data postgres
-	$(PY) -m pytest -n 4 --dist loadfile --durations=12 tests  # four workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures)
-	KERAS_BACKEND=jax $(PY) -m pytest -n 2 --durations=6 tests  # the modules marked `backends(..., "jax")` (tests/conftest.py)
+	$(PY) -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=12 tests  # four workers on 2 cores: many tests wait on subprocesses; a module stays on one (its shared fixtures); the long modules start early (conftest's `scheduled`)
+	KERAS_BACKEND=jax $(PY) -m pytest -n 2 --durations=6 tests  # the modules marked `backends(..., "jax")` (tests/conftest.py), in conftest's order
 
 benchmarks: install data
 	$(PY) benchmarks/accumulation/accumulation.py

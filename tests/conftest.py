@@ -5,6 +5,7 @@ environment.configure_tensorflow()  # before TensorFlow loads, as the `kadapt` c
 import gc  # noqa: E402
 import itertools  # noqa: E402
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -13,6 +14,17 @@ import postgres  # noqa: E402
 
 BACKEND = keras.backend.backend()
 DEFAULT_BACKENDS = ("tensorflow",)
+# Few tests each, but long: most of it waiting on processes (a cluster of workers, a tuner's chief,
+# collectors) or replica threads, or training real models. pytest-xdist's `--dist loadfile` hands
+# out the modules with the most tests first, so these started last and ended the run alone on a
+# mostly idle machine. `make test` keeps `scheduled`'s order instead (`--no-loadscope-reorder`):
+# these, longest first, each followed by one module of xdist's order, so that only two or three of
+# them run at once (all six multi-process ones at once put ~15 TensorFlow processes on the 2 cores).
+LONG_MODULES = ("test_distributed_search.py", "test_multi_worker_train.py", "test_multi_worker.py",
+                "test_real_clients.py", "test_multi_worker_adaptive.py", "test_recipe_front_doors.py",
+                "test_environment.py", "test_collect_workers.py", "test_oom_recovery.py",
+                "test_real_clients_auto.py", "test_jax_workers.py", "test_data_parallel_jax.py",
+                "test_jax_processes.py")
 
 if BACKEND == "tensorflow":
     import tensorflow as tf
@@ -29,6 +41,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "backends(*names): the Keras backends a test runs on (default: tensorflow only); "
         "under `KERAS_BACKEND` set to another, it is deselected")
+    missing = [name for name in LONG_MODULES if not Path(__file__).with_name(name).is_file()]
+    if missing:  # a renamed module would silently fall back to the end of the run
+        raise pytest.UsageError(f"tests/conftest.py's LONG_MODULES names {missing}, which tests/ does not "
+                                "hold: rename them there too")
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -47,7 +63,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselects what does not run on this process's Keras backend."""
+    """Deselects what does not run on this process's Keras backend; orders the rest (`scheduled`)."""
     kept, dropped = [], []
     for item in items:
         marker = item.get_closest_marker("backends")
@@ -55,7 +71,19 @@ def pytest_collection_modifyitems(config, items):
         (kept if BACKEND in backends else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    items[:] = scheduled(kept)
+
+
+def scheduled(items):
+    """`items`, module by module: each of `LONG_MODULES` in turn, then one of the other modules
+    (most tests first, pytest-xdist's own order under `--dist loadfile`), until both run out."""
+    modules = {}
+    for item in items:
+        modules.setdefault(item.path.name, []).append(item)
+    long = [modules[name] for name in LONG_MODULES if name in modules]
+    rest = sorted((tests for name, tests in modules.items() if name not in LONG_MODULES), key=len, reverse=True)
+    order = [tests for pair in itertools.zip_longest(long, rest) for tests in pair if tests]
+    return [item for tests in order for item in tests]
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ def test_tensorflow_is_installed_so_the_light_imports_mean_something():
     assert importlib.util.find_spec("tensorflow") is not None
 
 
+@pytest.mark.backends("jax")  # its process is on JAX whatever this one's backend: the JAX half runs it
 def test_kadapt_and_kadapt_meta_load_no_tensorflow_on_jax():
     loaded = loaded_after("import kadapt, kadapt.meta, kadapt.batching", "jax")
     assert "tensorflow" not in loaded, loaded
