@@ -35,12 +35,17 @@ from kadapt.batching.tensorflow.out_of_memory import is_out_of_memory
 from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
 
-# The peak of one traced step varies from run to run (independent ops run in
-# parallel, and whether their buffers overlap depends on timing; figures:
-# benchmarks/README.md#peak_levels): a size
-# fits when each of this many measured steps does, the rule
-# benchmarks/probe/probe.py judges the probe by.
-MEASURED_STEPS = 3
+# The peak of one traced step varies from step to step: independent ops run in
+# parallel, and whether their buffers overlap depends on timing. small_cnn's
+# step at 147 rows (a logical batch of 1,024, oneDNN on) peaked at 54.0-83.6
+# MiB over 22 steps in each of 10 processes, and at 52.2 MiB in every step
+# with one inter-op thread (docs/probe.md). Three steps saw 63.5-63.8 MiB of
+# 64 in one probe, and the size was chosen; its third training step peaked at
+# 68.5. So a size fits when each of MEASURED_STEPS measured steps does, its
+# room for the noise taken from their spread; a step over the budget ends a
+# trial once FEW_STEPS are measured (more would not make it fit).
+MEASURED_STEPS = 5
+FEW_STEPS = 3
 
 
 def probe_micro_batch_tensorflow(
@@ -81,7 +86,8 @@ def probe_micro_batch_tensorflow(
 def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget,
               rows: int | None = None, data: Any = None) -> ProbeTrial:
     """Runs the step `fit` will run at micro-batch `size`: one traced step of
-    `rows` rows, then MEASURED_STEPS measured ones, all through `model.fit`
+    `rows` rows, then MEASURED_STEPS measured ones (FEW_STEPS where one is
+    over the budget), all through `model.fit`
     on `data` (a dataset, else `sample`'s arrays; see
     `kadapt.batching.tensorflow.fit_trial`); returns a `ProbeTrial` with the
     highest peak and the fastest step. The step is two micro-batches of
@@ -92,7 +98,7 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     compiles = compile_count(model)
     try:
         steps = fit_steps(model, sample if data is None else data, sample, rows, 1 + MEASURED_STEPS,
-                          budget.device, lambda count: repeat_rows(sample, count))
+                          budget.device, lambda count: repeat_rows(sample, count), budget.bytes, FEW_STEPS)
     except tf.errors.OpError as error:
         if not is_out_of_memory(error):
             raise
