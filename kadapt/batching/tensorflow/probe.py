@@ -75,7 +75,7 @@ def probe_micro_batch_tensorflow(
         return trial
 
     trained_size = None if rows is None else (lambda size: balanced_micro_batch(rows, size))
-    search = PeakSearch(runner, budget.bytes, trained_size, 0 if is_dataset(data) else array_bytes(data))
+    search = PeakSearch(runner, budget.bytes, trained_size, 0 if is_dataset(data) else array_bytes(data), rows)
     with leaves_no_trace(model, sample):
         chosen = search.largest(cap)
         if prefer == "fastest":
