@@ -25,24 +25,11 @@ class StepPeaks(keras.callbacks.Callback):
 
     Args:
         device: String. The device whose allocator is read (`"CPU:0"`).
-        budget_bytes: Int or `None`. With it, training stops after a step
-            past the first (which traces) peaks over it, once `least_steps`
-            such steps are measured: the size does not fit, and more steps
-            would only cost time. Defaults to `None` (every step runs).
-        least_steps: Int. Steps past the first measured before a step over
-            `budget_bytes` stops training. Defaults to `0`.
-
-    Example:
-
-    ```python
-    steps = StepPeaks("CPU:0", budget_bytes=64 * 2**20, least_steps=3)
-    model.fit(x, y, batch_size=256, epochs=6, callbacks=[steps])
-    ```
     """
 
-    def __init__(self, device: str, budget_bytes: int | None = None, least_steps: int = 0) -> None:
+    def __init__(self, device: str) -> None:
         super().__init__()
-        self.device, self.budget_bytes, self.least_steps = device, budget_bytes, least_steps
+        self.device = device
         self.peaks, self.seconds = [], []
         self._start = None
 
@@ -53,22 +40,16 @@ class StepPeaks(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.seconds.append(time.perf_counter() - self._start)
         self.peaks.append(tf.config.experimental.get_memory_info(self.device)["peak"])
-        measured = self.peaks[1:]
-        if self.budget_bytes is not None and len(measured) >= self.least_steps \
-                and max(measured, default=0) > self.budget_bytes:
-            self.model.stop_training = True
 
 
 def fit_steps(model: keras.Model, data: Any, sample: tuple, rows: int, steps: int, device: str,
-              repeat_rows: Any, budget_bytes: int | None = None, least_steps: int = 0) -> StepPeaks:
+              repeat_rows: Any) -> StepPeaks:
     """Runs `steps` steps of `rows` rows through `model.fit` and returns their
     `StepPeaks`. `data`: `(x, y, sample_weight)` arrays or a dataset, and
     `sample` its rows (the dataset's first batch); `repeat_rows(rows)` gives
     `(x, y, sample_weight)` of `rows` rows of the sample (cycled), for data
-    that holds neither `steps` full batches nor exactly one. With
-    `budget_bytes`, the steps stop after the first one past the first over
-    it, once `least_steps` are measured (`StepPeaks`)."""
-    measured = StepPeaks(device, budget_bytes, least_steps)
+    that holds neither `steps` full batches nor exactly one."""
+    measured = StepPeaks(device)
     model.fit(**feed(data, sample, rows, steps, repeat_rows), verbose=0, shuffle=False,
               callbacks=[measured])
     return measured

@@ -42,10 +42,11 @@ from kadapt.validation import check_micro_batch_size
 # with one inter-op thread (docs/probe.md). Three steps saw 63.5-63.8 MiB of
 # 64 in one probe, and the size was chosen; its third training step peaked at
 # 68.5. So a size fits when each of MEASURED_STEPS measured steps does, its
-# room for the noise taken from their spread; a step over the budget ends a
-# trial once FEW_STEPS are measured (more would not make it fit).
+# room for the noise taken from their spread. A trial over the budget runs
+# them all too: a `fit` stopped early left its data alive in a reference
+# cycle until a collection (two_conv: 16 rows at 46 MiB after three stopped
+# trials, 22 after three whole ones), and the steps after it peaked higher.
 MEASURED_STEPS = 5
-FEW_STEPS = 3
 
 
 def probe_micro_batch_tensorflow(
@@ -86,8 +87,7 @@ def probe_micro_batch_tensorflow(
 def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget,
               rows: int | None = None, data: Any = None) -> ProbeTrial:
     """Runs the step `fit` will run at micro-batch `size`: one traced step of
-    `rows` rows, then MEASURED_STEPS measured ones (FEW_STEPS where one is
-    over the budget), all through `model.fit`
+    `rows` rows, then MEASURED_STEPS measured ones, all through `model.fit`
     on `data` (a dataset, else `sample`'s arrays; see
     `kadapt.batching.tensorflow.fit_trial`); returns a `ProbeTrial` with the
     highest peak and the fastest step. The step is two micro-batches of
@@ -98,7 +98,7 @@ def run_trial(model: keras.Model, sample: tuple, size: int, budget: MemoryBudget
     compiles = compile_count(model)
     try:
         steps = fit_steps(model, sample if data is None else data, sample, rows, 1 + MEASURED_STEPS,
-                          budget.device, lambda count: repeat_rows(sample, count), budget.bytes, FEW_STEPS)
+                          budget.device, lambda count: repeat_rows(sample, count))
     except tf.errors.OpError as error:
         if not is_out_of_memory(error):
             raise
