@@ -234,3 +234,42 @@ def test_a_choice_near_the_budget_after_a_jump_takes_five_trials():
     search = PeakSearch(_measured_runner(BFC_STEPS, budget), budget, trained)
     assert search.largest(LOGICAL) == 128 and search.jumped_above(128)
     assert [t.micro_batch_size for t in search.trials] == [16, 64, 128, 147, 171]
+
+
+def _scripted(steps, budget, logical=None):
+    """A search holding trials of the given step peaks (MiB), none run."""
+    search = PeakSearch(lambda size: None, budget, trained, logical_batch_size=logical)
+    for size, peaks in steps.items():
+        step_peaks = tuple(int(p * 2**20) for p in peaks)
+        search.trials.append(ProbeTrial(size, max(step_peaks), 1e-4, max(step_peaks) <= budget, step_peaks))
+    return search
+
+
+def test_bisection_tries_a_size_that_splits_the_logical_batch_evenly_first():
+    # small_cnn at 64 MiB (MiB, measured on an Intel Xeon): 16 and 64 fitted, 171 did not. The
+    # middle of 64 and 171 trains as 114 (9 micro-batches, a tail of 112), which peaked at
+    # 49.6-67.8 MiB over 182 steps of 9 processes; 128 (8 even ones) at 35.0-56.7 over as many.
+    steps = {16: (14.6, 14.6, 14.6, 14.6, 14.6), 64: (25.3, 25.3, 25.3, 25.3, 25.3),
+             171: (95.6, 82.2, 96.9)}
+    budget = 64 * 2**20
+    assert _scripted(steps, budget).next_size(LOGICAL) == 114  # the trained size nearest the middle
+    assert _scripted(steps, budget, LOGICAL).next_size(LOGICAL) == 128
+    # Between 16 and 64 (a jump over at 64), 1024 rows split evenly as 32.
+    two_conv = _scripted({16: (23.7,) * 5, 64: (66.5, 66.7, 69.0)}, BUDGET, LOGICAL)
+    assert two_conv.next_size(LOGICAL) == 32
+
+
+def test_a_size_that_fits_without_room_does_not_hide_the_sizes_above_it():
+    # small_cnn at 64 MiB, steps measured in two processes (MiB): 114 rows fitted, too spread for
+    # the room; 103 fitted with room, and nothing trains between them. Peaks need not grow with
+    # the rows, so the search tries the next size up, 128, before settling for 103 (0.80x of 128).
+    steps = {16: (14.6,) * 5, 64: (25.3,) * 5, 114: (54.4, 60.3, 58.4, 61.8, 54.4),
+             103: (45.3, 48.4, 50.5, 47.8, 54.5)}
+    search = _scripted(steps, 64 * 2**20, LOGICAL)
+    assert search.trials[2].fits and not search.safe(search.trials[2]) and search.chosen() == 103
+    assert search.next_size(LOGICAL) == 128
+    search.trials.append(ProbeTrial(128, int(48.6 * 2**20), 1e-4, True, (int(48.6 * 2**20),) * 5))
+    assert search.chosen() == 128 and search.next_size(LOGICAL) is None  # five trials
+    # A size that did not fit at all is no such case: the search ends below it.
+    over = _scripted({**steps, 114: (54.4, 66.1, 58.4)}, 64 * 2**20, LOGICAL)
+    assert over.next_size(LOGICAL) is None and over.chosen() == 103

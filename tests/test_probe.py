@@ -95,6 +95,19 @@ def test_a_trials_peak_is_a_plain_training_steps_peak():
     assert abs(trial.peak_bytes - max(plain)) < snapshot / 3
 
 
+def test_a_trial_measures_five_steps_whether_or_not_it_fits():
+    # Step peaks spread with the timing of ops run in parallel (docs/probe.md): five steps show
+    # more of it than three. A trial over the budget runs them all: a `fit` stopped early left
+    # its data alive until a collection, under the steps after it.
+    model = kadapt.accumulate(_dense(64), 2)
+    x = np.ones((4, 64), "float32")
+    with trial_probe.leaves_no_trace(model, (x, x, None)):
+        fits = trial_probe.run_trial(model, (x, x, None), 2, device_budget("8GiB", "CPU:0"))
+        over = trial_probe.run_trial(model, (x, x, None), 2, device_budget(1000, "CPU:0"))
+    assert fits.fits and len(fits.step_peaks) == trial_probe.MEASURED_STEPS == 5
+    assert not over.fits and len(over.step_peaks) == 5
+
+
 def _simulated(curve, out_of_memory_above=None):
     """A trial runner over an exact memory curve (bytes as a function of rows)."""
 

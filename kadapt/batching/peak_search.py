@@ -13,7 +13,10 @@ deviations (of the fitting trials within NEIGHBOURS x of that size) fits too. Th
 peak = a + b * m through the two largest fitting trials only proposes where
 to look next; a size that fits is never dropped because a smaller one did
 not, and the search looks only between the largest size chosen so far and
-the smallest tried above it that was not. The search runs no trial
+the smallest tried above it that was not (then once past it, where it
+fitted without room for its noise and nothing is left below it). Bisection
+tries a size that divides the logical batch first: no ragged tail, one
+micro-batch shape. The search runs no trial
 to insure the choice: a size that overflows in another process (peaks
 that jump with the size jump with the process too) is caught by the
 first-step check there, which falls back to 0.8 x the size and checks
@@ -69,6 +72,10 @@ class PeakSearch:
         data_bytes: Int. Bytes of the data given as arrays (0 for a
             dataset), named by the error when not even 1 row fits.
             Defaults to 0.
+        logical_batch_size: Int or `None`. The rows a step trains. A size
+            that divides it splits it with no ragged tail, one micro-batch
+            shape, and bisection tries such a size first where one lies
+            between its bounds. Defaults to `None` (no size preferred).
 
     Example:
 
@@ -79,9 +86,11 @@ class PeakSearch:
     """
 
     def __init__(self, runner: Callable[[int], Any], budget_bytes: int,
-                 trained_size: Callable[[int], int] | None = None, data_bytes: int = 0) -> None:
+                 trained_size: Callable[[int], int] | None = None, data_bytes: int = 0,
+                 logical_batch_size: int | None = None) -> None:
         self.runner, self.budget_bytes, self.data_bytes = runner, budget_bytes, data_bytes
         self.trained_size = trained_size or (lambda size: size)
+        self.logical_batch_size = logical_batch_size
         self.trials = []
 
     def largest(self, cap: int) -> int:
@@ -127,7 +136,7 @@ class PeakSearch:
             if above > cap or target >= middle:
                 return self.untried(target, best, above)
         if above <= cap:  # the line points at or past a size that did not fit: bisect
-            return self.nearest_untried(middle, best, above)
+            return self.nearest_untried(middle, best, above) or self.past_noisy(above, cap)
         # Nothing above failed and the line promises under MIN_GAIN more: real
         # curves bend and jump, so look 2 x MIN_GAIN higher while trials remain.
         return self.untried(min(cap, math.ceil(best * (1 + 2 * MIN_GAIN))), best, cap + 1)
@@ -144,16 +153,37 @@ class PeakSearch:
 
     def nearest_untried(self, middle: int, best: int, above: int) -> int | None:
         """The untried size nearest `middle` that trains as itself in (best,
-        above), the larger on a tie. A logical batch trains only some sizes
+        above), the larger on a tie; one that divides the logical batch
+        first, where there is one. A logical batch trains only some sizes
         (1024 rows: ..., 103, 114, 128, 147), and the size the middle trains
         as (never above it) sends a bisection between 103 and 147 to 114,
-        never to 128 (conv_bn on an Intel Xeon chose 114 of 147 that way)."""
+        never to 128 (conv_bn on an Intel Xeon chose 114 of 147 that way).
+        A ragged tail is a second shape with its own kernels and buffers:
+        small_cnn's 128 rows (8 even micro-batches of 1,024) peaked at
+        35.0-56.7 MiB, 114 (9, a tail of 112) at 49.6-67.8 and 103 at
+        39.5-55.3 (docs/probe.md), and a bisection between 64 and 171 went
+        to 114, 0.89x of 128, over the budget in 2 of 9 processes."""
         tried = {t.micro_batch_size for t in self.trials}
+        logical = self.logical_batch_size
+        even = [m for m in range(best + 1, above) if logical and logical % m == 0 and m not in tried]
+        if even:
+            return min(even, key=lambda m: (abs(m - middle), -m))
         for distance in range(max(middle - best, above - middle)):
             for size in (middle + distance, middle - distance):
                 if best < size < above and size not in tried and self.trained_size(size) == size:
                     return size
         return None
+
+    def past_noisy(self, above: int, cap: int) -> int | None:
+        """Where nothing is left to try below `above`, a size that fitted
+        without room for its noise, the next size up (below the next size
+        not chosen): its steps fitting says nothing of a larger size's,
+        whose peaks need not be higher (small_cnn: 114 rows at 49.6-67.8 MiB,
+        128 at 35.0-56.7). `None` where `above` did not fit."""
+        trial = next((t for t in self.trials if t.micro_batch_size == above), None)
+        if trial is None or not trial.fits:
+            return None
+        return self.untried(above + 1, above, self.smallest_unsafe_above(above, cap))
 
     def smallest_unsafe_above(self, best: int, cap: int) -> int:
         """The smallest tried size above `best` that is not chosen by the

@@ -35,12 +35,18 @@ from kadapt.batching.tensorflow.out_of_memory import is_out_of_memory
 from kadapt.environment import require_allocator_statistics
 from kadapt.validation import check_micro_batch_size
 
-# The peak of one traced step varies from run to run (independent ops run in
-# parallel, and whether their buffers overlap depends on timing; figures:
-# benchmarks/README.md#peak_levels): a size
-# fits when each of this many measured steps does, the rule
-# benchmarks/probe/probe.py judges the probe by.
-MEASURED_STEPS = 3
+# The peak of one traced step varies from step to step: independent ops run in
+# parallel, and whether their buffers overlap depends on timing. small_cnn's
+# step at 147 rows (a logical batch of 1,024, oneDNN on) peaked at 54.0-83.6
+# MiB over 22 steps in each of 10 processes, and at 52.2 MiB in every step
+# with one inter-op thread (docs/probe.md). Three steps saw 63.5-63.8 MiB of
+# 64 in one probe, and the size was chosen; its third training step peaked at
+# 68.5. So a size fits when each of MEASURED_STEPS measured steps does, its
+# room for the noise taken from their spread. A trial over the budget runs
+# them all too: a `fit` stopped early left its data alive in a reference
+# cycle until a collection (two_conv: 16 rows at 46 MiB after three stopped
+# trials, 22 after three whole ones), and the steps after it peaked higher.
+MEASURED_STEPS = 5
 
 
 def probe_micro_batch_tensorflow(
@@ -70,7 +76,7 @@ def probe_micro_batch_tensorflow(
         return trial
 
     trained_size = None if rows is None else (lambda size: balanced_micro_batch(rows, size))
-    search = PeakSearch(runner, budget.bytes, trained_size, 0 if is_dataset(data) else array_bytes(data))
+    search = PeakSearch(runner, budget.bytes, trained_size, 0 if is_dataset(data) else array_bytes(data), rows)
     with leaves_no_trace(model, sample):
         chosen = search.largest(cap)
         if prefer == "fastest":
