@@ -140,3 +140,23 @@ def test_range_test_gap_is_the_suggestion_over_the_live_rate(suggestion, learnin
     row = history.window()[-1]
     assert row[COLUMN["range_test_gap"]] == pytest.approx(gap, rel=1e-6)
     assert row[COLUMN["range_test_known"]] == known
+
+
+def test_the_update_features_hold_when_the_caller_reuses_its_weights_array():
+    """`FeatureHistory` keeps its own copy of the previous weights: a caller that writes each
+    observation's weights into one array gets the features of fresh arrays (closed form here)."""
+    rng = np.random.default_rng(0)
+    snapshots = [rng.normal(size=50).astype("float32")]
+    for _ in range(3):
+        snapshots.append(snapshots[-1] + rng.normal(size=50).astype("float32") * 0.1)
+    fresh, reused, buffer = FeatureHistory(), FeatureHistory(), np.empty(50, "float32")
+    for step, weights in enumerate(snapshots):
+        buffer[:] = weights
+        for history, array in ((fresh, weights.copy()), (reused, buffer)):
+            history.observe(Observation(step=step, loss=1.0, val_loss=None, learning_rate=0.1, momentum=0.9,
+                                        weights=array, budget_used=step / 4))
+    np.testing.assert_array_equal(reused.window(), fresh.window())
+    updates = np.diff(np.stack(snapshots).astype("float64"), axis=0)
+    cosine = updates[-1] @ updates[-2] / (np.linalg.norm(updates[-1]) * np.linalg.norm(updates[-2]))
+    column = FEATURE_NAMES.index("update_cosine")
+    np.testing.assert_allclose(reused.window()[-1, column], cosine, rtol=1e-5)

@@ -127,7 +127,7 @@ class FeatureHistory:
         self._previous_update = None
         self._previous_update_norm = 0.0
         self.weights_finite = True  # whether the last observation's weights were all finite
-        self._buffers = {}  # (size, dtype) -> the two preallocated update arrays (`_update_array`)
+        self._buffers = {}  # (size, dtype) -> preallocated arrays by name (`_buffer`)
         self._first = None
         self.last_loss = float("nan")
         self.last_val_loss = float("nan")
@@ -220,17 +220,27 @@ class FeatureHistory:
                 cosine = _dot(update, self._previous_update) / denominator if denominator > 0 else 0.0
             self._previous_update, self._previous_update_norm = update, update_norm
         if finite:
-            self._previous_weights = weights
+            kept = self._buffer(weights, "previous")
+            np.copyto(kept, weights)  # a copy: the caller may reuse its array for the next observation
+            self._previous_weights = kept
         return size, cosine, finite
 
     def _update_array(self, like):
-        """One of two preallocated arrays of `like`'s size and dtype: the one not holding the
-        previous update (still needed for the cosine)."""
+        """The preallocated update array not holding the previous update (still needed for the
+        cosine): two of `like`'s size and dtype, in turn."""
+        first, second = self._buffer(like, "update"), self._buffer(like, "second update")
+        return second if self._previous_update is first else first
+
+    def _buffer(self, like, name):
+        """The preallocated array `name` of `like`'s size and dtype (all of them made anew when
+        those change)."""
         key = (like.size, like.dtype.str)
         if key not in self._buffers:
-            self._buffers = {key: (np.empty_like(like), np.empty_like(like))}
-        first, second = self._buffers[key]
-        return second if self._previous_update is first else first
+            self._buffers = {key: {}}
+        buffers = self._buffers[key]
+        if name not in buffers:
+            buffers[name] = np.empty_like(like)
+        return buffers[name]
 
 
 def schedule_ratio(optimizer: Any, step: int, total_steps: int | None) -> float:
