@@ -79,3 +79,12 @@ def test_the_adjuster_warns_once_where_observing_outweighs_the_steps():
     caught = _warnings_of_a_fit(lambda adjuster: [_SlowObservations(adjuster)])
     assert len(caught) == 1  # 8 observations of 16 steps, one warning
     assert "Pass check_every=" in str(caught[0].message)
+
+
+def test_the_medians_are_of_the_recent_observations():
+    cost = ObservationCost(check_every=10)
+    for _ in range(40):
+        cost.add(0.001, 0.5)  # cheap at first
+    for _ in range(16):
+        cost.add(0.06, 0.5)  # then 12%: the last 16 decide, and the watch holds no more than them
+    assert len(cost.observations) == 16 and "check_every=40" in cost.advice()

@@ -16,6 +16,7 @@ reads its features per observation; the interval is the user's to choose).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import statistics
@@ -24,6 +25,7 @@ TARGET_SHARE = 0.03  # issue 46's bound on the overhead of observing every 10 st
 WARN_SHARE = 0.05  # above the target by more than a loaded host's swing of the measurement
 MIN_OBSERVATIONS = 3  # the first one reads with fit's input pipeline starting beside it
 MIN_SECONDS = 0.005  # a 50,890-weight MLP's observation: ~1 ms; a 5.8M-weight one's: ~50 ms
+RECENT = 16  # observations the medians are taken over: a long run's watch costs no more than a short one's
 
 
 @dataclasses.dataclass
@@ -53,8 +55,8 @@ class ObservationCost:
     warn_share: float = WARN_SHARE
     target_share: float = TARGET_SHARE
     min_seconds: float = MIN_SECONDS
-    observations: list = dataclasses.field(default_factory=list)
-    steps: list = dataclasses.field(default_factory=list)
+    observations: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=RECENT))
+    steps: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=RECENT))
 
     def add(self, observation_seconds: float, steps_seconds: float) -> None:
         """One observation's wall time and that of the `check_every` steps before it."""
@@ -62,7 +64,8 @@ class ObservationCost:
         self.steps.append(float(steps_seconds))
 
     def share(self) -> float | None:
-        """Median observation time over the median steps' time; `None` before `MIN_OBSERVATIONS`."""
+        """Median observation time over the median steps' time, over the last `RECENT`
+        observations; `None` before `MIN_OBSERVATIONS`."""
         if len(self.observations) < MIN_OBSERVATIONS:
             return None
         steps = statistics.median(self.steps)
