@@ -92,7 +92,10 @@ def main():
     parser.add_argument("--out", type=Path, required=True, help="the directory of the results files")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [line for line in args.table.read_text().splitlines() if _ROW.match(line)]
+    # Other tables (well_set_noise's) start their rows with a family and a seed too: the per-run
+    # table's rows are those with its columns.
+    rows = [line for line in args.table.read_text().splitlines()
+            if _ROW.match(line) and len(line.strip().strip("|").split(" | ")) == len(_COLUMNS)]
     for line in rows:
         run = parse_row(line)
         run["initial_val_loss"] = initial_val_loss(run["family"], run["seed"], run["best_rate"])
