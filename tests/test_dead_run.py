@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from kadapt.meta.chance_loss import chance_loss
@@ -40,6 +41,17 @@ def test_chance_loss_counts_a_class_absent_from_the_labels_under_smoothing():
 
 def test_regression_chance_loss_is_the_variance():
     assert regression_chance_loss([1.0, 2.0, 6.0]) == pytest.approx(14 / 3)
+
+
+def test_regression_chance_loss_of_several_outputs_is_the_mean_of_their_variances():
+    # Columns with different means: the best constant predicts each column's mean, so its mean
+    # squared error over the 6 values is (var 1 + var 2 + var 3) / 3, not the variance of all 6.
+    targets = np.array([[0.0, 10.0, -4.0], [2.0, 10.0, 4.0]])
+    constant = targets.mean(axis=0)
+    assert regression_chance_loss(targets) == pytest.approx(np.mean((targets - constant) ** 2))
+    assert regression_chance_loss(targets) == pytest.approx((1.0 + 0.0 + 16.0) / 3)
+    images = np.arange(24, dtype="float64").reshape(2, 3, 4)  # (N, height, width): per pixel
+    assert regression_chance_loss(images) == pytest.approx(36.0)
 
 
 def test_a_first_epoch_ten_times_up_is_diverged():

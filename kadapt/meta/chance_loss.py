@@ -38,9 +38,19 @@ def chance_loss(labels, num_classes: int, label_smoothing: float = 0.0) -> float
 def regression_chance_loss(targets) -> float:
     """The mean squared error of the best constant prediction (the targets' mean): their variance.
 
+    With several outputs per row (targets of shape `(N, ...)`: a multi-output
+    regression, an autoencoder's images) the best constant is each output's
+    own mean, and the loss (Keras' MSE, the mean over outputs) the mean of
+    their variances, not the variance of all values together.
+
     Example:
 
     >>> regression_chance_loss([1.0, 3.0])
     1.0
+    >>> regression_chance_loss([[0.0, 10.0], [2.0, 10.0]])  # variances 1 and 0
+    0.5
     """
-    return float(np.var(np.asarray(targets, "float64")))
+    targets = np.asarray(targets, "float64")
+    if targets.ndim <= 1:
+        return float(np.var(targets))
+    return float(np.var(targets.reshape(len(targets), -1), axis=0).mean())
