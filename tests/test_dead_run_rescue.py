@@ -56,6 +56,23 @@ def test_a_run_that_diverges_later_returns_to_its_best_healthy_epoch_on_its_sche
     assert decision["action"].startswith("rollback to the best healthy weights, lr x0.1")
 
 
+class HalveAtEpochEnd(keras.callbacks.Callback):
+    """Halves the rate at every epoch end, before the rescue: as the MetaAdjuster cuts a diverging rate."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.optimizer.learning_rate_multiplier = 0.5 * float(self.model.optimizer.learning_rate_multiplier)
+
+
+def test_the_cut_is_from_the_rate_that_diverged_not_from_a_cut_made_at_the_same_epoch_end():
+    """As the first test, a callback before the rescue halving the rate at epoch 1's end: the rescue's
+    multiplier is a tenth of the epoch's 1.0 (lr 0.15, w = 3 (1 - 0.7^4)), not of the halved 0.5."""
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[HalveAtEpochEnd(), rescue])
+    assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.1)}
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**4)]], rtol=1e-6)
+
+
 class FixedRangeTest:
     """A range test that suggests `rate` (the rescue's contract: `max_steps`, `run(model, steps)`)."""
 

@@ -99,6 +99,10 @@ class DeadRunRescue(keras.callbacks.Callback):
             self._began = True
             if epoch > 0 and self.backup_dir is not None:
                 self._resume(epoch)
+        # The multiplier this epoch trains at: a callback before this one (the MetaAdjuster in
+        # `kadapt train`) may cut it at the same epoch end, and the cut after a divergence is
+        # from the rate that diverged, not from that callback's cut of it.
+        self._trained_multiplier = _multiplier(self.model.optimizer)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Here rather than at train begin: a subclassed model is built by fit, before its first step.
@@ -132,8 +136,8 @@ class DeadRunRescue(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         rollback.restore(self.model, self.point, restart_momentum=True)
         self.state = self.rule.restarted(self.state, self.point.value)
-        before = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-        multiplier, how = self._new_multiplier(before, verdict.trigger)
+        before = _multiplier(optimizer)
+        multiplier, how = self._new_multiplier(max(before, self._trained_multiplier), verdict.trigger)
         optimizer.learning_rate_multiplier = multiplier
         self._log({"step": int(optimizer.iterations.numpy()), "epoch": epoch, "trigger": verdict.trigger,
                    "adjustment": {"learning_rate_multiplier": multiplier}, "predicted_gain": None,
@@ -143,7 +147,8 @@ class DeadRunRescue(keras.callbacks.Callback):
                    "features": {"loss": loss, self.monitor: monitored, "chance_loss": self.rule.chance_loss}})
 
     def _new_multiplier(self, multiplier, trigger):
-        """`(multiplier, how)`: from the range test's suggestion, else times `rate_factor`.
+        """`(multiplier, how)`: from the range test's suggestion, else `multiplier` (the epoch's,
+        or the one set since where higher) times `rate_factor`.
 
         After a divergence the rate falls at least by `rate_factor`: a range
         test on badly scaled rows can suggest the rate that just diverged."""
@@ -204,3 +209,7 @@ class DeadRunRescue(keras.callbacks.Callback):
                 "peak_learning_rate": self.peak_learning_rate,
                 "log_dir": None if self.log_dir is None else str(self.log_dir),
                 "backup_dir": None if self.backup_dir is None else str(self.backup_dir), "verbose": self.verbose}
+
+
+def _multiplier(optimizer):
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
