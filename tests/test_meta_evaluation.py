@@ -4,6 +4,7 @@ import math
 import re
 import types
 
+import numpy as np
 import pytest
 from helpers import constant_meta_model
 
@@ -175,3 +176,19 @@ def test_results_without_anchors_still_summarize():
     report = evaluation.summarize(runs)
     assert report["meta_range"]["all"]["beats_anchors"] is None and report["anchors"]["adam"]["runs"] == 0
     assert "| beats_anchors | - |" in evaluation.table(runs)
+
+
+@pytest.mark.parametrize("family", ["circles", "fashion_autoencoder"])
+def test_the_rescue_arm_is_kadapt_trains_rescue_at_the_tasks_chance(family):
+    """The constant predictor's loss, computed here from the training targets: the entropy of the
+    class frequencies, or for the autoencoder's images the mean over pixels of each pixel's variance."""
+    task = evaluation.evaluation_task(family, 3, 0.01)
+    y = np.asarray(task.data[1], "float64")
+    if task.regression:
+        expected = np.mean((y - y.mean(axis=0)) ** 2)
+    else:
+        frequencies = np.bincount(y.astype(int)) / len(y)
+        expected = -np.sum(frequencies * np.log(frequencies))
+    rescue = evaluation.task_rescue(task)
+    assert rescue.rule.chance_loss == pytest.approx(expected, rel=1e-9)
+    assert rescue.monitor == "val_loss" and rescue.range_test is not None

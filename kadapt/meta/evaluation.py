@@ -56,9 +56,13 @@ import keras
 import numpy as np
 
 from kadapt import optimizers
+from kadapt.callbacks import DeadRunRescue
 from kadapt.callbacks import ScheduleFreeEvaluation
 from kadapt.meta import tasks as task_lib
 from kadapt.meta.adjuster import MetaAdjuster
+from kadapt.meta.chance_loss import chance_loss
+from kadapt.meta.chance_loss import regression_chance_loss
+from kadapt.meta.dead_run import DeadRunRule
 from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.range_test import find_learning_rate
 from kadapt.range_test.find import MIN_STEPS
@@ -155,12 +159,30 @@ def train_run(task: task_lib.Task, epochs: int, callbacks: Sequence[keras.callba
 
 
 def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | keras.Model,
-             **adjuster_options: Any) -> dict[str, Any]:
+             rescue: bool = False, **adjuster_options: Any) -> dict[str, Any]:
+    """The `MetaAdjuster` on `task`; with `rescue`, `DeadRunRescue` after it, as `kadapt train`
+    runs the two (`task_rescue`): its actions are in the result's `"rescues"`."""
     adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0, **adjuster_options)
-    result = train_run(task, epochs, [adjuster])
+    rescuer = task_rescue(task) if rescue else None
+    result = train_run(task, epochs, [adjuster, *([rescuer] if rescue else [])])
     kept = ("epoch", "trigger", "action", "predicted_gain", "range_test")  # the start's candidates and scores
     result["decisions"] = [{key: d[key] for key in kept if key in d} for d in adjuster.decisions]
+    if rescue:
+        result["rescues"] = [{key: d[key] for key in ("epoch", "trigger", "reason") if key in d}
+                             for d in rescuer.decisions]
     return result
+
+
+def task_rescue(task: task_lib.Task) -> DeadRunRescue:
+    """`DeadRunRescue` on `task` as `kadapt train` builds it (`kadapt.run.callbacks.dead_run_rescue`):
+    `DeadRunRule` at the constant predictor's loss on the training targets, a new rate from a range
+    test on the training rows (`range_start`), the validation loss watched."""
+    y = task.data[1]
+    if task.regression:
+        chance = regression_chance_loss(y)
+    else:
+        chance = chance_loss(y, int(np.max(y)) + 1)
+    return DeadRunRescue(DeadRunRule(chance), monitor="val_loss", range_test=range_start(task), verbose=False)
 
 
 def range_start(task: task_lib.Task) -> RangeTestStart:

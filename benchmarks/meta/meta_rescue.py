@@ -1,0 +1,118 @@
+"""The MetaAdjuster alone against the MetaAdjuster with `DeadRunRescue` after it, as `kadapt train` runs them.
+
+On meta_adjust's held-out task-seeds, from the same mis-set rates (too low, too
+high, diverging) and the well-set cosine runs: `kadapt.meta.evaluation.meta_run`
+without and with `rescue=True` (`task_rescue`: `DeadRunRule` at the constant
+predictor's loss on the training targets, a range test on the training rows
+for the new rate). The other arms (grid-best, constant, plateau, cosine without
+the adjuster) are read from results files of `meta_adjust.py`, or rebuilt from
+its per-run table by `table_results.py`. Figures: within 1.2x / 1.5x of the
+grid-best final validation loss, below tuned ReduceLROnPlateau, harm (> 1.1x
+the constant rate), diverging runs rescued (finite, below the untrained
+validation loss), well-set cosine runs within 1.05x of the run without.
+
+    .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/README.md --out runs/base
+    .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
+    .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{fashion_conv,adding,fashion_autoencoder}_*.json \
+        --out runs/rescue_b.json; wait   # ~13 min on 2 shared cores
+    .venv/bin/python benchmarks/meta/meta_rescue.py --merge runs/rescue_a.json runs/rescue_b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from kadapt.meta import evaluation
+
+ARMS = ("meta", "meta_rescue")
+
+
+def run_task(base: dict) -> dict:
+    """Both arms on one task-seed of a results file (`base`: one of its `runs`)."""
+    family, seed = base["family"], base["seed"]
+    result = {key: base[key] for key in ("family", "seed", "best_rate", "best_val_loss", "initial_val_loss")}
+    result["settings"] = {}
+    for setting, case in base["settings"].items():
+        task = evaluation.evaluation_task(family, seed, case["learning_rate"])
+        arms = {arm: evaluation.meta_run(task, evaluation.EPOCHS, "default", rescue=arm == "meta_rescue")
+                for arm in ARMS}
+        result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
+                                       "plateau": case["plateau"], **arms}
+        print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
+              + ", ".join(f"{arm} {arms[arm]['val_loss']:.4g}" for arm in ARMS), flush=True)
+    task = evaluation.evaluation_task(family, seed, base["best_rate"], "cosine")
+    result["cosine"] = {"without": base["cosine"]["without"],
+                        **{arm: evaluation.meta_run(task, evaluation.EPOCHS, "default", rescue=arm == "meta_rescue")
+                           for arm in ARMS}}
+    print(f"{family}/{seed} cosine: " + ", ".join(f"{arm} {result['cosine'][arm]['val_loss']:.4g}"
+                                                  for arm in ("without", *ARMS)), flush=True)
+    return result
+
+
+def _loss(run):
+    value = run["val_loss"]
+    return value if value is not None and math.isfinite(value) else math.inf
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per arm: the figures over every mis-set run and the well-set cosine runs."""
+    figures = {}
+    for arm in ARMS:
+        cases = [(r, c) for r in results for c in r["settings"].values()]
+        diverging = [(r, c) for r, c in cases if _loss(c["constant"]) == math.inf]
+        figures[arm] = {
+            "runs": len(cases),
+            "within_1.2x": sum(_loss(c[arm]) <= 1.2 * r["best_val_loss"] for r, c in cases),
+            "within_1.5x": sum(_loss(c[arm]) <= 1.5 * r["best_val_loss"] for r, c in cases),
+            "below_plateau": sum(_loss(c[arm]) < _loss(c["plateau"]) for r, c in cases),
+            "harm": sum(_loss(c[arm]) > 1.1 * _loss(c["constant"]) for r, c in cases),
+            "rescued": sum(_loss(c[arm]) < r["initial_val_loss"] for r, c in diverging),
+            "diverging": len(diverging),
+            "cosine_unharmed": sum(_loss(r["cosine"][arm]) <= 1.05 * _loss(r["cosine"]["without"]) for r in results),
+            "cosine_runs": len(results),
+        }
+    return figures
+
+
+def print_summary(results: list[dict]) -> None:
+    figures = summarize(results)
+    print("\n| arm | within 1.2x of the grid-best | within 1.5x | below plateau | harm | diverging rescued "
+          "| cosine within 1.05x |\n|---|---|---|---|---|---|---|")
+    for arm, f in figures.items():
+        n = f["runs"]
+        print(f"| {arm} | {f['within_1.2x']}/{n} ({f['within_1.2x'] / n:.2f}) | {f['within_1.5x']}/{n} "
+              f"({f['within_1.5x'] / n:.2f}) | {f['below_plateau']}/{n} ({f['below_plateau'] / n:.2f}) "
+              f"| {f['harm']}/{n} | {f['rescued']}/{f['diverging']} | {f['cosine_unharmed']}/{f['cosine_runs']} |")
+    print("\nruns the rescue changed (grid-best; alone -> with the rescue; its actions):")
+    for r in results:
+        for setting, c in [*r["settings"].items(), ("cosine", r["cosine"])]:
+            alone, rescued = _loss(c["meta"]), _loss(c["meta_rescue"])
+            if alone != rescued:
+                actions = "; ".join(f"epoch {a.get('epoch')}: {a.get('trigger')}" for a in c["meta_rescue"]["rescues"])
+                print(f"  {r['family']}/{r['seed']} {setting}: best {r['best_val_loss']:.4g}; "
+                      f"{alone:.4g} -> {rescued:.4g} ({actions})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="*", type=Path, help="meta_adjust.py or table_results.py results files")
+    parser.add_argument("--merge", nargs="+", type=Path, help="no runs: the summary of these files' results")
+    parser.add_argument("--out", type=Path, help="where this script's results go (JSON)")
+    args = parser.parse_args()
+    if args.merge:
+        results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
+    else:
+        if not args.results:
+            parser.error("give results files to run on, or --merge this script's outputs")
+        results = [run_task(base) for path in args.results for base in json.loads(path.read_text())["runs"]]
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"results": results}, indent=1, default=float).replace("NaN", "null"))
+    print_summary(results)
+
+
+if __name__ == "__main__":
+    main()
