@@ -36,8 +36,10 @@ class DeadRunRescue(keras.callbacks.Callback):
     `learning_rate_multiplier`, the live channel of kadapt's optimizers, so a
     schedule keeps its shape: applied rate = schedule(step) x multiplier.
     The new rate is the range test's suggestion (as the schedule's peak) when
-    `range_test` is given, else the rate times the rule's `rate_factor`. The step count
-    goes on (the schedule is not restarted). Each action is one line of
+    `range_test` is given, else the rate the epoch trained at times the rule's
+    `rate_factor` (after a divergence, at most that too: a callback before this
+    one that cut the rate at the same epoch end does not cut it twice). The
+    step count goes on (the schedule is not restarted). Each action is one line of
     `log_dir/meta_decisions.jsonl`, in the `MetaAdjuster`'s format, with its
     trigger (`"at_chance"`, `"diverged"`) and reason. Nothing is done after
     the last epoch (no epoch would train from the restored weights). A
