@@ -9,7 +9,10 @@ the adjuster) are read from results files of `meta_adjust.py`, or rebuilt from
 its per-run table by `table_results.py`. Figures: within 1.2x / 1.5x of the
 grid-best final validation loss, below tuned ReduceLROnPlateau, harm (> 1.1x
 the constant rate), diverging runs rescued (finite, below the untrained
-validation loss), well-set cosine runs within 1.05x of the run without.
+validation loss), well-set cosine runs within 1.05x of the run without, and
+below range test then constant and below the best anchor (issue 46's figures
+for the start from the range test). With `--range-start` both arms start from
+the range test, and the well-set constant runs are run too.
 
     .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/README.md --out runs/base
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
@@ -30,25 +33,34 @@ from kadapt.meta import evaluation
 ARMS = ("meta", "meta_rescue")
 
 
-def run_task(base: dict) -> dict:
-    """Both arms on one task-seed of a results file (`base`: one of its `runs`)."""
+def _arm(task, arm, range_start):
+    """`arm` on `task`: the adjuster (starting from the range test with `range_start`), with the
+    rescue after it for `"meta_rescue"`."""
+    options = {"range_test": evaluation.range_start(task)} if range_start else {}
+    return evaluation.meta_run(task, evaluation.EPOCHS, "default", rescue=arm == "meta_rescue", **options)
+
+
+def run_task(base: dict, range_start: bool = False) -> dict:
+    """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
+    `range_start`, the adjuster starts from the range test in both, and the well-set constant
+    run (at the grid-best rate) is run too."""
     family, seed = base["family"], base["seed"]
-    result = {key: base[key] for key in ("family", "seed", "best_rate", "best_val_loss", "initial_val_loss")}
+    result = {key: base.get(key) for key in ("family", "seed", "best_rate", "best_val_loss", "initial_val_loss",
+                                             "range_test", "anchors")}
     result["settings"] = {}
     for setting, case in base["settings"].items():
         task = evaluation.evaluation_task(family, seed, case["learning_rate"])
-        arms = {arm: evaluation.meta_run(task, evaluation.EPOCHS, "default", rescue=arm == "meta_rescue")
-                for arm in ARMS}
+        arms = {arm: _arm(task, arm, range_start) for arm in ARMS}
         result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
                                        "plateau": case["plateau"], **arms}
         print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
               + ", ".join(f"{arm} {arms[arm]['val_loss']:.4g}" for arm in ARMS), flush=True)
-    task = evaluation.evaluation_task(family, seed, base["best_rate"], "cosine")
-    result["cosine"] = {"without": base["cosine"]["without"],
-                        **{arm: evaluation.meta_run(task, evaluation.EPOCHS, "default", rescue=arm == "meta_rescue")
-                           for arm in ARMS}}
-    print(f"{family}/{seed} cosine: " + ", ".join(f"{arm} {result['cosine'][arm]['val_loss']:.4g}"
-                                                  for arm in ("without", *ARMS)), flush=True)
+    well_set = (("cosine", "cosine"), *((("well_set", "constant"),) if range_start else ()))
+    for name, schedule in well_set:
+        task = evaluation.evaluation_task(family, seed, base["best_rate"], schedule)
+        result[name] = {"without": base[name]["without"], **{arm: _arm(task, arm, range_start) for arm in ARMS}}
+        print(f"{family}/{seed} {name}: " + ", ".join(f"{arm} {result[name][arm]['val_loss']:.4g}"
+                                                      for arm in ("without", *ARMS)), flush=True)
     return result
 
 
@@ -71,8 +83,16 @@ def summarize(results: list[dict]) -> dict:
             "harm": sum(_loss(c[arm]) > 1.1 * _loss(c["constant"]) for r, c in cases),
             "rescued": sum(_loss(c[arm]) < r["initial_val_loss"] for r, c in diverging),
             "diverging": len(diverging),
+            # As `evaluation`'s figure: a task-seed without room for the test counts as beaten.
+            "below_range_constant": sum(_loss(c[arm]) < (_loss(r["range_test"]["constant"]) if r.get("range_test")
+                                                         else math.inf) for r, c in cases),
+            "below_anchors": sum(_loss(c[arm]) < min(map(_loss, r["anchors"].values()))
+                                 for r, c in cases if r.get("anchors")),
             "cosine_unharmed": sum(_loss(r["cosine"][arm]) <= 1.05 * _loss(r["cosine"]["without"]) for r in results),
             "cosine_runs": len(results),
+            "well_set_harmed": sum(_loss(r[name][arm]) > 1.05 * _loss(r[name]["without"])
+                                   for r in results for name in ("cosine", "well_set") if name in r),
+            "well_set_runs": sum(name in r for r in results for name in ("cosine", "well_set")),
         }
     return figures
 
@@ -80,15 +100,19 @@ def summarize(results: list[dict]) -> dict:
 def print_summary(results: list[dict]) -> None:
     figures = summarize(results)
     print("\n| arm | within 1.2x of the grid-best | within 1.5x | below plateau | harm | diverging rescued "
-          "| cosine within 1.05x |\n|---|---|---|---|---|---|---|")
+          "| cosine within 1.05x | well-set runs harmed (> 1.05x) |\n|---|---|---|---|---|---|---|---|")
     for arm, f in figures.items():
         n = f["runs"]
         print(f"| {arm} | {f['within_1.2x']}/{n} ({f['within_1.2x'] / n:.2f}) | {f['within_1.5x']}/{n} "
               f"({f['within_1.5x'] / n:.2f}) | {f['below_plateau']}/{n} ({f['below_plateau'] / n:.2f}) "
-              f"| {f['harm']}/{n} | {f['rescued']}/{f['diverging']} | {f['cosine_unharmed']}/{f['cosine_runs']} |")
+              f"| {f['harm']}/{n} | {f['rescued']}/{f['diverging']} | {f['cosine_unharmed']}/{f['cosine_runs']} "
+              f"| {f['well_set_harmed']}/{f['well_set_runs']} |")
+    print("\n| arm | below range test then constant | below the best anchor |\n|---|---|---|")
+    for arm, f in figures.items():
+        print(f"| {arm} | {f['below_range_constant']}/{f['runs']} | {f['below_anchors']}/{f['runs']} |")
     print("\nruns the rescue changed (grid-best; alone -> with the rescue; its actions):")
     for r in results:
-        for setting, c in [*r["settings"].items(), ("cosine", r["cosine"])]:
+        for setting, c in [*r["settings"].items(), *((name, r[name]) for name in ("cosine", "well_set") if name in r)]:
             alone, rescued = _loss(c["meta"]), _loss(c["meta_rescue"])
             if alone != rescued:
                 actions = "; ".join(f"epoch {a.get('epoch')}: {a.get('trigger')}" for a in c["meta_rescue"]["rescues"])
@@ -101,13 +125,16 @@ def main():
     parser.add_argument("results", nargs="*", type=Path, help="meta_adjust.py or table_results.py results files")
     parser.add_argument("--merge", nargs="+", type=Path, help="no runs: the summary of these files' results")
     parser.add_argument("--out", type=Path, help="where this script's results go (JSON)")
+    parser.add_argument("--range-start", action="store_true",
+                        help="both arms start from the range test (RangeTestStart); the well-set constant runs too")
     args = parser.parse_args()
     if args.merge:
         results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
     else:
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
-        results = [run_task(base) for path in args.results for base in json.loads(path.read_text())["runs"]]
+        results = [run_task(base, args.range_start) for path in args.results
+                   for base in json.loads(path.read_text())["runs"]]
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"results": results}, indent=1, default=float).replace("NaN", "null"))
