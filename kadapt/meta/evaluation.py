@@ -163,13 +163,13 @@ def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | k
     """The `MetaAdjuster` on `task`; with `rescue`, `DeadRunRescue` after it, as `kadapt train`
     runs the two (`task_rescue`): its actions are in the result's `"rescues"`."""
     adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0, **adjuster_options)
-    rescuer = task_rescue(task) if rescue else None
-    result = train_run(task, epochs, [adjuster, *([rescuer] if rescue else [])])
+    callbacks = [adjuster, task_rescue(task)] if rescue else [adjuster]
+    result = train_run(task, epochs, callbacks)
     kept = ("epoch", "trigger", "action", "predicted_gain", "range_test")  # the start's candidates and scores
     result["decisions"] = [{key: d[key] for key in kept if key in d} for d in adjuster.decisions]
     if rescue:
         result["rescues"] = [{key: d[key] for key in ("epoch", "trigger", "reason") if key in d}
-                             for d in rescuer.decisions]
+                             for d in callbacks[1].decisions]
     return result
 
 
