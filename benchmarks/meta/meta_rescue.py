@@ -1,7 +1,7 @@
 """The MetaAdjuster alone against the MetaAdjuster with `DeadRunRescue` after it, as `kadapt train` runs them.
 
 On meta_adjust's held-out task-seeds, from the same mis-set rates (too low, too
-high, diverging) and the well-set cosine runs: `kadapt.meta.evaluation.meta_run`
+high, diverging) and the well-set runs: `kadapt.meta.evaluation.meta_run`
 without and with `rescue=True` (`task_rescue`: `DeadRunRule` at the constant
 predictor's loss on the training targets, a range test on the training rows
 for the new rate). The other arms (grid-best, constant, plateau, cosine without
@@ -11,8 +11,10 @@ grid-best final validation loss, below tuned ReduceLROnPlateau, harm (> 1.1x
 the constant rate), diverging runs rescued (finite, below the untrained
 validation loss), well-set cosine runs within 1.05x of the run without, and
 below range test then constant and below the best anchor (issue 46's figures
-for the start from the range test). With `--range-start` both arms start from
-the range test, and the well-set constant runs are run too.
+for the start from the range test), and well-set runs harmed (> 1.05x the run
+without; the cosine and the constant run at the grid-best rate). With
+`--range-start` both arms start from the range test; `--meta-model M.keras`
+runs both with another meta-model than the shipped one.
 
     .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/README.md --out runs/base
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
@@ -33,32 +35,31 @@ from kadapt.meta import evaluation
 ARMS = ("meta", "meta_rescue")
 
 
-def _arm(task, arm, range_start):
-    """`arm` on `task`: the adjuster (starting from the range test with `range_start`), with the
-    rescue after it for `"meta_rescue"`."""
+def _arm(task, arm, range_start, meta_model):
+    """`arm` on `task`: the adjuster with `meta_model` (starting from the range test with
+    `range_start`), with the rescue after it for `"meta_rescue"`."""
     options = {"range_test": evaluation.range_start(task)} if range_start else {}
-    return evaluation.meta_run(task, evaluation.EPOCHS, "default", rescue=arm == "meta_rescue", **options)
+    return evaluation.meta_run(task, evaluation.EPOCHS, meta_model, rescue=arm == "meta_rescue", **options)
 
 
-def run_task(base: dict, range_start: bool = False) -> dict:
+def run_task(base: dict, range_start: bool = False, meta_model: str = "default") -> dict:
     """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
-    `range_start`, the adjuster starts from the range test in both, and the well-set constant
-    run (at the grid-best rate) is run too."""
+    `range_start`, the adjuster starts from the range test in both. The well-set runs at the
+    grid-best rate, cosine and constant, run in both modes."""
     family, seed = base["family"], base["seed"]
     result = {key: base.get(key) for key in ("family", "seed", "best_rate", "best_val_loss", "initial_val_loss",
                                              "range_test", "anchors")}
     result["settings"] = {}
     for setting, case in base["settings"].items():
         task = evaluation.evaluation_task(family, seed, case["learning_rate"])
-        arms = {arm: _arm(task, arm, range_start) for arm in ARMS}
+        arms = {arm: _arm(task, arm, range_start, meta_model) for arm in ARMS}
         result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
                                        "plateau": case["plateau"], **arms}
         print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
               + ", ".join(f"{arm} {arms[arm]['val_loss']:.4g}" for arm in ARMS), flush=True)
-    well_set = (("cosine", "cosine"), *((("well_set", "constant"),) if range_start else ()))
-    for name, schedule in well_set:
+    for name, schedule in (("cosine", "cosine"), ("well_set", "constant")):
         task = evaluation.evaluation_task(family, seed, base["best_rate"], schedule)
-        result[name] = {"without": base[name]["without"], **{arm: _arm(task, arm, range_start) for arm in ARMS}}
+        result[name] = {"without": base[name]["without"], **{arm: _arm(task, arm, range_start, meta_model) for arm in ARMS}}
         print(f"{family}/{seed} {name}: " + ", ".join(f"{arm} {result[name][arm]['val_loss']:.4g}"
                                                       for arm in ("without", *ARMS)), flush=True)
     return result
@@ -127,13 +128,15 @@ def main():
     parser.add_argument("--out", type=Path, help="where this script's results go (JSON)")
     parser.add_argument("--range-start", action="store_true",
                         help="both arms start from the range test (RangeTestStart); the well-set constant runs too")
+    parser.add_argument("--meta-model", default="default",
+                        help="the meta-model of both arms: a .keras file, or the shipped default")
     args = parser.parse_args()
     if args.merge:
         results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
     else:
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
-        results = [run_task(base, args.range_start) for path in args.results
+        results = [run_task(base, args.range_start, args.meta_model) for path in args.results
                    for base in json.loads(path.read_text())["runs"]]
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
