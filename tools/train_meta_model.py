@@ -17,6 +17,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
@@ -30,6 +32,7 @@ from kadapt.meta.meta_model import DEFAULT_PATH  # noqa: E402
 TASKS_PER_FAMILY = 32
 MAX_TRIALS = 10
 SEED = 0
+CONSTANT_SHARE = 0.5  # of the tasks run at a constant rate whatever their own draw (see _task_list)
 
 
 def main():
@@ -39,12 +42,13 @@ def main():
     parser.add_argument("--max-trials", type=int, default=MAX_TRIALS)
     parser.add_argument("--output", default=str(DEFAULT_PATH))
     parser.add_argument("--workers", type=int, default=2, help="collector processes (default 2)")
+    parser.add_argument("--constant-share", type=float, default=CONSTANT_SHARE,
+                        help="share of the tasks set to a constant rate (default 0.5; the rest keep their draw)")
     args = parser.parse_args()
     Path(args.store).parent.mkdir(parents=True, exist_ok=True)
     store = RecordStore(args.store)
     started = time.time()
-    task_list = [tasks.make_task(family, seed) for seed in range(args.tasks_per_family)
-                 for family in tasks.TRAINING_FAMILIES]
+    task_list = _task_list(args.tasks_per_family, args.constant_share)
     collect(store, task_list, seed=SEED, workers=args.workers)
     collected = time.time()
     _, report = train_meta_model(store, Path(args.store).parent / "tuner", args.output,
@@ -52,6 +56,19 @@ def main():
     print(json.dumps(report, indent=1))
     print(f"collection {collected - started:.0f} s, search and training {time.time() - collected:.0f} s; "
           f"model: {args.output}")
+
+
+def _task_list(per_family, constant_share):
+    """`per_family` tasks of each training family; `constant_share` of them at a constant rate.
+
+    The adjuster consults its meta-model on a stall only where the schedule does not anneal
+    (a cosine or triangular run's slowdown is left to the schedule), so most of its decisions
+    are on constant-rate runs; drawn uniformly, only a third of the records' tasks are. The
+    schedule is set apart from `make_task`'s own draw (which still happens), so every other
+    choice of a task stays what its seed gives."""
+    rng = np.random.default_rng(SEED)
+    return [tasks.make_task(family, seed, schedule="constant" if rng.random() < constant_share else None)
+            for seed in range(per_family) for family in tasks.TRAINING_FAMILIES]
 
 
 if __name__ == "__main__":
