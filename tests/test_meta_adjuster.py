@@ -283,6 +283,16 @@ def test_the_default_meta_model_ships_with_the_current_spec():
     assert adjuster.meta_model.output_shape == (None, len(ACTIONS))
 
 
+def test_the_default_trigger_also_consults_on_schedule():
+    adjuster = MetaAdjuster(constant_meta_model(2), monitor="loss", verbose=0)
+    fit(linear_model(kadapt.optimizers.SGD(0.01)), adjuster, epochs=1)
+    assert adjuster.trigger.consult_every == 3
+    given = Trigger(patience=4)
+    adjuster = MetaAdjuster(constant_meta_model(2), monitor="loss", trigger=given, verbose=0)
+    fit(linear_model(kadapt.optimizers.SGD(0.01)), adjuster, epochs=1)
+    assert adjuster.trigger.consult_every is None and adjuster.trigger.patience == 4
+
+
 def test_repeated_cuts_stop_at_max_change():
     from kadapt.meta import actions
 

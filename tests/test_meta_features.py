@@ -93,6 +93,21 @@ def test_oscillation_and_slow_progress():
     assert fire(Trigger(patience=3), [1.0, 0.8, 0.6, 0.4, 0.2]) == [None] * 5
 
 
+def test_a_steadily_improving_run_is_consulted_on_schedule_only_when_asked():
+    steady = [1.0, 0.8, 0.6, 0.4, 0.2, 0.1]  # never a plateau, an oscillation or "slow"
+    assert fire(Trigger(patience=3), steady) == [None] * 6
+    trigger = Trigger(patience=3, cooldown=1, consult_every=3)
+    assert fire(trigger, steady[:4]) == [None, None, None, "scheduled"]
+    trigger.adjusted()  # the count restarts from the adjustment, after the cooldown
+    assert fire(trigger, steady[4:] + [0.05, 0.03]) == [None, None, "scheduled", "scheduled"]
+
+
+def test_a_rule_that_fires_comes_before_the_schedule():
+    assert fire(Trigger(patience=3, consult_every=1), [1.0, 1.0, 1.0, 1.0]) == [None, "scheduled", "scheduled",
+                                                                                 "plateau"]
+    assert fire(Trigger(consult_every=1), [1.0, math.nan]) == [None, "divergence"]
+
+
 def test_cooldown_holds_back_all_but_divergence():
     trigger = Trigger(patience=2, cooldown=2)
     assert fire(trigger, [1.0, 1.0, 1.0]) == [None, None, "plateau"]
@@ -106,6 +121,7 @@ def test_cooldown_holds_back_all_but_divergence():
         ({"patience": 1}, r"Argument `patience` must be in \[2, None\]. Received: patience=1"),
         ({"cooldown": -1}, r"Argument `cooldown` must be an int >= 0. Received: cooldown=-1"),
         ({"explode_factor": 1.0}, r"Argument `explode_factor` must be in \(1.0, None\]"),
+        ({"consult_every": 0}, r"Argument `consult_every` must be in \[1, None\]. Received: consult_every=0"),
     ],
 )
 def test_bad_trigger_arguments(kwargs, message):

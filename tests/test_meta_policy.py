@@ -81,7 +81,7 @@ def test_the_optimizers_allowed_mask_holds():
     assert adjustment.action == KEEP
 
 
-@pytest.mark.parametrize("reason", ["plateau", "slow_progress", "oscillation"])
+@pytest.mark.parametrize("reason", ["plateau", "slow_progress", "oscillation", "scheduled"])
 def test_a_slowdown_while_the_schedule_anneals_is_left_to_it(reason):
     adjustment, state = AdjustmentPolicy(never_called).decide(PolicyState(), WINDOW, reason, 0.1, annealing=True)
     assert adjustment.restart_trigger and not adjustment.consulted and not adjustment.logged

@@ -14,7 +14,9 @@ below range test then constant and below the best anchor (issue 46's figures
 for the start from the range test), and well-set runs harmed (> 1.05x the run
 without; the cosine and the constant run at the grid-best rate). With
 `--range-start` both arms start from the range test; `--meta-model M.keras`
-runs both with another meta-model than the shipped one.
+runs both with another meta-model than the shipped one; `--consult-every N`
+gives both a trigger that also consults the meta-model every N observations
+(0: the trigger's rules only; the adjuster's default is 3).
 
     .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/README.md --out runs/base
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
@@ -31,18 +33,23 @@ import math
 from pathlib import Path
 
 from kadapt.meta import evaluation
+from kadapt.meta.triggers import Trigger
 
 ARMS = ("meta", "meta_rescue")
 
 
-def _arm(task, arm, range_start, meta_model):
+def _arm(task, arm, range_start, meta_model, consult_every=None):
     """`arm` on `task`: the adjuster with `meta_model` (starting from the range test with
-    `range_start`), with the rescue after it for `"meta_rescue"`."""
+    `range_start`; its trigger consulting every `consult_every` observations too, the rules only
+    at 0, the adjuster's default at `None`), with the rescue after it for `"meta_rescue"`."""
     options = {"range_test": evaluation.range_start(task)} if range_start else {}
+    if consult_every is not None:  # 0: the trigger's rules only
+        options["trigger"] = Trigger(consult_every=consult_every or None)
     return evaluation.meta_run(task, evaluation.EPOCHS, meta_model, rescue=arm == "meta_rescue", **options)
 
 
-def run_task(base: dict, range_start: bool = False, meta_model: str = "default") -> dict:
+def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
+             consult_every: int | None = None) -> dict:
     """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
     `range_start`, the adjuster starts from the range test in both. The well-set runs at the
     grid-best rate, cosine and constant, run in both modes."""
@@ -52,14 +59,15 @@ def run_task(base: dict, range_start: bool = False, meta_model: str = "default")
     result["settings"] = {}
     for setting, case in base["settings"].items():
         task = evaluation.evaluation_task(family, seed, case["learning_rate"])
-        arms = {arm: _arm(task, arm, range_start, meta_model) for arm in ARMS}
+        arms = {arm: _arm(task, arm, range_start, meta_model, consult_every) for arm in ARMS}
         result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
                                        "plateau": case["plateau"], **arms}
         print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
               + ", ".join(f"{arm} {arms[arm]['val_loss']:.4g}" for arm in ARMS), flush=True)
     for name, schedule in (("cosine", "cosine"), ("well_set", "constant")):
         task = evaluation.evaluation_task(family, seed, base["best_rate"], schedule)
-        result[name] = {"without": base[name]["without"], **{arm: _arm(task, arm, range_start, meta_model) for arm in ARMS}}
+        result[name] = {"without": base[name]["without"],
+                        **{arm: _arm(task, arm, range_start, meta_model, consult_every) for arm in ARMS}}
         print(f"{family}/{seed} {name}: " + ", ".join(f"{arm} {result[name][arm]['val_loss']:.4g}"
                                                       for arm in ("without", *ARMS)), flush=True)
     return result
@@ -130,13 +138,17 @@ def main():
                         help="both arms start from the range test (RangeTestStart); the well-set constant runs too")
     parser.add_argument("--meta-model", default="default",
                         help="the meta-model of both arms: a .keras file, or the shipped default")
+    parser.add_argument("--consult-every", type=int, default=None,
+                        help="the adjuster's trigger also consults the meta-model after this many observations "
+                             "without an adjustment (kadapt.meta.Trigger(consult_every=N)); 0: the rules "
+                             "only; default: the adjuster's default trigger")
     args = parser.parse_args()
     if args.merge:
         results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
     else:
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
-        results = [run_task(base, args.range_start, args.meta_model) for path in args.results
+        results = [run_task(base, args.range_start, args.meta_model, args.consult_every) for path in args.results
                    for base in json.loads(path.read_text())["runs"]]
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)

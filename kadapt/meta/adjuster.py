@@ -33,6 +33,10 @@ from kadapt.meta.worker_agreement import WorkerAgreement
 from kadapt.validation import check_range
 
 STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
+# The default trigger also consults the meta-model after this many observations without an
+# adjustment: the records branch at fixed points (every 3 epochs), and a run far too low improves
+# steadily, never "slow" (held-out figures: benchmarks/README.md#meta_rescue).
+CONSULT_EVERY = 3
 
 
 class MetaAdjuster(keras.callbacks.Callback):
@@ -114,7 +118,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         target: Float or `None`. Stop when `monitor` reaches it. Defaults to `None`.
         mode: `"min"`, `"max"` or `"auto"` (max for accuracy-like names).
         check_every: `"epoch"` or a positive int of steps. Defaults to `"epoch"`.
-        trigger: `kadapt.meta.Trigger` or `None` (its defaults).
+        trigger: `kadapt.meta.Trigger` or `None`: its defaults, consulting the
+            meta-model every `CONSULT_EVERY` (3) observations without an adjustment
+            as well (`Trigger(consult_every=3)`).
         log_dir: Path or `None`. Where `meta_decisions.jsonl` is written.
         verbose: Int. 1 prints each decision. Defaults to `1`.
         min_gain: Float >= 0. The predicted gain (log of the final validation
@@ -154,7 +160,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self.check_every = check_every
         if trigger is not None and not isinstance(trigger, Trigger):
             raise TypeError(f"Argument `trigger` must be a kadapt.meta.Trigger or None. Received: trigger={trigger!r}")
-        self._trigger_template = trigger or Trigger()
+        self._trigger_template = trigger or Trigger(consult_every=CONSULT_EVERY)
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.backup_dir = None if backup_dir is None else Path(backup_dir)
         self.verbose = verbose

@@ -15,8 +15,8 @@ The rules:
   one if the last divergence was at most `patience` calm observations ago
   (and then the optimizer's per-weight slots restart too); raises stay below
   half the rate that diverged from then on (the ceiling);
-- plateau, slow progress or oscillation while the schedule anneals: left to
-  the schedule, whose slowdown is on purpose;
+- plateau, slow progress, oscillation or a scheduled consultation while the
+  schedule anneals: left to the schedule, whose slowdown is on purpose;
 - the last observation: nothing is adjusted (no later step would feel it),
   but a divergence is still rolled back;
 - otherwise the predictor's best allowed action, kept unless its predicted
@@ -38,7 +38,7 @@ from kadapt.meta.meta_model import predicted_differences
 from kadapt.meta.numpy_forward import numpy_forward
 from kadapt.validation import check_range
 
-LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation")
+LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation", "scheduled")
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == min(
     b.get("learning_rate_multiplier", 1.0) for b in action_lib.ACTIONS) for a in action_lib.ACTIONS])
 

@@ -13,6 +13,11 @@ the reason to act now, or `None`:
   the net change is smaller than the swings.
 - `"slow_progress"`: it improves, but by less than `slow_fraction` of the loss
   over `patience` observations.
+- `"scheduled"` (only with `consult_every`): none of the above, but
+  `consult_every` observations have passed since the last adjustment (or the
+  start). The records the meta-model learns from branch at fixed points of a
+  run, whatever its losses do; a run whose rate is far too low improves
+  steadily and never looks "slow" to the rule above.
 
 After an adjustment it waits `cooldown` observations before it fires again,
 except for divergence, which always fires.
@@ -39,6 +44,9 @@ class Trigger:
         slow_fraction: Float >= 0. Improvement over `patience` observations
             below which progress is "slow". Defaults to `0.15`.
         explode_factor: Float > 1. Defaults to `3.0`.
+        consult_every: Int >= 1 or `None`. Fire `"scheduled"` after this many
+            observations without an adjustment; `None`: only the rules.
+            Defaults to `None`.
 
     Example:
 
@@ -50,12 +58,15 @@ class Trigger:
     """
 
     def __init__(self, patience: int = 3, cooldown: int = 2, min_delta: float = 1e-3, slow_fraction: float = 0.15,
-                 explode_factor: float = 3.0) -> None:
+                 explode_factor: float = 3.0, consult_every: int | None = None) -> None:
         check_range("patience", patience, low=2, integer=True)
         check_non_negative_int(cooldown, "cooldown")
         check_range("min_delta", min_delta, low=0.0)
         check_range("slow_fraction", slow_fraction, low=0.0)
         check_range("explode_factor", explode_factor, low=1.0, low_open=True)
+        if consult_every is not None:
+            check_range("consult_every", consult_every, low=1, integer=True)
+        self.consult_every = None if consult_every is None else int(consult_every)
         self.patience, self.cooldown, self.min_delta = int(patience), int(cooldown), min_delta
         self.slow_fraction, self.explode_factor = slow_fraction, explode_factor
         self.losses = []
@@ -116,13 +127,14 @@ class Trigger:
     def _trend(self):
         if self.since_best >= self.patience:
             return "plateau"
-        if len(self.losses) <= self.patience:
-            return None
-        recent = self.losses[-(self.patience + 1):]
-        steps = [later - earlier for earlier, later in zip(recent, recent[1:])]
-        alternating = all(step * previous < 0 for previous, step in zip(steps, steps[1:]))
-        if alternating and abs(recent[-1] - recent[0]) < max(abs(step) for step in steps):
-            return "oscillation"
-        if 0 < recent[0] - recent[-1] < self.slow_fraction * recent[0]:
-            return "slow_progress"
+        if len(self.losses) > self.patience:
+            recent = self.losses[-(self.patience + 1):]
+            steps = [later - earlier for earlier, later in zip(recent, recent[1:])]
+            alternating = all(step * previous < 0 for previous, step in zip(steps, steps[1:]))
+            if alternating and abs(recent[-1] - recent[0]) < max(abs(step) for step in steps):
+                return "oscillation"
+            if 0 < recent[0] - recent[-1] < self.slow_fraction * recent[0]:
+                return "slow_progress"
+        if self.consult_every is not None and len(self.losses) > self.consult_every:
+            return "scheduled"
         return None

@@ -17,7 +17,7 @@ import keras
 
 from kadapt.meta.policy import Adjustment
 
-REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress")  # Trigger.update's answers
+REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress", "scheduled")  # Trigger.update's answers
 
 
 class WorkerAgreement:
