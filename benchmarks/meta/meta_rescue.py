@@ -135,7 +135,7 @@ def main():
     parser.add_argument("--merge", nargs="+", type=Path, help="no runs: the summary of these files' results")
     parser.add_argument("--out", type=Path, help="where this script's results go (JSON)")
     parser.add_argument("--range-start", action="store_true",
-                        help="both arms start from the range test (RangeTestStart); the well-set constant runs too")
+                        help="both arms start from the range test (RangeTestStart)")
     parser.add_argument("--meta-model", default="default",
                         help="the meta-model of both arms: a .keras file, or the shipped default")
     parser.add_argument("--consult-every", type=int, default=None,
