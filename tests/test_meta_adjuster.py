@@ -116,6 +116,8 @@ def test_the_window_says_where_the_schedule_is():
 def test_min_gain_must_be_a_non_negative_number():
     with pytest.raises(ValueError, match="min_gain"):
         MetaAdjuster(constant_meta_model(LR_UP), min_gain=-0.1)
+    with pytest.raises(ValueError, match="min_cut_gain"):
+        MetaAdjuster(constant_meta_model(LR_UP), min_cut_gain=-0.1)
 
 
 def test_momentum_reaches_the_compiled_step():

@@ -131,6 +131,8 @@ def test_masked_score_error_against_numpy_over_the_tried_candidates():
     ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1, 0.2, 0.3], [1, 1, 1, 0, 1, 1, 1, 1, 1], 0.05, (KEEP, 0.0, KEEP)),  # best not allowed
     ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1, 0.2, 0.3], [1, 1, 0, 0, 0, 0, 0, 0, 0], 0.05, (1, -0.2, 1)),  # keep not allowed
     ([0.3, 0.2, 0.0, -0.5, 0.5, 0.1, 0.1, 0.2, 0.3], [0] * 9, 0.05, (KEEP, 0.0, KEEP)),  # nothing allowed
+    ([0.3, -0.04, 0.0, 0.5, 0.5, 0.1, 0.1, 0.2, 0.3], None, [0.03, 0.03] + [0.1] * 7, (1, 0.04, 1)),  # its own threshold
+    ([0.3, 0.5, 0.0, -0.04, 0.5, 0.1, 0.1, 0.2, 0.3], None, [0.03, 0.03] + [0.1] * 7, (KEEP, 0.04, 3)),
 ])
 def test_choose_abstains_unless_the_predicted_gain_is_clear(differences, allowed, min_gain, expected):
     choice = choose_from(np.asarray(differences), allowed, min_gain)

@@ -40,6 +40,17 @@ def test_a_gain_below_min_gain_keeps_and_says_what_it_considered():
     assert adjustment.abstained and adjustment.logged and adjustment.text == "keep (considered lr x3)"
 
 
+def test_a_cut_needs_only_min_cut_gain_and_never_more_than_min_gain():
+    cut, _ = AdjustmentPolicy(predicting(LR_DOWN_3, gain=0.05)).decide(PolicyState(), WINDOW, "plateau", 0.1)
+    assert cut.action == LR_DOWN_3  # the defaults: 0.05 clears a cut's 0.03, not a raise's 0.1
+    raise_, _ = AdjustmentPolicy(predicting(LR_UP_3, gain=0.05)).decide(PolicyState(), WINDOW, "plateau", 0.1)
+    assert (raise_.action, raise_.considered) == (KEEP, LR_UP_3)
+    strict = AdjustmentPolicy(predicting(LR_DOWN_3, gain=0.05), min_cut_gain=0.08)
+    assert strict.decide(PolicyState(), WINDOW, "plateau", 0.1)[0].action == KEEP
+    loose = AdjustmentPolicy(predicting(LR_UP_3, gain=0.02), min_gain=0.01)  # a cut's bar follows it down
+    assert loose.min_cut_gain == 0.01 and loose.decide(PolicyState(), WINDOW, "plateau", 0.1)[0].action == LR_UP_3
+
+
 def test_a_divergence_rolls_back_and_allows_only_cuts_whatever_the_predictor_prefers():
     differences = np.array([0.3, 0.2, 0.0, -0.5, -0.6, -0.4, -0.4, -0.7, -0.7])  # every cut predicted worse than keeping
     adjustment, state = AdjustmentPolicy(lambda window: differences).decide(PolicyState(), WINDOW, "divergence", 0.4)
@@ -104,6 +115,8 @@ def test_arguments_are_checked():
         AdjustmentPolicy(never_called, allowed=np.ones(3, bool))
     with pytest.raises(ValueError, match="min_gain"):
         AdjustmentPolicy(never_called, min_gain=-1.0)
+    with pytest.raises(ValueError, match="min_cut_gain"):
+        AdjustmentPolicy(never_called, min_cut_gain=-0.01)
     assert math.isinf(PolicyState().ceiling)
 
 
@@ -135,3 +148,15 @@ def test_a_move_to_where_the_rate_already_is_is_not_on_the_menu():
     assert same.action == KEEP
     far, _ = policy.decide(PolicyState(), WINDOW, "plateau", 0.01, suggestion=0.02)
     assert far.action == TO_SUGGESTION
+
+
+def test_a_momentum_action_that_sets_the_momentum_applied_now_is_not_on_the_menu():
+    at_high = WINDOW.copy()
+    at_high[:, 6] = 0.95  # the window's momentum column (float32, as a reading gives it)
+    differences = np.ones(len(ACTIONS))
+    differences[KEEP], differences[MOMENTUM_HIGH], differences[LR_UP_3] = 0.0, -0.4, -0.2
+    policy = AdjustmentPolicy(lambda window: differences)
+    adjustment, _ = policy.decide(PolicyState(), at_high, "slow_progress", 1e-3)
+    assert adjustment.action == LR_UP_3  # the next best: "momentum 0.95" would change nothing
+    at_low, _ = policy.decide(PolicyState(), WINDOW + np.float32(0.9) * (np.arange(15) == 6), "slow_progress", 1e-3)
+    assert at_low.action == MOMENTUM_HIGH

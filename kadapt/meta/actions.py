@@ -36,6 +36,7 @@ MAX_CHANGE = 1e4
 MOMENTUM_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "momentum" in action)
 SUGGESTION_ACTIONS = tuple(i for i, action in enumerate(ACTIONS) if "learning_rate_to_suggestion" in action)
 SAME_RATE = 3 ** 0.5  # a move to the suggestion smaller than halfway to x3 / x0.3 is no move
+SAME_MOMENTUM = 1e-3  # a momentum action this close to the momentum applied now changes nothing
 RATE_ACTIONS = tuple(i for i, action in enumerate(ACTIONS)
                      if "learning_rate_multiplier" in action or "learning_rate_to_suggestion" in action)
 
@@ -104,6 +105,17 @@ def rate_factors(learning_rate: float, suggestion: float | None = None) -> np.nd
         factor = ACTIONS[index]["learning_rate_to_suggestion"] * float(suggestion) / learning_rate if usable else 1.0
         factors[index] = factor if max(factor, 1 / factor) >= SAME_RATE else math.nan
     return factors
+
+
+def changes_momentum(momentum: float) -> np.ndarray:
+    """Boolean mask over `ACTIONS`: `False` for a momentum action that would set the momentum
+    applied now (`momentum`, as `current_momentum` reads it): keep under another name. Measured
+    on held-out runs, the meta-model rated "momentum 0.95" 0.2-0.4 above keeping at a momentum
+    of 0.95 already, and a too-low rate was left there instead of raised."""
+    mask = np.ones(len(ACTIONS), bool)
+    for index in MOMENTUM_ACTIONS:
+        mask[index] = not abs(ACTIONS[index]["momentum"] - float(momentum)) < SAME_MOMENTUM
+    return mask
 
 
 def apply(optimizer: keras.optimizers.Optimizer, action: dict[str, float],

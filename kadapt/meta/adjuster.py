@@ -20,6 +20,7 @@ from kadapt.meta.adjustment_runner import Progress
 from kadapt.meta.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
 from kadapt.meta.decision_log import DecisionLog
 from kadapt.meta.features import FeatureHistory
+from kadapt.meta.meta_model import MIN_CUT_GAIN
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import load_meta_model
@@ -133,6 +134,10 @@ class MetaAdjuster(keras.callbacks.Callback):
             to `None` (kept in memory only).
         range_test: `kadapt.meta.RangeTestStart` or `None`. The range test
             to start from. Defaults to `None` (none).
+        min_cut_gain: Float >= 0. The predicted gain a learning-rate cut
+            needs, where the best action is one (never more than
+            `min_gain`): a cut's downside is a slower run, not an unstable
+            one. Defaults to `0.03` (about 3% lower).
 
     Example:
 
@@ -147,10 +152,11 @@ class MetaAdjuster(keras.callbacks.Callback):
                  target: float | None = None, mode: str = "auto", check_every: str | int = "epoch",
                  trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
                  min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None,
-                 range_test: RangeTestStart | None = None) -> None:
+                 range_test: RangeTestStart | None = None, min_cut_gain: float = MIN_CUT_GAIN) -> None:
         super().__init__()
         check_range("min_gain", min_gain, low=0.0)
-        self.min_gain = float(min_gain)
+        check_range("min_cut_gain", min_cut_gain, low=0.0)
+        self.min_gain, self.min_cut_gain = float(min_gain), float(min_cut_gain)
         self.meta_model = _load(meta_model)
         self._predict = model_predictor(self.meta_model)  # reads its weights once: they do not change
         self.monitor, self.target = _check_monitor(monitor), _check_target(target)
@@ -207,7 +213,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
         policy = AdjustmentPolicy(self._predict, allowed, self.min_gain,
-                                  self._trigger_template.patience)
+                                  self._trigger_template.patience, self.min_cut_gain)
         self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
                                         self.decision_log, WorkerAgreement.of(self.model))
         self._step, self._epoch = int(optimizer.iterations.numpy()), 0

@@ -34,6 +34,10 @@ from kadapt.meta.features import WINDOW
 
 FORMAT_VERSION = 2  # 1: action probabilities; 2: score differences to keep
 MIN_GAIN = 0.1  # abstain unless an action is predicted to end >= ~10% below keeping (chosen on training-family records)
+# A learning-rate cut needs less: its downside is a slower run, not an unstable one, and on a constant
+# rate it lowers the noise floor the run ends on (chosen on the held-out development seeds 0-2:
+# benchmarks/README.md#meta_rescue).
+MIN_CUT_GAIN = 0.03
 DEFAULT_PATH = Path(__file__).parent / "pretrained" / "default.keras"
 
 
@@ -192,15 +196,18 @@ def choose(model: keras.Model, window: np.ndarray, allowed: np.ndarray | None = 
     return choose_from(predicted_differences(model, window[None])[0], allowed, min_gain)
 
 
-def choose_from(differences: np.ndarray, allowed: np.ndarray | None = None, min_gain: float = MIN_GAIN) -> Choice:
-    """`choose` on predicted score differences to keep (lower is better)."""
+def choose_from(differences: np.ndarray, allowed: np.ndarray | None = None,
+                min_gain: float | np.ndarray = MIN_GAIN) -> Choice:
+    """`choose` on predicted score differences to keep (lower is better); `min_gain` may be one
+    threshold per action (the best allowed action's own applies)."""
     allowed = np.ones(len(action_lib.ACTIONS), bool) if allowed is None else np.asarray(allowed, bool)
     if not allowed.any():  # nothing can change: keeping is all there is
         return Choice(action_lib.KEEP, 0.0, action_lib.KEEP)
     masked = np.where(allowed, differences, np.inf)
     best = int(np.argmin(masked))
     gain = float(-masked[best])
-    if allowed[action_lib.KEEP] and best != action_lib.KEEP and gain < min_gain:
+    needed = float(np.asarray(min_gain, "float64")[best]) if np.ndim(min_gain) else float(min_gain)
+    if allowed[action_lib.KEEP] and best != action_lib.KEEP and gain < needed:
         return Choice(action_lib.KEEP, gain, best)
     return Choice(best, gain, best)
 

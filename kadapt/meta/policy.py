@@ -20,7 +20,10 @@ The rules:
 - the last observation: nothing is adjusted (no later step would feel it),
   but a divergence is still rolled back;
 - otherwise the predictor's best allowed action, kept unless its predicted
-  gain over keeping reaches `min_gain` (`kadapt.meta.meta_model.choose_from`).
+  gain over keeping reaches `min_gain`, or `min_cut_gain` for a learning-rate
+  cut (`kadapt.meta.meta_model.choose_from`);
+  a momentum action that would set the momentum the window's last row shows
+  is not on the menu (it is keep under another name).
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ from collections.abc import Callable
 import numpy as np
 
 from kadapt.meta import actions as action_lib
+from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.meta_model import MIN_CUT_GAIN
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import choose_from
 from kadapt.meta.meta_model import predicted_differences
 from kadapt.meta.numpy_forward import numpy_forward
 from kadapt.validation import check_range
 
+_MOMENTUM = FEATURE_NAMES.index("momentum")  # the window's column of the momentum applied, unscaled
 LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation", "scheduled")
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == min(
     b.get("learning_rate_multiplier", 1.0) for b in action_lib.ACTIONS) for a in action_lib.ACTIONS])
@@ -132,6 +138,8 @@ class AdjustmentPolicy:
             applied. Defaults to `MIN_GAIN`.
         patience: Int >= 0. A divergence within this many calm observations
             of the last is "repeated". Defaults to `3` (the trigger's).
+        min_cut_gain: Float >= 0. The predicted gain a learning-rate cut
+            needs (never more than `min_gain`). Defaults to `MIN_CUT_GAIN`.
 
     Example:
 
@@ -143,14 +151,16 @@ class AdjustmentPolicy:
     """
 
     def __init__(self, predict: Callable[[np.ndarray], np.ndarray], allowed: np.ndarray | None = None,
-                 min_gain: float = MIN_GAIN, patience: int = 3) -> None:
+                 min_gain: float = MIN_GAIN, patience: int = 3, min_cut_gain: float = MIN_CUT_GAIN) -> None:
         if not callable(predict):
             raise TypeError(f"Argument `predict` must be a callable `window -> score differences`, e.g. "
                             f"model_predictor(meta_model). Received: predict={predict!r}")
         self.allowed = _check_allowed(allowed)
         check_range("min_gain", min_gain, low=0.0)
         check_range("patience", patience, low=0, integer=True)
+        check_range("min_cut_gain", min_cut_gain, low=0.0)
         self.predict, self.min_gain, self.patience = predict, float(min_gain), int(patience)
+        self.min_cut_gain = min(float(min_cut_gain), self.min_gain)
 
     def decide(self, state: PolicyState, window: np.ndarray, reason: str | None, learning_rate: float,
                annealing: bool = False, final: bool = False,
@@ -166,8 +176,11 @@ class AdjustmentPolicy:
             return Adjustment(reason, restart_trigger=True), state
         if final:
             return Adjustment(reason, rollback=divergence, restart_momentum=repeated), state
-        allowed, state = self._allowed(state, divergence, repeated, learning_rate, suggestion)
-        choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, self.min_gain)
+        factors = action_lib.rate_factors(learning_rate, suggestion)
+        allowed, state = self._allowed(state, divergence, repeated, learning_rate, factors)
+        allowed &= action_lib.changes_momentum(float(window[-1, _MOMENTUM]))
+        needed = np.where(factors < 1.0, self.min_cut_gain, self.min_gain)  # NaN factors are not allowed
+        choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, needed)
         return Adjustment(reason, choice.action, choice.gain, choice.considered, rollback=divergence,
                           restart_momentum=repeated, consulted=True, restart_trigger=True), state
 
@@ -175,8 +188,7 @@ class AdjustmentPolicy:
         """Whether a divergence now follows the last one within `patience` calm observations."""
         return state.since_divergence is not None and state.since_divergence <= self.patience
 
-    def _allowed(self, state, divergence, repeated, learning_rate, suggestion):
-        factors = action_lib.rate_factors(learning_rate, suggestion)
+    def _allowed(self, state, divergence, repeated, learning_rate, factors):
         allowed = self.allowed & ~np.isnan(factors)
         if divergence:
             state = PolicyState(min(state.ceiling, learning_rate / 2), 0)
