@@ -64,3 +64,18 @@ def test_read_model_equals_the_variables_and_rates_read_one_by_one(make_optimize
             np.testing.assert_array_equal(value, keras.ops.convert_to_numpy(variable))
         read = (reading.scheduled_rate, reading.learning_rate, reading.momentum)
         assert read == _rates_one_by_one(model.optimizer)
+
+
+
+def test_read_model_copies_stay_put_when_later_steps_move_the_variables():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=kadapt.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    x = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
+    model.train_on_batch(x, x[:, :1])
+    reading = host_reads.read_model(model)
+    expected = [np.array(keras.ops.convert_to_numpy(v)) for v in model.variables + model.optimizer.variables]
+    model.train_on_batch(x, x[:, :1])  # every weight, statistic and slot moves
+    for kept, value in zip(expected, reading.variables + reading.optimizer, strict=True):
+        np.testing.assert_array_equal(value, kept)
