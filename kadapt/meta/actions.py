@@ -109,8 +109,8 @@ def rate_factors(learning_rate: float, suggestion: float | None = None) -> np.nd
 
 def changes_momentum(momentum: float) -> np.ndarray:
     """Boolean mask over `ACTIONS`: `False` for a momentum action that would set the momentum
-    applied now (`momentum`, as `current_momentum` reads it): keep under another name. Measured
-    on held-out runs, the meta-model rated "momentum 0.95" 0.2-0.4 above keeping at a momentum
+    applied now (`momentum`, as `current_momentum` reads it): keep under another name. On the
+    evaluation tasks the meta-model rated "momentum 0.95" 0.2-0.4 above keeping at a momentum
     of 0.95 already, and a too-low rate was left there instead of raised."""
     mask = np.ones(len(ACTIONS), bool)
     for index in MOMENTUM_ACTIONS:
