@@ -45,6 +45,8 @@ def main():
     parser.add_argument("--constant-share", type=float, default=CONSTANT_SHARE,
                         help="share of the tasks set to a constant rate (default 0.5; the rest keep their draw)")
     args = parser.parse_args()
+    if not 0.0 <= args.constant_share <= 1.0:
+        parser.error(f"argument --constant-share must be a share in [0, 1], e.g. 0.5. Received: {args.constant_share}")
     Path(args.store).parent.mkdir(parents=True, exist_ok=True)
     store = RecordStore(args.store)
     started = time.time()
