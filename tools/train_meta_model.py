@@ -32,6 +32,7 @@ from kadapt.meta.meta_model import DEFAULT_PATH  # noqa: E402
 TASKS_PER_FAMILY = 32
 MAX_TRIALS = 10
 SEED = 0
+ENSEMBLE = 1
 CONSTANT_SHARE = 0.5  # of the tasks run at a constant rate whatever their own draw (see _task_list)
 
 
@@ -42,9 +43,13 @@ def main():
     parser.add_argument("--max-trials", type=int, default=MAX_TRIALS)
     parser.add_argument("--output", default=str(DEFAULT_PATH))
     parser.add_argument("--workers", type=int, default=2, help="collector processes (default 2)")
+    parser.add_argument("--ensemble", type=int, default=ENSEMBLE,
+                        help="fits of the best hyperparameters averaged into the model (default %(default)s)")
     parser.add_argument("--constant-share", type=float, default=CONSTANT_SHARE,
                         help="share of the tasks set to a constant rate (default 0.5; the rest keep their draw)")
     args = parser.parse_args()
+    if args.ensemble < 1:
+        parser.error(f"argument --ensemble must be a count of fits >= 1, e.g. 5. Received: {args.ensemble}")
     if not 0.0 <= args.constant_share <= 1.0:
         parser.error(f"argument --constant-share must be a share in [0, 1], e.g. 0.5. Received: {args.constant_share}")
     Path(args.store).parent.mkdir(parents=True, exist_ok=True)
@@ -54,7 +59,7 @@ def main():
     collect(store, task_list, seed=SEED, workers=args.workers)
     collected = time.time()
     _, report = train_meta_model(store, Path(args.store).parent / "tuner", args.output,
-                                 max_trials=args.max_trials, seed=SEED)
+                                 max_trials=args.max_trials, seed=SEED, ensemble=args.ensemble)
     print(json.dumps(report, indent=1))
     print(f"collection {collected - started:.0f} s, search and training {time.time() - collected:.0f} s; "
           f"model: {args.output}")

@@ -27,6 +27,8 @@ def add_meta_arguments(subparsers) -> None:
     train.add_argument("--max-trials", type=int, default=8)
     train.add_argument("--epochs", type=int, default=40)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--ensemble", type=int, default=1,
+                       help="fits of the best hyperparameters averaged into one model (default 1)")
     train.set_defaults(run=run_train)
     evaluate = commands.add_parser(
         "eval", help="judge a meta-model on held-out tasks against a grid, ReduceLROnPlateau and cosine "
@@ -97,7 +99,8 @@ def run_train(args) -> int:
         print(f"{search.tuner_id} {role} {search.oracle_ip}:{search.oracle_port}", flush=True)
     try:
         _, report = train_meta_model(store, Path(args.output).parent / "tuner", args.output,
-                                     max_trials=args.max_trials, epochs=args.epochs, seed=args.seed)
+                                     max_trials=args.max_trials, epochs=args.epochs, seed=args.seed,
+                                     ensemble=args.ensemble)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if report is None:

@@ -13,10 +13,12 @@ import numpy as np
 
 from kadapt.extras import require
 from kadapt.meta.adjustment_record import AdjustmentRecord
+from kadapt.meta.ensemble import pack_ensemble
 from kadapt.meta.hyper_model import MetaHyperModel
 from kadapt.meta.meta_model import decision_data
 from kadapt.meta.meta_model import evaluate_policies
 from kadapt.tuning.distributed_search import distributed_search
+from kadapt.validation import check_range
 
 keras_tuner = require("keras_tuner", extra="tuner")
 require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend
@@ -29,7 +31,7 @@ MIN_GAIN_SWEEP = (0.0, 0.02, 0.05, 0.1, 0.2)  # abstention thresholds the report
 def train_meta_model(store: Iterable[AdjustmentRecord], directory: str | os.PathLike,
                      output: str | os.PathLike | None = None, *, validation_families: Sequence[str] | None = None,
                      max_trials: int = 8, epochs: int = 40, seed: int = 0,
-                     verbose: int = 0) -> tuple[keras.Model | None, dict[str, Any] | None]:
+                     verbose: int = 0, ensemble: int = 1) -> tuple[keras.Model | None, dict[str, Any] | None]:
     """Searches the meta-model's architecture on a store's records and saves the best.
 
     The search (`keras_tuner.RandomSearch` over `MetaHyperModel`, objective
@@ -39,7 +41,10 @@ def train_meta_model(store: Iterable[AdjustmentRecord], directory: str | os.Path
     (accuracy: it picks the best candidate; regret: score lost against the
     best), beside always-keep and the rule baseline, and the regret at each
     abstention threshold of `MIN_GAIN_SWEEP`. The saved model is
-    trained on every family for the median early-stopped epoch count.
+    trained on every family for the median early-stopped epoch count. With
+    `ensemble` K > 1, every model (the report's and the saved one) is K fits
+    of the best hyperparameters from seeds `seed` ... `seed + K - 1`, packed
+    into one model that averages them (`kadapt.meta.ensemble.pack_ensemble`).
 
     Under KerasTuner's distributed mode (`KERASTUNER_TUNER_ID`,
     `KERASTUNER_ORACLE_IP`, `KERASTUNER_ORACLE_PORT`; see
@@ -59,10 +64,12 @@ def train_meta_model(store: Iterable[AdjustmentRecord], directory: str | os.Path
         epochs: Int. Most epochs per fit (early stopping on `val_loss`).
         seed: Int. Makes the search and the training reproducible.
         verbose: Int. Keras verbosity. Defaults to `0`.
+        ensemble: Int >= 1. Fits averaged into each model. Defaults to `1`.
 
     Returns:
         `(model, report)`; `(None, None)` on a distributed search's worker.
     """
+    check_range("ensemble", ensemble, low=1, integer=True)
     search = distributed_search()
     worker = search is not None and not search.is_chief
     records = list(store)
@@ -78,11 +85,11 @@ def train_meta_model(store: Iterable[AdjustmentRecord], directory: str | os.Path
     if worker:  # the chief reports and saves
         return None, None
     hyperparameters = tuner.get_best_hyperparameters(1)[0]
-    per_family, stopped = _leave_one_family_out(data, families, hyperparameters, epochs, seed)
-    model = _fit(data, hyperparameters, int(np.median(stopped)), seed)
+    per_family, stopped = _leave_one_family_out(data, families, hyperparameters, epochs, seed, ensemble)
+    model = _ensemble_fit(data, hyperparameters, int(np.median(stopped)), seed, ensemble)
     report = {"records": len(records), "decisions": len(data), "families": families,
               "search_validation_families": list(validation_families),
-              "hyperparameters": hyperparameters.values, "epochs": int(np.median(stopped)),
+              "hyperparameters": hyperparameters.values, "epochs": int(np.median(stopped)), "ensemble": ensemble,
               "held_out": per_family, "mean": _mean_report(per_family)}
     if output is not None:
         _save(model, report, Path(output))
@@ -114,22 +121,33 @@ def _early_stopping():
     return keras.callbacks.EarlyStopping(patience=PATIENCE, restore_best_weights=True)
 
 
-def _leave_one_family_out(data, families, hyperparameters, epochs, seed):
+def _leave_one_family_out(data, families, hyperparameters, epochs, seed, ensemble=1):
+    """Each family held out in turn: `ensemble` early-stopped fits on the others (from seeds
+    `seed`, `seed + 1`, ...), averaged, judged on it. Returns the report and every fit's epochs."""
     report, stopped = {}, []
     for family in families:
         mask = data.families == family
         train, test = data.subset(~mask), data.subset(mask)
-        keras.utils.set_random_seed(seed)
-        model = MetaHyperModel().build(hyperparameters)
-        order = np.random.default_rng(seed).permutation(len(train))
-        stopper = _early_stopping()
-        model.fit(train.x[order], train.targets()[order], validation_split=0.15, epochs=epochs,
-                  batch_size=BATCH_SIZE, callbacks=[stopper], verbose=0)
-        stopped.append(max(stopper.best_epoch + 1, 1) if stopper.stopped_epoch else epochs)
+        members = []
+        for member_seed in range(seed, seed + ensemble):
+            keras.utils.set_random_seed(member_seed)
+            member = MetaHyperModel().build(hyperparameters)
+            order = np.random.default_rng(member_seed).permutation(len(train))
+            stopper = _early_stopping()
+            member.fit(train.x[order], train.targets()[order], validation_split=0.15, epochs=epochs,
+                       batch_size=BATCH_SIZE, callbacks=[stopper], verbose=0)
+            stopped.append(max(stopper.best_epoch + 1, 1) if stopper.stopped_epoch else epochs)
+            members.append(member)
+        model = members[0] if ensemble == 1 else pack_ensemble(members)
         report[family] = {"decisions": int(mask.sum()), **evaluate_policies(test, model),
                           "regret_by_min_gain": {f"{gain:g}": evaluate_policies(test, model, gain)["meta_model"]["regret"]
                                                  for gain in MIN_GAIN_SWEEP}}
     return report, stopped
+
+
+def _ensemble_fit(data, hyperparameters, epochs, seed, ensemble):
+    members = [_fit(data, hyperparameters, epochs, member_seed) for member_seed in range(seed, seed + ensemble)]
+    return members[0] if ensemble == 1 else pack_ensemble(members)
 
 
 def _fit(data, hyperparameters, epochs, seed):

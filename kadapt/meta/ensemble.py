@@ -1,0 +1,123 @@
+"""`pack_ensemble`: several meta-models of one architecture as one recurrent model that averages them.
+
+A meta-model trained on a few hundred decision points depends on its
+training seed: two fits of the same hyperparameters rank the actions
+differently on some windows. Averaging K fits lowers that variance. The
+average is packed into one model of the same kind, so it loads, saves and
+runs (`numpy_forward` included) as any meta-model does: K recurrent stacks of
+`units` each are one stack of `K x units` whose weights keep the members
+apart, since a GRU's and an LSTM's gates act unit by unit:
+
+    kernel:      each member's gate columns side by side (the first layer
+                 reads the shared window; a later layer reads only its own
+                 member's units: block-diagonal rows)
+    recurrent:   block-diagonal, the same column order
+    bias:        the same column order
+    head:        the members' Dense kernels stacked, divided by K; the bias
+                 the members' mean
+
+so the packed model's output is the mean of the members' outputs (to float
+rounding), and a member's units never see another's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+from kadapt.meta import actions as action_lib
+from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.features import WINDOW
+from kadapt.meta.meta_model import MetaSpec
+
+_GATES = {"GRU": 3, "LSTM": 4}
+_PASSED_THROUGH = ("InputLayer", "MetaSpec", "Dropout")
+
+
+def pack_ensemble(members: Sequence[keras.Model]) -> keras.Model:
+    """One meta-model whose output is the mean of `members`' outputs.
+
+    Args:
+        members: Meta-models of one architecture (`MetaHyperModel` builds
+            with the same hyperparameters): a stack of GRU or LSTM layers, a
+            dropout and a linear `Dense` head.
+
+    Returns:
+        A `keras.Model` of the same kind, `K x units` wide (not compiled).
+
+    Raises:
+        ValueError: no members, or members of different architectures.
+
+    Example:
+
+    ```python
+    packed = pack_ensemble([model_seed_0, model_seed_1, model_seed_2])
+    packed(windows)  # == mean(member(windows) for member in members), to float rounding
+    ```
+    """
+    if not members:
+        raise ValueError("Argument `members` must hold at least one meta-model. Received: members=[]")
+    stacks = [_layers(member) for member in members]
+    shapes = {tuple(_signature(layer) for layer in stack) for stack in stacks}
+    if len(shapes) != 1:
+        raise ValueError(f"Argument `members` must share one architecture (the same cell, units and layers). "
+                         f"Received: {sorted(shapes)}")
+    first, count = stacks[0], len(members)
+    inputs = keras.Input((WINDOW, len(FEATURE_NAMES)), name="window")
+    hidden = MetaSpec(name="meta_spec")(inputs)
+    recurrent = first[:-1]
+    for index, layer in enumerate(recurrent):
+        config = layer.get_config()
+        kind = type(layer)
+        packed_layer = kind(config["units"] * count, return_sequences=index < len(recurrent) - 1,
+                            reset_after=config["reset_after"], name=f"recurrent_{index}") if kind.__name__ == "GRU" \
+            else kind(config["units"] * count, return_sequences=index < len(recurrent) - 1, name=f"recurrent_{index}")
+        hidden = packed_layer(hidden)
+        packed_layer.set_weights(_packed_recurrent([stack[index] for stack in stacks], shared_input=index == 0))
+    head = keras.layers.Dense(len(action_lib.ACTIONS), name="score_difference")
+    outputs = head(hidden)
+    head.set_weights(_packed_head([stack[-1] for stack in stacks]))
+    return keras.Model(inputs, outputs, name="meta_model")  # not compiled: it is not trained further
+
+
+def _layers(model):
+    return [layer for layer in model.layers if type(layer).__name__ not in _PASSED_THROUGH]
+
+
+def _signature(layer):
+    config = layer.get_config()
+    return (type(layer).__name__, config.get("units"), config.get("reset_after"), config.get("activation"))
+
+
+def _packed_recurrent(layers, shared_input):
+    """The weights of one packed GRU/LSTM layer from the members' layers at one depth."""
+    gates = _GATES[type(layers[0]).__name__]
+    count = len(layers)
+    weights = [[np.asarray(keras.ops.convert_to_numpy(w)) for w in layer.weights] for layer in layers]
+    units = weights[0][1].shape[0]
+    width = gates * units * count
+
+    def columns(member, gate):
+        start = gate * units * count + member * units
+        return slice(start, start + units)
+
+    inputs = weights[0][0].shape[0] * (1 if shared_input else count)
+    kernel = np.zeros((inputs, width), "float32")
+    recurrent = np.zeros((units * count, width), "float32")
+    bias = np.zeros(weights[0][2].shape[:-1] + (width,), "float32")
+    for member, (k, u, b) in enumerate(weights):
+        rows = slice(None) if shared_input else slice(member * units, (member + 1) * units)
+        own = slice(member * units, (member + 1) * units)
+        for gate in range(gates):
+            source = slice(gate * units, (gate + 1) * units)
+            kernel[rows, columns(member, gate)] = k[:, source]
+            recurrent[own, columns(member, gate)] = u[:, source]
+            bias[..., columns(member, gate)] = b[..., source]
+    return [kernel, recurrent, bias]
+
+
+def _packed_head(layers):
+    kernels, biases = zip(*([np.asarray(keras.ops.convert_to_numpy(w)) for w in layer.weights] for layer in layers))
+    return [np.concatenate(kernels, axis=0) / len(layers), np.mean(biases, axis=0)]
