@@ -29,10 +29,10 @@ from kadapt.meta import tasks  # noqa: E402
 from kadapt.meta import train_meta_model  # noqa: E402
 from kadapt.meta.meta_model import DEFAULT_PATH  # noqa: E402
 
-TASKS_PER_FAMILY = 32
+TASKS_PER_FAMILY = 48
 MAX_TRIALS = 10
 SEED = 0
-ENSEMBLE = 1
+ENSEMBLE = 5
 CONSTANT_SHARE = 0.5  # of the tasks run at a constant rate whatever their own draw (see _task_list)
 
 
