@@ -25,12 +25,17 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
     reading `self.model` makes Keras' JAX trainer write its state back into
     the variables and read them again before the next step. The applied rate
     is `learning_rate(step) * learning_rate_multiplier`, which also works
-    when `learning_rate` is a schedule. The update is Keras' (PyTorch's)
-    heavy-ball form:
+    when `learning_rate` is a schedule. The update is Keras' heavy-ball form:
 
         velocity = momentum * velocity - lr * gradient
         w += velocity                              (nesterov=False)
         w += momentum * velocity - lr * gradient   (nesterov=True)
+
+    The velocity is in units of the weights, so a change of the rate (a
+    schedule's, or the multiplier's) acts on the gradient's share only: the
+    velocity built before runs out over ~1 / (1 - momentum) steps. PyTorch's
+    SGD keeps it in units of the gradient (`p -= lr * buf`), where a cut acts
+    at once; at a constant rate the two are the same.
 
     Args:
         learning_rate: Float or `LearningRateSchedule`. Defaults to `0.01`.
