@@ -26,6 +26,7 @@ def members(cell, layers, count=3, units=8):
     return built
 
 
+@pytest.mark.backends("tensorflow", "jax")
 @pytest.mark.parametrize("cell,layers", [("gru", 1), ("gru", 2), ("lstm", 2)])
 def test_the_packed_model_is_the_mean_of_its_members(cell, layers, tmp_path):
     models = members(cell, layers)
