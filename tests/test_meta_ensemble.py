@@ -5,6 +5,7 @@ import keras_tuner
 import numpy as np
 import pytest
 
+from kadapt import cli
 from kadapt.meta import load_meta_model
 from kadapt.meta import train_meta_model
 from kadapt.meta.ensemble import pack_ensemble
@@ -46,6 +47,10 @@ def test_members_of_different_architectures_are_refused():
         pack_ensemble([])
 
 
-def test_an_ensemble_count_below_one_is_refused():
+def test_an_ensemble_count_below_one_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"Argument `ensemble` must be in \[1, None\]. Received: ensemble=0"):
         train_meta_model([], "unused", ensemble=0)
+    store = tmp_path / "records.sqlite"
+    with pytest.raises(SystemExit, match=r"--ensemble must be a count of fits >= 1, e.g. 5. Received: 0"):
+        cli.main(["meta", "train", "--store", str(store), "--output", str(tmp_path / "m.keras"), "--ensemble", "0"])
+    assert not store.exists()  # refused before the store opens

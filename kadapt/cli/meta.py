@@ -93,6 +93,8 @@ def run_train(args) -> int:
         search = distributed_search()  # before the store opens: a bad setting creates no file
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.ensemble < 1:
+        raise UsageError(f"argument --ensemble must be a count of fits >= 1, e.g. 5. Received: {args.ensemble}")
     store = _open_store(args.store)
     if search is not None:
         role = "serves the search at" if search.is_chief else "runs trials for the chief at"
