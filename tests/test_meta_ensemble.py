@@ -45,6 +45,9 @@ def test_members_of_different_architectures_are_refused():
         pack_ensemble([*members("gru", 1, count=1), *members("gru", 1, count=1, units=16)])
     with pytest.raises(ValueError, match=r"at least one meta-model. Received: members=\[\]"):
         pack_ensemble([])
+    dense = keras.Sequential([keras.Input((WINDOW, len(FEATURE_NAMES))), keras.layers.Flatten(), keras.layers.Dense(9)])
+    with pytest.raises(ValueError, match=r"stacks of GRU or LSTM layers .* Received layers: \[\('Flatten', None\)"):
+        pack_ensemble([dense, dense])
 
 
 def test_an_ensemble_count_below_one_is_refused(tmp_path):

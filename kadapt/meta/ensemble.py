@@ -48,7 +48,8 @@ def pack_ensemble(members: Sequence[keras.Model]) -> keras.Model:
         A `keras.Model` of the same kind, `K x units` wide (not compiled).
 
     Raises:
-        ValueError: no members, or members of different architectures.
+        ValueError: no members, members of different architectures, or
+            layers other than GRU/LSTM stacks under a linear `Dense` head.
 
     Example:
 
@@ -60,20 +61,20 @@ def pack_ensemble(members: Sequence[keras.Model]) -> keras.Model:
     if not members:
         raise ValueError("Argument `members` must hold at least one meta-model. Received: members=[]")
     stacks = [_layers(member) for member in members]
-    shapes = {tuple(_signature(layer) for layer in stack) for stack in stacks}
-    if len(shapes) != 1:
-        raise ValueError(f"Argument `members` must share one architecture (the same cell, units and layers). "
-                         f"Received: {sorted(shapes)}")
+    summaries = [[(type(layer).__name__, layer.get_config().get("units")) for layer in stack] for stack in stacks]
+    if len({tuple(_signature(layer) for layer in stack) for stack in stacks}) != 1:
+        raise ValueError(f"Argument `members` must share one architecture (the same cell, units, layers and "
+                         f"settings). Received layers: {summaries}")
+    if not _is_packable(stacks[0]):
+        raise ValueError(f"Argument `members` must be stacks of GRU or LSTM layers under a linear Dense head, as "
+                         f"kadapt.meta.MetaHyperModel builds them. Received layers: {summaries[0]}")
     first, count = stacks[0], len(members)
     inputs = keras.Input((WINDOW, len(FEATURE_NAMES)), name="window")
     hidden = MetaSpec(name="meta_spec")(inputs)
     recurrent = first[:-1]
     for index, layer in enumerate(recurrent):
-        config = layer.get_config()
-        kind = type(layer)
-        packed_layer = kind(config["units"] * count, return_sequences=index < len(recurrent) - 1,
-                            reset_after=config["reset_after"], name=f"recurrent_{index}") if kind.__name__ == "GRU" \
-            else kind(config["units"] * count, return_sequences=index < len(recurrent) - 1, name=f"recurrent_{index}")
+        config = {**layer.get_config(), "units": layer.get_config()["units"] * count, "name": f"recurrent_{index}"}
+        packed_layer = type(layer).from_config(config)  # every other setting as the fits have it
         hidden = packed_layer(hidden)
         packed_layer.set_weights(_packed_recurrent([stack[index] for stack in stacks], shared_input=index == 0))
     head = keras.layers.Dense(len(action_lib.ACTIONS), name="score_difference")
@@ -86,9 +87,17 @@ def _layers(model):
     return [layer for layer in model.layers if type(layer).__name__ not in _PASSED_THROUGH]
 
 
+def _is_packable(stack):
+    head = stack[-1]
+    return (len(stack) >= 2 and all(type(layer).__name__ in _GATES for layer in stack[:-1])
+            and isinstance(head, keras.layers.Dense) and head.get_config()["activation"] == "linear")
+
+
 def _signature(layer):
-    config = layer.get_config()
-    return (type(layer).__name__, config.get("units"), config.get("reset_after"), config.get("activation"))
+    """The layer's kind and settings, its name and initializers aside: equal for fits of one architecture."""
+    config = {key: value for key, value in layer.get_config().items()
+              if key != "name" and not key.endswith(("initializer", "seed"))}
+    return type(layer).__name__, repr(sorted(config.items()))
 
 
 def _packed_recurrent(layers, shared_input):
