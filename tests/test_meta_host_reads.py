@@ -66,7 +66,6 @@ def test_read_model_equals_the_variables_and_rates_read_one_by_one(make_optimize
         assert read == _rates_one_by_one(model.optimizer)
 
 
-
 def test_read_model_copies_stay_put_when_later_steps_move_the_variables():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),

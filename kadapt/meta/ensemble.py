@@ -31,9 +31,10 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FEATURE_NAMES
 from kadapt.meta.features import WINDOW
 from kadapt.meta.meta_model import MetaSpec
+from kadapt.meta.numpy_forward import computing_layers
+from kadapt.meta.numpy_forward import is_linear_dense
 
 _GATES = {"GRU": 3, "LSTM": 4}
-_PASSED_THROUGH = ("InputLayer", "MetaSpec", "Dropout")
 
 
 def pack_ensemble(members: Sequence[keras.Model]) -> keras.Model:
@@ -60,7 +61,7 @@ def pack_ensemble(members: Sequence[keras.Model]) -> keras.Model:
     """
     if not members:
         raise ValueError("Argument `members` must hold at least one meta-model. Received: members=[]")
-    stacks = [_layers(member) for member in members]
+    stacks = [computing_layers(member) for member in members]
     summaries = [[(type(layer).__name__, layer.get_config().get("units")) for layer in stack] for stack in stacks]
     if len({tuple(_signature(layer) for layer in stack) for stack in stacks}) != 1:
         raise ValueError(f"Argument `members` must share one architecture (the same cell, units, layers and "
@@ -83,14 +84,10 @@ def pack_ensemble(members: Sequence[keras.Model]) -> keras.Model:
     return keras.Model(inputs, outputs, name="meta_model")  # not compiled: it is not trained further
 
 
-def _layers(model):
-    return [layer for layer in model.layers if type(layer).__name__ not in _PASSED_THROUGH]
-
-
 def _is_packable(stack):
     head = stack[-1]
     return (len(stack) >= 2 and all(type(layer).__name__ in _GATES for layer in stack[:-1])
-            and isinstance(head, keras.layers.Dense) and head.get_config()["activation"] == "linear")
+            and is_linear_dense(head))
 
 
 def _signature(layer):

@@ -46,8 +46,8 @@ def numpy_forward(model: keras.Model) -> Callable[[np.ndarray], np.ndarray] | No
     ```
     """
     steps = []
-    layers = [layer for layer in model.layers if type(layer).__name__ not in _PASSED_THROUGH]
-    if not layers or not _is_linear_dense(layers[-1]):
+    layers = computing_layers(model)
+    if not layers or not is_linear_dense(layers[-1]):
         return None
     for index, layer in enumerate(layers[:-1]):
         last = index == len(layers) - 2
@@ -65,7 +65,13 @@ def numpy_forward(model: keras.Model) -> Callable[[np.ndarray], np.ndarray] | No
     return forward
 
 
-def _is_linear_dense(layer):
+def computing_layers(model: keras.Model) -> list:
+    """`model`'s layers that compute at inference: all but the input, the `MetaSpec` and dropouts."""
+    return [layer for layer in model.layers if type(layer).__name__ not in _PASSED_THROUGH]
+
+
+def is_linear_dense(layer: keras.layers.Layer) -> bool:
+    """Whether `layer` is a `Dense` with a bias and no activation (a meta-model's head)."""
     return (isinstance(layer, keras.layers.Dense) and layer.use_bias
             and layer.get_config()["activation"] == "linear")
 
