@@ -126,3 +126,14 @@ def server():
 def url(server):
     """The URL of a new, empty database on the throwaway server, for each test."""
     return postgres.create_database(*server, f"records_{os.getpid()}_{next(_DATABASE_NAMES)}")
+
+
+@pytest.fixture(params=["host", "device"] if BACKEND == "tensorflow" else ["host"])
+def observed_on(request, monkeypatch):
+    """Where the `MetaAdjuster` observes: read to the host, or reduced on the device
+    (`kadapt.meta.device_observer`; TensorFlow's, and there from `DEVICE_FROM` weights: 0 here)."""
+    if request.param == "device":
+        from kadapt.meta import device_observer
+
+        monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
+    return request.param

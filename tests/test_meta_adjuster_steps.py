@@ -22,7 +22,7 @@ class DivergesAtStep3(Trigger):
         return "divergence" if len(self.losses) == 3 else None
 
 
-def test_a_rollback_and_a_cut_inside_one_epoch_reach_the_next_step():
+def test_a_rollback_and_a_cut_inside_one_epoch_reach_the_next_step(observed_on):
     rate, momentum = 0.05, 0.5
     model = linear_model(kadapt.optimizers.SGD(rate, momentum=momentum))
     adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
@@ -31,6 +31,7 @@ def test_a_rollback_and_a_cut_inside_one_epoch_reach_the_next_step():
     model.fit(np.concatenate([x] * 4), np.concatenate([y] * 4), batch_size=ROWS, epochs=1, shuffle=False,
               verbose=0, callbacks=[adjuster])
     assert [(d["step"], d["trigger"], d["action"]) for d in adjuster.decisions] == [(3, "divergence", "lr x0.1")]
+    assert (adjuster._runner.observer is not None) == (observed_on == "device")
     # A training loss is measured before its step's update, so the last good state at step 3 is
     # the one after step 1 (weights and velocity); step 4 starts there at a tenth of the rate.
     expected = numpy_descent(x, y, [rate, rate / 10], [momentum] * 2)

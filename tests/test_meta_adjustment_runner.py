@@ -95,9 +95,10 @@ def test_a_plateau_applies_the_chosen_action_and_writes_its_record(tmp_path):
     assert [json.loads(line) for line in lines] == [decision]
 
 
-def test_a_divergence_restores_the_weights_and_slots_of_the_last_good_point_exactly():
+def test_a_divergence_restores_the_weights_and_slots_of_the_last_good_point_exactly(observed_on):
     model = linear_model()
     runner = runner_on(model, LR_DOWN_10)
+    assert (runner.observer is not None) == (observed_on == "device")
     train_steps(model, runner, 1)
     runner.observe(1.0, 1.0, 1.0, measured_now=True, progress=Progress(step=1))  # confirms the state now
     weights, slots = host_values(model.variables), slots_by_name(model.optimizer)
@@ -117,7 +118,7 @@ def test_a_divergence_restores_the_weights_and_slots_of_the_last_good_point_exac
     assert decision["trigger"] == "divergence" and decision["rollback"] and decision["action"] == "lr x0.1"
 
 
-def test_a_second_divergence_within_patience_restarts_the_slots_from_zero():
+def test_a_second_divergence_within_patience_restarts_the_slots_from_zero(observed_on):
     model = linear_model()
     runner = runner_on(model, LR_DOWN_10)
     train_steps(model, runner, 1)
@@ -134,7 +135,7 @@ def test_a_second_divergence_within_patience_restarts_the_slots_from_zero():
     assert [d["action"] for d in runner.log.decisions] == ["lr x0.1", "lr x0.1"]
 
 
-def test_the_last_observation_rolls_back_but_adjusts_nothing():
+def test_the_last_observation_rolls_back_but_adjusts_nothing(observed_on):
     model = linear_model()
     runner = runner_on(model, LR_DOWN_10)
     train_steps(model, runner, 1)

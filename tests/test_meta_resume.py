@@ -59,7 +59,7 @@ def _interrupted(directory):
     assert InterruptSafeBackup.checkpointed_epoch(directory / "backup") == INTERRUPTED_AT
 
 
-def test_a_resumed_run_ends_with_the_weights_and_decisions_of_the_uninterrupted_one(tmp_path):
+def test_a_resumed_run_ends_with_the_weights_and_decisions_of_the_uninterrupted_one(tmp_path, observed_on):
     whole_weights, whole_decisions = _fit(tmp_path / "whole")
     assert [d["epoch"] for d in whole_decisions] == [2, 4]  # the state matters: one decision after the resume
     _interrupted(tmp_path / "resumed")
@@ -71,7 +71,7 @@ def test_a_resumed_run_ends_with_the_weights_and_decisions_of_the_uninterrupted_
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_a_divergence_after_the_resume_rolls_back_to_the_point_saved_before_it(tmp_path):
+def test_a_divergence_after_the_resume_rolls_back_to_the_point_saved_before_it(tmp_path, observed_on):
     whole_weights, whole_decisions = _fit(tmp_path / "whole", explode=True)
     assert [(d["epoch"], d["rollback"], d["action"]) for d in whole_decisions] == [
         (2, False, "lr x0.3"), (3, True, "lr x0.3"), (4, True, "lr x0.1")]  # the second divergence: the largest cut

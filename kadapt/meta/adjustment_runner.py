@@ -33,6 +33,7 @@ import numpy as np
 from kadapt.meta import actions as action_lib
 from kadapt.meta import rollback
 from kadapt.meta.decision_log import DecisionLog
+from kadapt.meta.device_observer import DeviceObserver
 from kadapt.meta.features import FeatureHistory
 from kadapt.meta.features import Observation
 from kadapt.meta.host_reads import read_model
@@ -104,6 +105,9 @@ class AdjustmentRunner:
                 raise TypeError(f"Argument `{name}` must be a {text}. Received: {name}={value!r}")
         self.model, self.policy, self.trigger, self.log = model, policy, trigger, log
         self.agreement = agreement or WorkerAgreement()
+        # Where it pays (`DeviceObserver.attach`), observations are reduced on the device and the
+        # rollback points kept there; otherwise the model is read on the host.
+        self.observer = None
         self.policy_state = PolicyState()
         self.history = FeatureHistory()
         self.initial_learning_rate = applied_learning_rate(model.optimizer)
@@ -146,8 +150,9 @@ class AdjustmentRunner:
                 last updates (a training loss).
             progress: `Progress`. Where the run stands.
         """
-        # One read of the model (weights, slots, rates) serves the features and the rollback point.
-        reading = read_model(self.model)
+        # One read of the model (weights, slots, rates) serves the features and the rollback point;
+        # or, on the device, the update's sums (the rollback point is then a copy there).
+        reading = read_model(self.model) if self.observer is None else self.observer.observe()
         observation = self._observation(loss, val_loss, progress, reading)
         self.history.observe(observation)
         finite = _finite(loss) and _finite(watched) and self.history.weights_finite
@@ -169,7 +174,10 @@ class AdjustmentRunner:
 
     def get_state(self) -> dict[str, Any]:
         """What later decisions depend on, as arrays and JSON values (`kadapt.meta.adjuster_state`)."""
-        return {"history": self.history.get_state(), "trigger": self.trigger.get_state(),
+        history = self.history.get_state()
+        if self.observer is not None:  # the update features' weights are on the device
+            history["previous_weights"], history["previous_update"] = self.observer.previous_on_host()
+        return {"history": history, "trigger": self.trigger.get_state(),
                 "policy": dataclasses.asdict(self.policy_state), "last_good": rollback.to_state(self.last_good),
                 "pending": rollback.to_state(self.pending), "scheduled": list(self._scheduled),
                 "initial_learning_rate": float(self.initial_learning_rate), "range_test_rate": self.range_test_rate}
@@ -179,6 +187,8 @@ class AdjustmentRunner:
         self.last_good = rollback.from_state(state["last_good"], self.model)
         self.pending = rollback.from_state(state["pending"], self.model)
         self.history.set_state(state["history"])
+        if self.observer is not None:
+            self.observer.set_previous(state["history"]["previous_weights"], state["history"]["previous_update"])
         self.trigger.set_state(state["trigger"])
         self.policy_state = PolicyState(**state["policy"])
         self._scheduled = [float(v) for v in state["scheduled"]]
@@ -195,6 +205,7 @@ class AdjustmentRunner:
         # Read eagerly: at the start of fit the input pipeline holds TensorFlow's inter-op threads,
         # where a compiled read waits (`read_model`).
         self.last_good = self.pending = rollback.take(self.model, reading=read_model(self.model, compiled=False))
+        self.observer = DeviceObserver.attach(self.model)
 
     def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
@@ -212,13 +223,21 @@ class AdjustmentRunner:
             self.log.adjustment(adjustment, self.history.window(), self.rates, progress.step, progress.epoch)
 
     def _advance_rollback_point(self, watched, measured_now, reading):
-        point = rollback.take(self.model, watched, reading)
         if measured_now:
-            self.last_good = self.pending = point
+            self.last_good = self.pending = self._point(watched, reading, keep=None)
         else:
             # A training loss was measured before the latest updates: the weights now are
             # confirmed good only by the next observation.
-            self.last_good, self.pending = self.pending, point
+            self.last_good, self.pending = self.pending, self._point(watched, reading, keep=self.pending)
+
+    def _point(self, watched, reading, keep):
+        """The rollback point of the state now: a copy into a device buffer that `keep` (a point
+        still held) is not in, or host copies from `reading`."""
+        if self.observer is None:
+            return rollback.take(self.model, watched, reading)
+        slot = self.observer.free_slot({keep.slot} if isinstance(keep, rollback.BufferedPoint) else set())
+        self.observer.snapshot(slot)
+        return rollback.BufferedPoint(self.observer, slot, watched)
 
     def _apply(self, action):
         action_lib.apply(self.model.optimizer, action, self.initial_learning_rate, self.range_test_rate)

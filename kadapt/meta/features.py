@@ -81,7 +81,8 @@ class Observation:
         val_loss: Float or `None`. Validation loss, when measured.
         learning_rate: Float. The learning rate the optimizer applies now.
         momentum: Float. Momentum or Adam's `beta_1`; `0.0` when absent.
-        weights: 1-D float array. The trainable weights, flattened.
+        weights: 1-D float array or `None`. The trainable weights, flattened;
+            `None` where `update_sums` were taken beside them.
         budget_used: Float in [0, 1]. Fraction of the planned steps done.
         schedule_ahead: Float >= 0. The scheduled learning rate a quarter of
             the budget ahead over the scheduled rate now (`schedule_ratio`);
@@ -89,6 +90,9 @@ class Observation:
         range_test_rate: Float or `None`. The rate a learning-rate range
             test suggested for this run (`kadapt.find_learning_rate`);
             `None` when none ran. Defaults to `None`.
+        update_sums: `UpdateSums` or `None`. The update features' sums,
+            where the weights are not read (`kadapt.meta.device_observer`):
+            then the history keeps no weights of its own. Defaults to `None`.
     """
 
     step: int
@@ -96,10 +100,31 @@ class Observation:
     val_loss: float | None
     learning_rate: float
     momentum: float
-    weights: np.ndarray
+    weights: np.ndarray | None
     budget_used: float
     schedule_ahead: float = 1.0
     range_test_rate: float | None = None
+    update_sums: UpdateSums | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSums:
+    """The sums `update_size` and `update_cosine` are made of, over the trainable weights w.
+
+    Args:
+        square: Float. sum(w ** 2).
+        finite: Bool. Whether every weight is finite.
+        update_square: Float or `None`. sum((w - w_prev) ** 2), w_prev the
+            weights of the last finite observation; `None` before one.
+        update_dot: Float or `None`. sum((w - w_prev) * previous update),
+            the previous update that of the last finite observation; `None`
+            where it had none.
+    """
+
+    square: float
+    finite: bool
+    update_square: float | None
+    update_dot: float | None
 
 
 class FeatureHistory:
@@ -145,7 +170,9 @@ class FeatureHistory:
         first_train, first_val = self._first or (1.0, 1.0)
         self._train.append(_log_ratio(observation.loss, first_train))
         self._val.append(_log_ratio(val_loss, first_val))
-        size, cosine, finite_weights = self._update_stats(observation.weights)
+        sums = observation.update_sums
+        size, cosine, finite_weights = self._update_features(
+            self._update_sums(observation.weights) if sums is None else sums)
         self.weights_finite = finite_weights
         train_recent, val_recent = _recent_finite(self._train), _recent_finite(self._val)
         row = [
@@ -194,7 +221,7 @@ class FeatureHistory:
         self._first = None if state["first"] is None else tuple(float(v) for v in state["first"])
         self.last_loss, self.last_val_loss = float(state["last_loss"]), float(state["last_val_loss"])
 
-    def _update_stats(self, weights):
+    def _update_sums(self, weights):
         # In the weights' own float32 (differences exact to a rounding), the update into one of two
         # preallocated arrays: no float64 copy and no fresh array of every weight at each
         # observation (a 5.8M-weight MLP: ~90 ms of host arithmetic an observation before).
@@ -204,7 +231,7 @@ class FeatureHistory:
         square = _dot(weights, weights)
         # A finite sum of squares means every weight is finite; else look (it may have overflowed).
         finite = math.isfinite(square) or bool(np.isfinite(weights).all())
-        size, cosine = -3.0, 0.0  # no update seen yet: "tiny", "unrelated"
+        update_square = update_dot = None
         previous = self._previous_weights
         if finite and previous is not None:
             if np.shape(previous) == weights.shape and np.asarray(previous).dtype == weights.dtype:
@@ -213,17 +240,28 @@ class FeatureHistory:
                 np.subtract(weights, previous, out=update)
             else:  # a state restored from another precision
                 update = weights - previous
-            update_norm = _norm(update)
-            size = _log10(update_norm / max(math.sqrt(square), 1e-12)) / 4.0
+            update_square = _dot(update, update)
             if self._previous_update is not None:
-                denominator = update_norm * self._previous_update_norm
-                cosine = _dot(update, self._previous_update) / denominator if denominator > 0 else 0.0
-            self._previous_update, self._previous_update_norm = update, update_norm
+                update_dot = _dot(update, self._previous_update)
+            self._previous_update = update
         if finite:
             kept = self._buffer(weights, "previous")
             np.copyto(kept, weights)  # a copy: the caller may reuse its array for the next observation
             self._previous_weights = kept
-        return size, cosine, finite
+        return UpdateSums(square, finite, update_square, update_dot)
+
+    def _update_features(self, sums):
+        """`(update_size, update_cosine, finite)` from `sums`; keeps the update's norm for the
+        next cosine."""
+        size, cosine = -3.0, 0.0  # no update seen yet: "tiny", "unrelated"
+        if sums.finite and sums.update_square is not None:
+            update_norm = math.sqrt(max(sums.update_square, 0.0))
+            size = _log10(update_norm / max(math.sqrt(sums.square), 1e-12)) / 4.0
+            if sums.update_dot is not None:
+                denominator = update_norm * self._previous_update_norm
+                cosine = sums.update_dot / denominator if denominator > 0 else 0.0
+            self._previous_update_norm = update_norm
+        return size, cosine, sums.finite
 
     def _update_array(self, like):
         """The preallocated update array not holding the previous update (still needed for the

@@ -116,30 +116,54 @@ def _model_reader(model, variables):
     if entry is None:
         import tensorflow as tf
 
-        multiplier = getattr(optimizer, "learning_rate_multiplier", None)
-        momentum = _momentum(optimizer)
-        in_graph = [isinstance(value, keras.Variable) for value in (multiplier, momentum)]
+        graph_rates, host_rates = rate_reader(optimizer)
 
         def read():
-            rates = [optimizer.learning_rate] + [v.value for v, graph in zip((multiplier, momentum), in_graph) if graph]
-            return [tf.identity(v.value) for v in variables], tf.stack([tf.cast(r, "float64") for r in rates])
+            return [tf.identity(v.value) for v in variables], graph_rates()
 
         # The concrete function: calling it skips the tf.function's argument binding (~0.1 ms a call).
         function = tf.function(read, autograph=False).get_concrete_function()
 
         def reading():
             values, rates = function()
-            read = iter(float(r) for r in rates.numpy())
-            scheduled = next(read)
-            scale, momentum_now = [next(read) if graph else _host_float(value, default)
-                                   for value, graph, default in zip((multiplier, momentum), in_graph, (1.0, 0.0))]
             # A copy: on the CPU `numpy()` may share the tensor's buffer with TensorFlow.
-            return [np.array(v) for v in values], (scheduled, scheduled * scale, momentum_now)
+            return [np.array(v) for v in values], host_rates(rates.numpy())
 
         entry = (reading, variables)
         _cache(key, entry)
     _readers.move_to_end(key)
     return entry[0]
+
+
+def rate_reader(optimizer: keras.optimizers.Optimizer) -> tuple:
+    """`(graph_rates, host_rates)` for `optimizer` on TensorFlow.
+
+    `graph_rates()`, called inside a `tf.function`, gives the scheduled rate
+    and the live multiplier and momentum held in variables as one float64
+    vector; `host_rates(vector)` turns its value into `(scheduled rate,
+    applied rate, momentum)`, reading a multiplier or momentum held as a float
+    (a stock Keras optimizer's `momentum`) on the host, as `current_momentum`
+    reads it. The schedule is traced in: a new one set on the optimizer needs
+    a new reader.
+    """
+    import tensorflow as tf
+
+    multiplier = getattr(optimizer, "learning_rate_multiplier", None)
+    momentum = _momentum(optimizer)
+    in_graph = [isinstance(value, keras.Variable) for value in (multiplier, momentum)]
+
+    def graph_rates():
+        rates = [optimizer.learning_rate] + [v.value for v, graph in zip((multiplier, momentum), in_graph) if graph]
+        return tf.stack([tf.cast(r, "float64") for r in rates])
+
+    def host_rates(vector):
+        read = iter(float(r) for r in vector)
+        scheduled = next(read)
+        scale, momentum_now = [next(read) if graph else _host_float(value, default)
+                               for value, graph, default in zip((multiplier, momentum), in_graph, (1.0, 0.0))]
+        return scheduled, scheduled * scale, momentum_now
+
+    return graph_rates, host_rates
 
 
 def _momentum(optimizer):

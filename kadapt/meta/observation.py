@@ -43,7 +43,9 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
         total_steps: Int or `None`. The planned steps, for `schedule_ahead`.
         range_test_rate: Float or `None`. The range test's suggestion for
             this run, when one ran. Defaults to `None`.
-        reading: `kadapt.meta.host_reads.ModelReading` of `model` now, or
+        reading: `kadapt.meta.host_reads.ModelReading` of `model` now, a
+            `kadapt.meta.device_observer.DeviceReading` (the update's sums
+            taken on the device: the observation then holds no weights), or
             `None` to read one (`read_model`; the `MetaAdjuster` passes the one
             its rollback point is taken from). Defaults to `None`.
 
@@ -56,11 +58,13 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
     ```
     """
     reading = read_model(model) if reading is None else reading
+    sums = getattr(reading, "sums", None)
     return Observation(
         step=int(step), loss=float(loss), val_loss=None if val_loss is None else float(val_loss),
         learning_rate=reading.learning_rate, momentum=reading.momentum,
-        weights=_flat_trainable(model, reading.variables), budget_used=float(budget_used),
-        schedule_ahead=schedule_ratio(model.optimizer, step, total_steps), range_test_rate=range_test_rate)
+        weights=None if sums is not None else _flat_trainable(model, reading.variables),
+        budget_used=float(budget_used), schedule_ahead=schedule_ratio(model.optimizer, step, total_steps),
+        range_test_rate=range_test_rate, update_sums=sums)
 
 
 def _flat_trainable(model, values):

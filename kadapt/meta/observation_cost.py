@@ -1,10 +1,11 @@
 """What watching a run costs: observations against the steps between them, and the interval that fits.
 
-An observation reads every weight and optimizer slot to the host (the features
-and the rollback point share the read) and reduces the update there, so its cost
-grows with the model while a step's may not: measured on a 2-core CPU inside
-`fit`, ~1 ms for a 50,890-weight MLP (3.3-4.6 ms steps) and ~50 ms for a
-5.8M-weight one (40-90 ms steps), 10% of the time at `check_every=10`.
+An observation reduces every weight's update and copies every weight and
+optimizer slot for the rollback point (on the host, or on the device:
+`kadapt.meta.device_observer`), so its cost grows with the model while a step's
+may not: measured on a 2-core CPU inside `fit`, read to the host, ~1 ms for a
+50,890-weight MLP (3.3-4.6 ms steps) and ~50 ms for a 5.8M-weight one (40-90 ms
+steps), 10% of the time at `check_every=10`.
 `ObservationCost` is the pure rule the `MetaAdjuster` feeds with wall times: once
 the median observation costs more than `warn_share` of the steps it watches, and
 more than `min_seconds` (below that it is a call's fixed cost, a share only where
@@ -80,6 +81,6 @@ class ObservationCost:
         interval = self.check_every * math.ceil(share / self.target_share)
         milliseconds = 1000 * statistics.median(self.observations)
         return (f"MetaAdjuster: observing every {self.check_every} steps takes {share:.0%} of the steps' "
-                f"time ({milliseconds:.0f} ms an observation: every weight and optimizer slot is read to "
-                f"the host). Pass check_every={interval} (or 'epoch') to keep it near "
+                f"time ({milliseconds:.0f} ms an observation: every weight's update is reduced and every "
+                f"weight and optimizer slot copied). Pass check_every={interval} (or 'epoch') to keep it near "
                 f"{self.target_share:.0%}.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import keras
 import numpy as np
@@ -40,6 +41,25 @@ class RollbackPoint:
     value: float = math.inf
 
 
+@dataclasses.dataclass(frozen=True)
+class BufferedPoint:
+    """A rollback point held on the device: buffer `slot` of a `kadapt.meta.device_observer.DeviceObserver`.
+
+    Args:
+        observer: The `DeviceObserver` whose buffer holds the state.
+        slot: Int. The buffer.
+        value: Float. The monitored loss at this state (`inf` until known).
+    """
+
+    observer: Any
+    slot: int
+    value: float = math.inf
+
+    def on_host(self) -> RollbackPoint:
+        """The same point as host copies."""
+        return RollbackPoint(*self.observer.buffered(self.slot), self.value)
+
+
 def take(model: keras.Model, value: float = math.inf, reading: ModelReading | None = None) -> RollbackPoint:
     """The rollback point of `model` as it is now; from `reading` (`read_model(model)` now,
     e.g. the one an observation was made from) where given, else from a new one.
@@ -58,13 +78,15 @@ def take(model: keras.Model, value: float = math.inf, reading: ModelReading | No
     return RollbackPoint(list(reading.variables), optimizer, float(value))
 
 
-def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = False) -> None:
+def restore(model: keras.Model, point: RollbackPoint | BufferedPoint, restart_momentum: bool = False) -> None:
     """Assigns `point` back to `model`; `restart_momentum` zeroes the per-weight optimizer slots
     but those the optimizer names in `slots_kept_on_restart`.
 
     After a repeated divergence a velocity built at the diverging rate would
     carry the restored weights straight back out, hence the restart.
     """
+    if isinstance(point, BufferedPoint):
+        point = point.on_host()
     for variable, value in zip(model.variables, point.weights, strict=True):
         variable.assign(value)
     # Slots that are the optimizer's iterates, not a velocity (Schedule-Free's z, Prodigy's
@@ -77,10 +99,12 @@ def restore(model: keras.Model, point: RollbackPoint, restart_momentum: bool = F
             variable.assign(np.zeros_like(value) if zeroed else value)
 
 
-def to_state(point: RollbackPoint | None) -> dict | None:
+def to_state(point: RollbackPoint | BufferedPoint | None) -> dict | None:
     """`point` as arrays and JSON values (`kadapt.meta.adjuster_state`); `None` stays `None`."""
     if point is None:
         return None
+    if isinstance(point, BufferedPoint):
+        point = point.on_host()
     kept = [value is not None for value in point.optimizer]
     return {"weights": list(point.weights), "optimizer": [value for value in point.optimizer if value is not None],
             "kept": kept, "value": float(point.value)}

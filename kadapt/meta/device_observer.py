@@ -1,0 +1,240 @@
+"""`DeviceObserver`: the `MetaAdjuster`'s observation reduced where the weights are (TensorFlow).
+
+Read from the host, an observation copies every weight and optimizer slot out
+(the update features and the rollback point share the read) and reduces the
+update there with NumPy: its cost grows with the model, ~35 ms an observation
+for a 5.8M-weight MLP on a 2-core CPU, and on a GPU the copy crosses PCIe.
+Here one compiled call reduces the update on the device and returns four sums
+(`kadapt.meta.features.UpdateSums`) with the rates; the weights of the last
+observation and its update stay in device variables, and a rollback point is a
+second call that copies the state into one of two device buffers. Nothing of
+the size of the model crosses to the host unless a rollback happens.
+
+Measured on a 2-core CPU inside `fit`, every 10 steps (benchmarks/README.md#meta_adjust),
+an observation with its rollback copy costs more on the device than read to
+the host for small models (each TensorFlow op's fixed cost: 2.4 against 2.0 ms
+at 0.27M weights) and less for large ones (3.0 against 3.6 ms at 0.67M, 5.6
+against 8.1 ms at 1.86M, 15 against 25 ms at 5.8M): so on a CPU the adjuster
+observes on the device from `DEVICE_FROM` trainable weights, and on an
+accelerator always (the host read is a device-to-host copy of every weight and
+slot there; not measured, no GPU lent). XLA-compiling these calls made them
+slower on the CPU (86 against 14 ms at 5.8M, outside `fit`). Observing inside
+the train step itself was measured and dropped
+(docs/meta-model.md#what-the-callback-does).
+
+It costs device memory: two copies of the model's variables and of the
+optimizer's that a rollback restores, and two of the trainable weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+
+import keras
+import numpy as np
+
+from kadapt.meta.features import UpdateSums
+from kadapt.meta.host_reads import rate_reader
+from kadapt.meta.rollback import NOT_ROLLED_BACK
+
+SLOTS = 2  # the rollback points `last_good` and `pending`
+DEVICE_FROM = 500_000  # trainable weights from which a CPU observes on the device (in `fit`: 0.27M slower, 0.67M faster)
+MEMORY_SHARE = 0.25  # of an accelerator's memory left free, the most the copies may take
+# model -> its observer: a later `fit` of the same model reuses the copies and the traced functions.
+_observers = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceReading:
+    """An observation reduced on the device.
+
+    Args:
+        sums: `kadapt.meta.features.UpdateSums`.
+        scheduled_rate: Float. `optimizer.learning_rate` now.
+        learning_rate: Float. The rate the next step applies (with the live multiplier).
+        momentum: Float. Momentum or `beta_1`; `0.0` when absent.
+    """
+
+    sums: UpdateSums
+    scheduled_rate: float
+    learning_rate: float
+    momentum: float
+
+
+class DeviceObserver:
+    """Reduces a model's observation on its device and keeps its rollback points there.
+
+    Call `observe()` at each observation, then `snapshot(slot)` where the
+    state becomes a rollback point (`free_slot` names a buffer no held point
+    is in); `buffered(slot)` gives a point's host copies.
+
+    Args:
+        model: A compiled `keras.Model` on TensorFlow, its optimizer built.
+
+    Example:
+
+    ```python
+    observer = DeviceObserver(model)
+    reading = observer.observe()        # reading.sums: the update features' sums
+    observer.snapshot(0)                # the state now, in buffer 0
+    weights, slots = observer.buffered(0)
+    ```
+    """
+
+    def __init__(self, model: keras.Model) -> None:
+        import tensorflow as tf
+
+        optimizer = model.optimizer
+        # No reference to the model: it keys the cache of observers (`_observers`), which must not keep it alive.
+        self.optimizer, self._model_variables = optimizer, len(model.variables)
+        self.trainable = list(model.trainable_variables)
+        self.kept = [*model.variables, *(v for v in optimizer.variables if v.name not in NOT_ROLLED_BACK)]
+        self._kept_optimizer = [v.name not in NOT_ROLLED_BACK for v in optimizer.variables]
+        size = sum(int(np.prod(v.shape)) for v in self.trainable)
+        with tf.init_scope():
+            self.previous = tf.Variable(tf.zeros(size, "float32"), trainable=False)
+            self.previous_update = tf.Variable(tf.zeros(size, "float32"), trainable=False)
+            self.buffers = [[tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.kept]
+                            for _ in range(SLOTS)]
+        self.had_previous = self.had_update = False
+        graph_rates, self._host_rates = rate_reader(optimizer)
+        self._observe = tf.function(lambda: self._sums(graph_rates), autograph=False).get_concrete_function()
+        self._snapshots = [tf.function(lambda slot=slot: self._copy(slot), autograph=False) for slot in range(SLOTS)]
+
+    @classmethod
+    def attach(cls, model: keras.Model) -> DeviceObserver | None:
+        """A `DeviceObserver` for `model` where it observes more cheaply than the host reads and its
+        copies fit; `None` otherwise (the adjuster then reads on the host): not TensorFlow, a
+        `tf.distribute` strategy (each replica holds its own copy), a CPU model under `DEVICE_FROM`
+        trainable weights, or copies over `MEMORY_SHARE` of an accelerator's free memory."""
+        if keras.backend.backend() != "tensorflow" or not model.trainable_variables or _distributed(model):
+            return None
+        observer = _observers.get(model)
+        if observer is not None and observer.matches(model):
+            observer.had_previous = observer.had_update = False  # a new run: no update before its first observation
+            return observer
+        device = _device(model)
+        if device is None:
+            pays = sum(int(np.prod(v.shape)) for v in model.trainable_variables) >= DEVICE_FROM
+        else:  # the copies it holds already count as used memory
+            pays = _copies_bytes(model) <= MEMORY_SHARE * _free_bytes(device)
+        if not pays:
+            return None
+        _observers[model] = observer = cls(model)
+        return observer
+
+    def matches(self, model: keras.Model) -> bool:
+        """Whether this observer copies exactly `model`'s variables and its optimizer's."""
+        kept = [*model.variables, *(v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)]
+        return (model.optimizer is self.optimizer and len(kept) == len(self.kept)
+                and all(a is b for a, b in zip(kept, self.kept)))
+
+    def observe(self) -> DeviceReading:
+        """The sums of the update since the last finite observation, and the rates, from one call."""
+        values = self._observe().numpy()
+        square, update_square, update_dot, finite = (float(v) for v in values[:4])
+        finite = bool(finite)
+        sums = UpdateSums(square, finite, update_square if self.had_previous else None,
+                          update_dot if self.had_update else None)
+        if finite:  # the device kept these weights and this update (`_sums`)
+            self.had_update, self.had_previous = self.had_previous, True
+        return DeviceReading(sums, *self._host_rates(values[4:]))
+
+    def snapshot(self, slot: int) -> None:
+        """Copies the model's state (its variables and the optimizer's a rollback restores) into `slot`."""
+        self._snapshots[slot]()
+
+    @staticmethod
+    def free_slot(held: set[int]) -> int:
+        """A buffer none of `held` (the slots of the points still held) is."""
+        return min(set(range(SLOTS)) - set(held))
+
+    def buffered(self, slot: int) -> tuple[list, list]:
+        """Host copies of buffer `slot`: `(model variables, optimizer variables)`, the latter with
+        `None` for those a rollback leaves alone (a `kadapt.meta.rollback.RollbackPoint`'s lists)."""
+        values = iter([np.array(buffer.numpy()) for buffer in self.buffers[slot]])
+        weights = [next(values) for _ in range(self._model_variables)]
+        return weights, [next(values) if kept else None for kept in self._kept_optimizer]
+
+    def previous_on_host(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The weights of the last finite observation and its update, flattened (`None` where none)."""
+        return (self.previous.numpy() if self.had_previous else None,
+                self.previous_update.numpy() if self.had_update else None)
+
+    def set_previous(self, weights: np.ndarray | None, update: np.ndarray | None) -> None:
+        """Puts back what `previous_on_host` returned (a resumed run's)."""
+        for variable, value in ((self.previous, weights), (self.previous_update, update)):
+            if value is not None:
+                variable.assign(np.asarray(value, "float32").ravel())
+        self.had_previous, self.had_update = weights is not None, update is not None
+
+    def _sums(self, graph_rates):
+        import tensorflow as tf
+
+        weights = tf.concat([tf.reshape(tf.cast(v.value, "float32"), [-1]) for v in self.trainable], 0)
+        update = weights - self.previous
+        square = tf.reduce_sum(tf.square(weights))
+        finite = tf.reduce_all(tf.math.is_finite(weights))
+        sums = tf.stack([square, tf.reduce_sum(tf.square(update)), tf.reduce_sum(update * self.previous_update),
+                         tf.cast(finite, "float32")])
+        with tf.control_dependencies([sums]):
+            kept = tf.cond(finite, lambda: self._keep(weights, update), lambda: tf.constant(False))
+        with tf.control_dependencies([kept]):
+            return tf.concat([tf.cast(sums, "float64"), graph_rates()], 0)
+
+    def _keep(self, weights, update):
+        """After a finite observation: its weights, and its update (meaningful once a previous
+        observation was kept; `observe` tracks which)."""
+        import tensorflow as tf
+
+        self.previous_update.assign(update)
+        self.previous.assign(weights)
+        return tf.constant(True)
+
+    def _copy(self, slot):
+        for buffer, variable in zip(self.buffers[slot], self.kept):
+            buffer.assign(variable.value)
+
+
+def _distributed(model):
+    """Variables of a `tf.distribute` strategy: the host reads them one by one, as their owner does."""
+    import tensorflow as tf
+
+    return any(isinstance(getattr(v, "value", None), tf.distribute.DistributedValues) for v in model.variables)
+
+
+def _device(model):
+    """The accelerator the trainable weights live on (`"GPU:0"`), or `None` on a CPU."""
+    import tensorflow as tf
+
+    name = tf.DeviceSpec.from_string(model.trainable_variables[0].value.device)
+    return None if name.device_type in (None, "CPU") else f"{name.device_type}:{name.device_index or 0}"
+
+
+def _copies_bytes(model):
+    optimizer_bytes = sum(_bytes(v) for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)
+    weights = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    return SLOTS * (sum(_bytes(v) for v in model.variables) + optimizer_bytes) + 2 * 4 * weights
+
+
+def _bytes(variable):
+    return int(np.prod(variable.shape)) * np.dtype(keras.backend.standardize_dtype(variable.dtype)).itemsize
+
+
+def _free_bytes(device):
+    """The memory `device` has left: its limit less what TensorFlow holds; `inf` where unknown."""
+    import tensorflow as tf
+
+    from kadapt._compat import tensorflow_device_memory_limits
+
+    limit = next((bytes_ for name, bytes_ in tensorflow_device_memory_limits().items()
+                  if name.endswith(f"device:{device}")), None)
+    if limit is None:
+        return math.inf
+    try:
+        used = tf.config.experimental.get_memory_info(device)["current"]
+    except (ValueError, RuntimeError):
+        return math.inf
+    return max(limit - used, 0)
