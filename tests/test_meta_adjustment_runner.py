@@ -98,9 +98,9 @@ def test_a_plateau_applies_the_chosen_action_and_writes_its_record(tmp_path):
 def test_a_divergence_restores_the_weights_and_slots_of_the_last_good_point_exactly(observed_on):
     model = linear_model()
     runner = runner_on(model, LR_DOWN_10)
-    assert (runner.observer is not None) == (observed_on == "device")
     train_steps(model, runner, 1)
     runner.observe(1.0, 1.0, 1.0, measured_now=True, progress=Progress(step=1))  # confirms the state now
+    assert (runner.observer is not None) == (observed_on == "device")
     weights, slots = host_values(model.variables), slots_by_name(model.optimizer)
     train_steps(model, runner, 2)
     assert not np.array_equal(model.get_weights()[0], weights[0])

@@ -50,7 +50,8 @@ def _fit(directory, interrupt=False, keep_state=True, explode=False):
     middle = ([_InterruptAtEpochEnd()] if interrupt else []) + ([_ExplodeAtEpochBegin()] if explode else [])
     model.fit(x, x @ np.array([[1.0], [-2.0], [0.5]], "float32"), batch_size=4, epochs=EPOCHS, shuffle=False,
               verbose=0, callbacks=[backup, adjuster, *middle, backup.committer])
-    return model.get_weights(), adjuster.decisions
+    # The features (the update's size and direction among them) as the last observation saw them.
+    return model.get_weights(), adjuster.decisions, adjuster.history.window()
 
 
 def _interrupted(directory):
@@ -60,11 +61,12 @@ def _interrupted(directory):
 
 
 def test_a_resumed_run_ends_with_the_weights_and_decisions_of_the_uninterrupted_one(tmp_path, observed_on):
-    whole_weights, whole_decisions = _fit(tmp_path / "whole")
+    whole_weights, whole_decisions, whole_window = _fit(tmp_path / "whole")
     assert [d["epoch"] for d in whole_decisions] == [2, 4]  # the state matters: one decision after the resume
     _interrupted(tmp_path / "resumed")
-    weights, decisions = _fit(tmp_path / "resumed")
+    weights, decisions, window = _fit(tmp_path / "resumed")
     assert decisions == whole_decisions
+    np.testing.assert_allclose(window, whole_window, atol=1e-5)
     logged = [json.loads(line) for line in (tmp_path / "resumed" / "meta_decisions.jsonl").read_text().splitlines()]
     assert logged == whole_decisions  # the interrupted epoch's decision is not logged twice
     for got, want in zip(weights, whole_weights, strict=True):
@@ -72,21 +74,21 @@ def test_a_resumed_run_ends_with_the_weights_and_decisions_of_the_uninterrupted_
 
 
 def test_a_divergence_after_the_resume_rolls_back_to_the_point_saved_before_it(tmp_path, observed_on):
-    whole_weights, whole_decisions = _fit(tmp_path / "whole", explode=True)
+    whole_weights, whole_decisions, _ = _fit(tmp_path / "whole", explode=True)
     assert [(d["epoch"], d["rollback"], d["action"]) for d in whole_decisions] == [
         (2, False, "lr x0.3"), (3, True, "lr x0.3"), (4, True, "lr x0.1")]  # the second divergence: the largest cut
     with pytest.raises(KeyboardInterrupt):
         _fit(tmp_path / "resumed", interrupt=True, explode=True)
-    weights, decisions = _fit(tmp_path / "resumed", explode=True)
+    weights, decisions, _ = _fit(tmp_path / "resumed", explode=True)
     assert decisions == whole_decisions
     for got, want in zip(weights, whole_weights, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_without_its_state_the_resumed_adjuster_ends_elsewhere(tmp_path):
-    whole_weights, whole_decisions = _fit(tmp_path / "whole")
+    whole_weights, whole_decisions, _ = _fit(tmp_path / "whole")
     _interrupted(tmp_path / "resumed")
-    weights, decisions = _fit(tmp_path / "resumed", keep_state=False)
+    weights, decisions, _ = _fit(tmp_path / "resumed", keep_state=False)
     assert [d["epoch"] for d in decisions] != [d["epoch"] for d in whole_decisions]
     assert not np.allclose(weights[0], whole_weights[0], rtol=1e-6)
 

@@ -105,9 +105,11 @@ class AdjustmentRunner:
                 raise TypeError(f"Argument `{name}` must be a {text}. Received: {name}={value!r}")
         self.model, self.policy, self.trigger, self.log = model, policy, trigger, log
         self.agreement = agreement or WorkerAgreement()
-        # Where it pays (`DeviceObserver.attach`), observations are reduced on the device and the
-        # rollback points kept there; otherwise the model is read on the host.
+        # Where it pays (`DeviceObserver.attach`, at the first observation: the steps before it
+        # show the device's peak memory), observations are reduced on the device and the rollback
+        # points kept there; otherwise the model is read on the host.
         self.observer = None
+        self._observer_chosen = False
         self.policy_state = PolicyState()
         self.history = FeatureHistory()
         self.initial_learning_rate = applied_learning_rate(model.optimizer)
@@ -150,6 +152,8 @@ class AdjustmentRunner:
                 last updates (a training loss).
             progress: `Progress`. Where the run stands.
         """
+        if not self._observer_chosen:
+            self._choose_observer()
         # One read of the model (weights, slots, rates) serves the features and the rollback point;
         # or, on the device, the update's sums (the rollback point is then a copy there).
         reading = read_model(self.model) if self.observer is None else self.observer.observe()
@@ -188,12 +192,20 @@ class AdjustmentRunner:
         self.pending = rollback.from_state(state["pending"], self.model)
         self.history.set_state(state["history"])
         if self.observer is not None:
-            self.observer.set_previous(state["history"]["previous_weights"], state["history"]["previous_update"])
+            self.observer.set_previous(*self.history.pop_previous())
         self.trigger.set_state(state["trigger"])
         self.policy_state = PolicyState(**state["policy"])
         self._scheduled = [float(v) for v in state["scheduled"]]
         self.initial_learning_rate = float(state["initial_learning_rate"])
         self.range_test_rate = state.get("range_test_rate")
+
+    def _choose_observer(self):
+        """Observes on the device from here on where it pays; the weights the next update is
+        measured from (a resumed run's, restored into the history) move there too."""
+        self._observer_chosen = True
+        self.observer = DeviceObserver.attach(self.model)
+        if self.observer is not None:
+            self.observer.set_previous(*self.history.pop_previous())
 
     def _hold_start(self):
         """Takes the first state a rollback can return to. A model that its first `fit` step
@@ -205,7 +217,6 @@ class AdjustmentRunner:
         # Read eagerly: at the start of fit the input pipeline holds TensorFlow's inter-op threads,
         # where a compiled read waits (`read_model`).
         self.last_good = self.pending = rollback.take(self.model, reading=read_model(self.model, compiled=False))
-        self.observer = DeviceObserver.attach(self.model)
 
     def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""

@@ -36,12 +36,13 @@ import keras
 import numpy as np
 
 from kadapt.meta.features import UpdateSums
+from kadapt.meta.host_reads import distributed
 from kadapt.meta.host_reads import rate_reader
 from kadapt.meta.rollback import NOT_ROLLED_BACK
 
 SLOTS = 2  # the rollback points `last_good` and `pending`
 DEVICE_FROM = 500_000  # trainable weights from which a CPU observes on the device (in `fit`: 0.27M slower, 0.67M faster)
-MEMORY_SHARE = 0.25  # of an accelerator's memory left free, the most the copies may take
+MEMORY_SHARE = 0.25  # of what an accelerator had left at the run's peak so far, the most the copies may take
 # model -> its observer: a later `fit` of the same model reuses the copies and the traced functions.
 _observers = weakref.WeakKeyDictionary()
 
@@ -108,8 +109,11 @@ class DeviceObserver:
         """A `DeviceObserver` for `model` where it observes more cheaply than the host reads and its
         copies fit; `None` otherwise (the adjuster then reads on the host): not TensorFlow, a
         `tf.distribute` strategy (each replica holds its own copy), a CPU model under `DEVICE_FROM`
-        trainable weights, or copies over `MEMORY_SHARE` of an accelerator's free memory."""
-        if keras.backend.backend() != "tensorflow" or not model.trainable_variables or _distributed(model):
+        trainable weights, or copies over `MEMORY_SHARE` of the memory an accelerator had left at
+        its peak so far. The adjuster attaches at the run's first observation, after steps ran:
+        their peak is what the copies must leave room for (a micro-batch sized to the memory
+        budget fills most of it)."""
+        if keras.backend.backend() != "tensorflow" or not model.trainable_variables or distributed(model.variables):
             return None
         observer = _observers.get(model)
         if observer is not None and observer.matches(model):
@@ -198,13 +202,6 @@ class DeviceObserver:
             buffer.assign(variable.value)
 
 
-def _distributed(model):
-    """Variables of a `tf.distribute` strategy: the host reads them one by one, as their owner does."""
-    import tensorflow as tf
-
-    return any(isinstance(getattr(v, "value", None), tf.distribute.DistributedValues) for v in model.variables)
-
-
 def _device(model):
     """The accelerator the trainable weights live on (`"GPU:0"`), or `None` on a CPU."""
     import tensorflow as tf
@@ -224,7 +221,8 @@ def _bytes(variable):
 
 
 def _free_bytes(device):
-    """The memory `device` has left: its limit less what TensorFlow holds; `inf` where unknown."""
+    """The memory `device` had left at its peak: its limit less the most TensorFlow held since
+    the statistics were last reset; `inf` where unknown."""
     import tensorflow as tf
 
     from kadapt._compat import tensorflow_device_memory_limits
@@ -234,7 +232,7 @@ def _free_bytes(device):
     if limit is None:
         return math.inf
     try:
-        used = tf.config.experimental.get_memory_info(device)["current"]
+        used = tf.config.experimental.get_memory_info(device)["peak"]
     except (ValueError, RuntimeError):
         return math.inf
     return max(limit - used, 0)

@@ -221,6 +221,14 @@ class FeatureHistory:
         self._first = None if state["first"] is None else tuple(float(v) for v in state["first"])
         self.last_loss, self.last_val_loss = float(state["last_loss"]), float(state["last_val_loss"])
 
+    def pop_previous(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The weights of the last finite observation and its update (`None` where none), handed
+        over to whoever reduces the next update (`kadapt.meta.device_observer`); the history
+        keeps none of them after."""
+        previous = (self._previous_weights, self._previous_update)
+        self._previous_weights = self._previous_update = None
+        return previous
+
     def _update_sums(self, weights):
         # In the weights' own float32 (differences exact to a rounding), the update into one of two
         # preallocated arrays: no float64 copy and no fresh array of every weight at each

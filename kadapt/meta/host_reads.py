@@ -47,7 +47,7 @@ def read_to_host(variables: Sequence[keras.Variable]) -> list[np.ndarray]:
         import jax
 
         return [np.array(value) for value in jax.device_get([v.value for v in variables])]
-    if backend != "tensorflow" or len(variables) < _BATCHED_FROM or _distributed(variables):
+    if backend != "tensorflow" or len(variables) < _BATCHED_FROM or distributed(variables):
         return [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
     # A copy: on the CPU `numpy()` may share the tensor's buffer with TensorFlow.
     return [np.array(value) for value in _reader(variables)()]
@@ -95,7 +95,7 @@ def read_model(model: keras.Model, compiled: bool = True) -> ModelReading:
     """
     optimizer = model.optimizer
     variables = [*model.variables, *optimizer.variables]
-    if not compiled or keras.backend.backend() != "tensorflow" or _distributed(variables):
+    if not compiled or keras.backend.backend() != "tensorflow" or distributed(variables):
         values = read_to_host(variables)
         scheduled = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
         rates = (scheduled, applied_learning_rate(optimizer), current_momentum(optimizer))
@@ -197,8 +197,8 @@ def _reader(variables):
     return reader[0]
 
 
-def _distributed(variables):
-    """Variables of a `tf.distribute` strategy: read one by one, as their owner reads them."""
+def distributed(variables: Sequence[keras.Variable]) -> bool:
+    """Whether `variables` are a `tf.distribute` strategy's (TensorFlow): read one by one, as their owner reads them."""
     import tensorflow as tf
 
     return any(isinstance(getattr(v, "value", None), tf.distribute.DistributedValues) for v in variables)
