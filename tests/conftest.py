@@ -128,12 +128,14 @@ def url(server):
     return postgres.create_database(*server, f"records_{os.getpid()}_{next(_DATABASE_NAMES)}")
 
 
-@pytest.fixture(params=["host", "device"] if BACKEND == "tensorflow" else ["host"])
+@pytest.fixture(params=["host", "device"])
 def observed_on(request, monkeypatch):
     """Where the `MetaAdjuster` observes: read to the host, or reduced on the device
-    (`kadapt.meta.device_observer`; TensorFlow's, and there from `DEVICE_FROM` weights: 0 here)."""
+    (`kadapt.meta.device_observer`; on a CPU from `DEVICE_FROM` weights and on TensorFlow only:
+    here from 0 and on JAX too)."""
     if request.param == "device":
         from kadapt.meta import device_observer
 
         monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
+        monkeypatch.setattr(device_observer, "CPU_BACKENDS", ("tensorflow", "jax"))
     return request.param

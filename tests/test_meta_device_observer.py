@@ -9,6 +9,8 @@ from kadapt.meta import device_observer
 from kadapt.meta.device_observer import DeviceObserver
 from kadapt.optimizers.live_variables import applied_learning_rate
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 RATE, MOMENTUM = 0.05, 0.9
 
 
@@ -95,6 +97,9 @@ def test_a_snapshot_comes_back_as_the_state_it_copied():
 def test_where_it_observes_on_the_device(monkeypatch):
     assert DeviceObserver.attach(small_model()) is None  # a small model on a CPU: the host reads it faster
     monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
+    # On JAX's CPU the host reads any model faster.
+    assert (DeviceObserver.attach(small_model()) is None) == (keras.backend.backend() == "jax")
+    monkeypatch.setattr(device_observer, "CPU_BACKENDS", ("tensorflow", "jax"))
     model = small_model()
     observer = DeviceObserver.attach(model)
     assert isinstance(observer, DeviceObserver)
@@ -110,6 +115,7 @@ def test_where_it_observes_on_the_device(monkeypatch):
 
 def test_a_later_run_starts_without_an_update_before_its_first_observation(monkeypatch):
     monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
+    monkeypatch.setattr(device_observer, "CPU_BACKENDS", ("tensorflow", "jax"))
     model = small_model()
     observer = DeviceObserver.attach(model)
     for _ in range(2):
@@ -122,8 +128,26 @@ def test_a_later_run_starts_without_an_update_before_its_first_observation(monke
     assert again is observer and again.observe().sums.update_square is None
 
 
+@pytest.mark.backends("tensorflow")
 def test_a_distributed_model_is_read_on_the_host(monkeypatch, mirrored_strategy):
     monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
+    monkeypatch.setattr(device_observer, "CPU_BACKENDS", ("tensorflow", "jax"))
     with mirrored_strategy.scope():
         model = small_model()
     assert DeviceObserver.attach(model) is None  # each replica holds its own copy
+
+
+def test_the_weights_an_update_is_measured_from_carry_over_to_a_resumed_observer():
+    model = small_model()
+    observer = DeviceObserver(model)
+    for _ in range(2):
+        train(model, 1)
+        observer.observe()
+    resumed = DeviceObserver(model)
+    resumed.set_previous(*observer.previous_on_host())
+    train(model, 1)
+
+    original, carried = observer.observe().sums, resumed.observe().sums
+
+    assert carried.update_square == pytest.approx(original.update_square, rel=1e-6)
+    assert carried.update_dot == pytest.approx(original.update_dot, rel=1e-6)

@@ -1,4 +1,4 @@
-"""`DeviceObserver`: the `MetaAdjuster`'s observation reduced where the weights are (TensorFlow).
+"""`DeviceObserver`: the `MetaAdjuster`'s observation reduced where the weights are.
 
 Read from the host, an observation copies every weight and optimizer slot out
 (the update features and the rollback point share the read) and reduces the
@@ -18,8 +18,11 @@ against 8.1 ms at 1.86M, 15 against 25 ms at 5.8M): so on a CPU the adjuster
 observes on the device from `DEVICE_FROM` trainable weights, and on an
 accelerator always (the host read is a device-to-host copy of every weight and
 slot there; not measured, no GPU lent). XLA-compiling these calls made them
-slower on the CPU (86 against 14 ms at 5.8M, outside `fit`). Observing inside
-the train step itself was measured and dropped
+slower on the CPU (86 against 14 ms at 5.8M, outside `fit`). On JAX a jitted
+reduction and copies of the state's arrays do the same; on its CPU they cost
+more than the host read at every size measured (67 against 23 ms at 5.8M, 0.86
+against 0.31 ms at 55k, outside `fit`), so there only an accelerator observes
+on the device. Observing inside the train step itself was measured and dropped
 (docs/meta-model.md#what-the-callback-does).
 
 It costs device memory: two copies of the model's variables and of the
@@ -38,10 +41,14 @@ import numpy as np
 from kadapt.meta.features import UpdateSums
 from kadapt.meta.host_reads import distributed
 from kadapt.meta.host_reads import rate_reader
+from kadapt.meta.host_reads import read_rates
 from kadapt.meta.rollback import NOT_ROLLED_BACK
 
 SLOTS = 2  # the rollback points `last_good` and `pending`
 DEVICE_FROM = 500_000  # trainable weights from which a CPU observes on the device (in `fit`: 0.27M slower, 0.67M faster)
+# Backends whose CPU observes on the device from DEVICE_FROM weights: JAX's jitted copies cost more
+# than its host read at every size measured.
+CPU_BACKENDS = ("tensorflow",)
 MEMORY_SHARE = 0.25  # of what an accelerator had left at the run's peak so far, the most the copies may take
 # model -> its observer: a later `fit` of the same model reuses the copies and the traced functions.
 _observers = weakref.WeakKeyDictionary()
@@ -85,35 +92,26 @@ class DeviceObserver:
     """
 
     def __init__(self, model: keras.Model) -> None:
-        import tensorflow as tf
-
         optimizer = model.optimizer
         # No reference to the model: it keys the cache of observers (`_observers`), which must not keep it alive.
         self.optimizer, self._model_variables = optimizer, len(model.variables)
-        self.trainable = list(model.trainable_variables)
         self.kept = [*model.variables, *(v for v in optimizer.variables if v.name not in NOT_ROLLED_BACK)]
         self._kept_optimizer = [v.name not in NOT_ROLLED_BACK for v in optimizer.variables]
-        size = sum(int(np.prod(v.shape)) for v in self.trainable)
-        with tf.init_scope():
-            self.previous = tf.Variable(tf.zeros(size, "float32"), trainable=False)
-            self.previous_update = tf.Variable(tf.zeros(size, "float32"), trainable=False)
-            self.buffers = [[tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.kept]
-                            for _ in range(SLOTS)]
+        copies = _TensorFlowCopies if keras.backend.backend() == "tensorflow" else _JaxCopies
+        self._copies = copies(list(model.trainable_variables), self.kept, optimizer)
         self.had_previous = self.had_update = False
-        graph_rates, self._host_rates = rate_reader(optimizer)
-        self._observe = tf.function(lambda: self._sums(graph_rates), autograph=False).get_concrete_function()
-        self._snapshots = [tf.function(lambda slot=slot: self._copy(slot), autograph=False) for slot in range(SLOTS)]
 
     @classmethod
     def attach(cls, model: keras.Model) -> DeviceObserver | None:
         """A `DeviceObserver` for `model` where it observes more cheaply than the host reads and its
-        copies fit; `None` otherwise (the adjuster then reads on the host): not TensorFlow, a
-        `tf.distribute` strategy (each replica holds its own copy), a CPU model under `DEVICE_FROM`
-        trainable weights, or copies over `MEMORY_SHARE` of the memory an accelerator had left at
+        copies fit; `None` otherwise (the adjuster then reads on the host): variables a
+        distribution spreads over devices (each holds its own copy), a CPU model under `DEVICE_FROM`
+        trainable weights on TensorFlow (on JAX: any model on a CPU), or copies over
+        `MEMORY_SHARE` of the memory an accelerator had left at
         its peak so far. The adjuster attaches at the run's first observation, after steps ran:
         their peak is what the copies must leave room for (a micro-batch sized to the memory
         budget fills most of it)."""
-        if keras.backend.backend() != "tensorflow" or not model.trainable_variables or distributed(model.variables):
+        if not model.trainable_variables or _distributed(model):
             return None
         observer = _observers.get(model)
         if observer is not None and observer.matches(model):
@@ -121,7 +119,8 @@ class DeviceObserver:
             return observer
         device = _device(model)
         if device is None:
-            pays = sum(int(np.prod(v.shape)) for v in model.trainable_variables) >= DEVICE_FROM
+            weights = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+            pays = keras.backend.backend() in CPU_BACKENDS and weights >= DEVICE_FROM
         else:  # the copies it holds already count as used memory
             pays = _copies_bytes(model) <= MEMORY_SHARE * _free_bytes(device)
         if not pays:
@@ -137,18 +136,18 @@ class DeviceObserver:
 
     def observe(self) -> DeviceReading:
         """The sums of the update since the last finite observation, and the rates, from one call."""
-        values = self._observe().numpy()
-        square, update_square, update_dot, finite = (float(v) for v in values[:4])
+        values, rates = self._copies.observe()
+        square, update_square, update_dot, finite = (float(v) for v in values)
         finite = bool(finite)
         sums = UpdateSums(square, finite, update_square if self.had_previous else None,
                           update_dot if self.had_update else None)
-        if finite:  # the device kept these weights and this update (`_sums`)
+        if finite:  # the device kept these weights and this update
             self.had_update, self.had_previous = self.had_previous, True
-        return DeviceReading(sums, *self._host_rates(values[4:]))
+        return DeviceReading(sums, *rates)
 
     def snapshot(self, slot: int) -> None:
         """Copies the model's state (its variables and the optimizer's a rollback restores) into `slot`."""
-        self._snapshots[slot]()
+        self._copies.snapshot(slot)
 
     @staticmethod
     def free_slot(held: set[int]) -> int:
@@ -158,30 +157,63 @@ class DeviceObserver:
     def buffered(self, slot: int) -> tuple[list, list]:
         """Host copies of buffer `slot`: `(model variables, optimizer variables)`, the latter with
         `None` for those a rollback leaves alone (a `kadapt.meta.rollback.RollbackPoint`'s lists)."""
-        values = iter([np.array(buffer.numpy()) for buffer in self.buffers[slot]])
+        values = iter(self._copies.buffered(slot))
         weights = [next(values) for _ in range(self._model_variables)]
         return weights, [next(values) if kept else None for kept in self._kept_optimizer]
 
     def previous_on_host(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The weights of the last finite observation and its update, flattened (`None` where none)."""
-        return (self.previous.numpy() if self.had_previous else None,
-                self.previous_update.numpy() if self.had_update else None)
+        weights, update = self._copies.previous()
+        return (weights if self.had_previous else None, update if self.had_update else None)
 
     def set_previous(self, weights: np.ndarray | None, update: np.ndarray | None) -> None:
         """Puts back what `previous_on_host` returned (a resumed run's)."""
-        for variable, value in ((self.previous, weights), (self.previous_update, update)):
+        self._copies.set_previous(weights, update)
+        self.had_previous, self.had_update = weights is not None, update is not None
+
+
+class _TensorFlowCopies:
+    """The device's part on TensorFlow: compiled calls over `tf.Variable` copies (not XLA: slower on a CPU)."""
+
+    def __init__(self, trainable, kept, optimizer):
+        import tensorflow as tf
+
+        self.trainable, self.kept = trainable, kept
+        size = sum(int(np.prod(v.shape)) for v in trainable)
+        self._last_weights = tf.Variable(tf.zeros(size, "float32"), trainable=False)
+        self._last_update = tf.Variable(tf.zeros(size, "float32"), trainable=False)
+        self.buffers = [[tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in kept]
+                        for _ in range(SLOTS)]
+        graph_rates, self._host_rates = rate_reader(optimizer)
+        self._observe = tf.function(lambda: self._sums(graph_rates), autograph=False).get_concrete_function()
+        self._snapshots = [tf.function(lambda slot=slot: self._copy(slot), autograph=False) for slot in range(SLOTS)]
+
+    def observe(self):
+        values = self._observe().numpy()
+        return values[:4], self._host_rates(values[4:])
+
+    def snapshot(self, slot):
+        self._snapshots[slot]()
+
+    def buffered(self, slot):
+        return [np.array(buffer.numpy()) for buffer in self.buffers[slot]]
+
+    def previous(self):
+        return self._last_weights.numpy(), self._last_update.numpy()
+
+    def set_previous(self, weights, update):
+        for variable, value in ((self._last_weights, weights), (self._last_update, update)):
             if value is not None:
                 variable.assign(np.asarray(value, "float32").ravel())
-        self.had_previous, self.had_update = weights is not None, update is not None
 
     def _sums(self, graph_rates):
         import tensorflow as tf
 
         weights = tf.concat([tf.reshape(tf.cast(v.value, "float32"), [-1]) for v in self.trainable], 0)
-        update = weights - self.previous
+        update = weights - self._last_weights
         square = tf.reduce_sum(tf.square(weights))
         finite = tf.reduce_all(tf.math.is_finite(weights))
-        sums = tf.stack([square, tf.reduce_sum(tf.square(update)), tf.reduce_sum(update * self.previous_update),
+        sums = tf.stack([square, tf.reduce_sum(tf.square(update)), tf.reduce_sum(update * self._last_update),
                          tf.cast(finite, "float32")])
         with tf.control_dependencies([sums]):
             kept = tf.cond(finite, lambda: self._keep(weights, update), lambda: tf.constant(False))
@@ -190,11 +222,11 @@ class DeviceObserver:
 
     def _keep(self, weights, update):
         """After a finite observation: its weights, and its update (meaningful once a previous
-        observation was kept; `observe` tracks which)."""
+        observation was kept; `DeviceObserver.observe` tracks which)."""
         import tensorflow as tf
 
-        self.previous_update.assign(update)
-        self.previous.assign(weights)
+        self._last_update.assign(update)
+        self._last_weights.assign(weights)
         return tf.constant(True)
 
     def _copy(self, slot):
@@ -202,11 +234,84 @@ class DeviceObserver:
             buffer.assign(variable.value)
 
 
+class _JaxCopies:
+    """The device's part on JAX: one jitted reduction, and arrays that are copies of the state.
+
+    Keras' JAX trainer donates its state to each step, so a snapshot holds copies of the
+    variables' arrays, made (and waited for) before the next step runs.
+    """
+
+    def __init__(self, trainable, kept, optimizer):
+        import jax
+        import jax.numpy as jnp
+
+        self.trainable, self.kept, self.optimizer = trainable, kept, optimizer
+        size = sum(int(np.prod(v.shape)) for v in trainable)
+        self._last_weights, self._last_update = jnp.zeros(size, "float32"), jnp.zeros(size, "float32")
+        self.buffers = [None] * SLOTS
+        self._sums = jax.jit(_jax_sums)
+
+    def observe(self):
+        sums, self._last_weights, self._last_update = self._sums(
+            [v.value for v in self.trainable], self._last_weights, self._last_update)
+        return np.asarray(sums, "float64"), read_rates(self.optimizer)
+
+    def snapshot(self, slot):
+        import jax
+        import jax.numpy as jnp
+
+        self.buffers[slot] = jax.block_until_ready([jnp.array(v.value, copy=True) for v in self.kept])
+
+    def buffered(self, slot):
+        import jax
+
+        return [np.array(value) for value in jax.device_get(self.buffers[slot])]
+
+    def previous(self):
+        return np.array(self._last_weights), np.array(self._last_update)
+
+    def set_previous(self, weights, update):
+        import jax.numpy as jnp
+
+        if weights is not None:
+            self._last_weights = jnp.asarray(np.asarray(weights, "float32").ravel())
+        if update is not None:
+            self._last_update = jnp.asarray(np.asarray(update, "float32").ravel())
+
+
+def _jax_sums(trainable, previous, previous_update):
+    """`(sums, previous, previous update)`: the four sums, and the weights and update kept where
+    the weights are finite (else the last finite ones)."""
+    import jax.numpy as jnp
+
+    weights = jnp.concatenate([jnp.ravel(w).astype("float32") for w in trainable])
+    update = weights - previous
+    finite = jnp.all(jnp.isfinite(weights))
+    sums = jnp.stack([jnp.sum(weights * weights), jnp.sum(update * update), jnp.sum(update * previous_update),
+                      finite.astype("float32")])
+    return sums, jnp.where(finite, weights, previous), jnp.where(finite, update, previous_update)
+
+
+def _distributed(model):
+    """A model whose variables a distribution spreads over several devices (a `tf.distribute`
+    strategy, a `keras.distribution` on JAX), or another backend: the host reads it."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return distributed(model.variables)
+    if backend == "jax":
+        return any(len(getattr(v.value, "devices", lambda: ())()) > 1 for v in model.trainable_variables)
+    return True
+
+
 def _device(model):
     """The accelerator the trainable weights live on (`"GPU:0"`), or `None` on a CPU."""
+    value = model.trainable_variables[0].value
+    if keras.backend.backend() == "jax":
+        (device,) = value.devices()
+        return None if device.platform == "cpu" else device
     import tensorflow as tf
 
-    name = tf.DeviceSpec.from_string(model.trainable_variables[0].value.device)
+    name = tf.DeviceSpec.from_string(value.device)
     return None if name.device_type in (None, "CPU") else f"{name.device_type}:{name.device_index or 0}"
 
 
@@ -221,8 +326,12 @@ def _bytes(variable):
 
 
 def _free_bytes(device):
-    """The memory `device` had left at its peak: its limit less the most TensorFlow held since
+    """The memory `device` had left at its peak: its limit less the most the backend held since
     the statistics were last reset; `inf` where unknown."""
+    if keras.backend.backend() == "jax":
+        stats = device.memory_stats() or {}
+        limit, used = stats.get("bytes_limit"), stats.get("peak_bytes_in_use", stats.get("bytes_in_use"))
+        return math.inf if not limit or used is None else max(int(limit) - int(used), 0)
     import tensorflow as tf
 
     from kadapt._compat import tensorflow_device_memory_limits

@@ -96,13 +96,17 @@ def read_model(model: keras.Model, compiled: bool = True) -> ModelReading:
     optimizer = model.optimizer
     variables = [*model.variables, *optimizer.variables]
     if not compiled or keras.backend.backend() != "tensorflow" or distributed(variables):
-        values = read_to_host(variables)
-        scheduled = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-        rates = (scheduled, applied_learning_rate(optimizer), current_momentum(optimizer))
+        values, rates = read_to_host(variables), read_rates(optimizer)
     else:
         values, rates = _model_reader(model, variables)()
     count = len(model.variables)
     return ModelReading(values[:count], values[count:], *rates)
+
+
+def read_rates(optimizer: keras.optimizers.Optimizer) -> tuple[float, float, float]:
+    """`(scheduled rate, applied rate, momentum)` of `optimizer` now, read one by one."""
+    scheduled = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return scheduled, applied_learning_rate(optimizer), current_momentum(optimizer)
 
 
 def _model_reader(model, variables):
