@@ -25,6 +25,13 @@ CPU allows and says so (`"device": "cpu", "gpu": false`).
   against a run at the final size.
 - exactness: NEEDS the accumulating JAX step. 4 micro-batches against one batch
   of plain Keras: the largest relative weight difference after EXACT_STEPS steps.
+- meta_observation: the MetaAdjuster's observation reduced on the device
+  (`kadapt.meta.device_observer`, which an accelerator takes by default) against
+  the host read, on an MLP of META_WIDTH-wide hidden layers: the median of
+  META_CALLS calls of each, and fits of META_STEPS steps observed every 10 steps
+  (no adjuster / host read / device), interleaved, META_ROUNDS rounds after one
+  to compile. On the CPU the device path is forced (there the host read is
+  kept), on a narrower MLP.
 """
 
 import json
@@ -47,8 +54,11 @@ RECOVERY_BATCH, RECOVERY_FIRST_MICRO = 4096, 4096
 INJECTED_OOM_ROWS = 24  # the CPU's injected limit
 CPU_RECOVERY_BATCH, CPU_RECOVERY_FIRST_MICRO = 64, 64
 EXACT_BATCH, EXACT_MICRO, EXACT_STEPS = 64, 16, 3
+META_WIDTH, CPU_META_WIDTH = 2048, 256  # 2048: 5.8M weights, where the host read cost 25 ms on a CPU
+META_CALLS, META_STEPS, META_BATCH, META_ROUNDS = 30, 200, 128, 3
 PART_TIMEOUT_SECONDS = 150  # a 2-core CPU host takes ~30 s to import alone
-PARTS = ("devices", "plan_vs_measured", "probe_4gib", "probe_4gib_fresh", "recovery", "exactness")
+PARTS = ("devices", "plan_vs_measured", "probe_4gib", "probe_4gib_fresh", "recovery", "exactness",
+         "meta_observation")
 
 
 def on_gpu():
@@ -200,6 +210,83 @@ def part_exactness():
             "max_relative_weight_difference": max(relative)}
 
 
+def meta_model(width):
+    import keras
+
+    import kadapt
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(width, activation="relu"),
+                              keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=kadapt.optimizers.SGD(0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def median_ms(function, calls):
+    import statistics
+
+    function()
+    times = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - began)
+    return 1000 * statistics.median(times)
+
+
+def part_meta_observation():
+    import statistics
+
+    import numpy as np
+
+    import kadapt
+    from kadapt.meta import Trigger
+    from kadapt.meta import device_observer
+    from kadapt.meta.features import FeatureHistory
+    from kadapt.meta.host_reads import read_model
+    from kadapt.meta.observation import observe_model
+
+    if not on_gpu():
+        device_observer.CPU_BACKENDS, device_observer.DEVICE_FROM = ("jax",), 0
+    width = META_WIDTH if on_gpu() else CPU_META_WIDTH
+    rng = np.random.default_rng(0)
+    x = rng.random((META_STEPS * META_BATCH, 784), dtype=np.float32)
+    y = rng.integers(0, 10, len(x)).astype("int32")
+    model = meta_model(width)
+    model.fit(x[:META_BATCH], y[:META_BATCH], batch_size=META_BATCH, verbose=0)
+    history, observer = FeatureHistory(), device_observer.DeviceObserver(model)
+    calls = {"host_ms": median_ms(lambda: history.observe(observe_model(
+                 model, 1, 1.0, None, 0.5, 100, None, read_model(model))), META_CALLS),
+             "device_ms": median_ms(lambda: (observer.observe(), observer.snapshot(0)), META_CALLS)}
+
+    class Silent(Trigger):
+        def update(self, loss):
+            super().update(loss)
+            return None
+
+    attach = device_observer.DeviceObserver.attach
+    arms = {"without": None, "host": lambda model: None, "device": attach}
+    models = {name: meta_model(width) for name in arms}
+    seconds = {name: [] for name in arms}
+    for round_index in range(META_ROUNDS + 1):
+        for name, chooser in arms.items():
+            callbacks = []
+            if chooser is not None:
+                device_observer.DeviceObserver.attach = chooser
+                callbacks = [kadapt.MetaAdjuster(check_every=10, trigger=Silent(), monitor="loss", verbose=0)]
+            began = time.perf_counter()
+            models[name].fit(x, y, batch_size=META_BATCH, epochs=1, verbose=0, callbacks=callbacks)
+            if round_index:  # round 0 compiles
+                seconds[name].append(time.perf_counter() - began)
+    device_observer.DeviceObserver.attach = attach
+    ratios = {name: statistics.median(a / b for a, b in zip(seconds[name], seconds["without"]))
+              for name in ("host", "device")}
+    return {"weights": model.count_params(), "per_call": calls, "steps_per_fit": META_STEPS,
+            "ms_per_step_without": 1000 * statistics.median(seconds["without"]) / META_STEPS,
+            "fit_time_ratio_every_10_steps": ratios, "device_forced": not on_gpu()}
+
+
 def run_part(name, argument=None):
     """Runs part `name` in a fresh process; its JSON, or what went wrong."""
     command = [sys.executable, __file__, "--part", name] + ([] if argument is None else [str(argument)])
@@ -221,7 +308,7 @@ def run_part(name, argument=None):
 def run_one(name, argument):
     parts = {"devices": part_devices, "plan_vs_measured": part_plan_vs_measured,
              "probe_4gib": part_probe_4gib, "probe_4gib_fresh": lambda: part_probe_4gib_fresh(int(argument)),
-             "recovery": part_recovery, "exactness": part_exactness}
+             "recovery": part_recovery, "exactness": part_exactness, "meta_observation": part_meta_observation}
     try:
         result = parts[name]()
     except Exception as error:  # recorded in the JSON: the other parts still run
@@ -246,6 +333,7 @@ def main():
     report["probe_4gib_fresh"] = run_part("probe_4gib_fresh", chosen) if chosen else {"error": "no size"}
     report["recovery"] = run_part("recovery")
     report["exactness"] = run_part("exactness")
+    report["meta_observation"] = run_part("meta_observation")
     with open(out, "w") as file:
         json.dump(report, file, indent=1, default=str)
     print(json.dumps({k: v for k, v in report.items() if k != "devices"}, indent=1, default=str)[:4000])
