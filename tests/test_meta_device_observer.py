@@ -151,3 +151,17 @@ def test_the_weights_an_update_is_measured_from_carry_over_to_a_resumed_observer
 
     assert carried.update_square == pytest.approx(original.update_square, rel=1e-6)
     assert carried.update_dot == pytest.approx(original.update_dot, rel=1e-6)
+
+
+def test_a_new_schedule_on_the_optimizer_gets_an_observer_that_reads_it(monkeypatch):
+    monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
+    monkeypatch.setattr(device_observer, "CPU_BACKENDS", ("tensorflow", "jax"))
+    model = small_model()
+    first = DeviceObserver.attach(model)
+    model.optimizer.learning_rate = keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=1, decay_rate=0.5)
+    train(model, 2)
+
+    second = DeviceObserver.attach(model)
+
+    assert second is not first
+    assert second.observe().scheduled_rate == pytest.approx(0.2 * 0.5**2)

@@ -95,6 +95,8 @@ class DeviceObserver:
         optimizer = model.optimizer
         # No reference to the model: it keys the cache of observers (`_observers`), which must not keep it alive.
         self.optimizer, self._model_variables = optimizer, len(model.variables)
+        # The schedule is traced into the TensorFlow call: another one set on the optimizer needs a new observer.
+        self._schedule = id(getattr(optimizer, "_learning_rate", None))
         self.kept = [*model.variables, *(v for v in optimizer.variables if v.name not in NOT_ROLLED_BACK)]
         self._kept_optimizer = [v.name not in NOT_ROLLED_BACK for v in optimizer.variables]
         copies = _TensorFlowCopies if keras.backend.backend() == "tensorflow" else _JaxCopies
@@ -132,6 +134,7 @@ class DeviceObserver:
         """Whether this observer copies exactly `model`'s variables and its optimizer's."""
         kept = [*model.variables, *(v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)]
         return (model.optimizer is self.optimizer and len(kept) == len(self.kept)
+                and id(getattr(model.optimizer, "_learning_rate", None)) == self._schedule
                 and all(a is b for a, b in zip(kept, self.kept)))
 
     def observe(self) -> DeviceReading:
