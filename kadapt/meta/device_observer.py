@@ -79,7 +79,7 @@ class DeviceObserver:
     is in); `buffered(slot)` gives a point's host copies.
 
     Args:
-        model: A compiled `keras.Model` on TensorFlow, its optimizer built.
+        model: A compiled `keras.Model` on TensorFlow or JAX, its optimizer built.
 
     Example:
 
@@ -109,8 +109,8 @@ class DeviceObserver:
         copies fit; `None` otherwise (the adjuster then reads on the host): variables a
         distribution spreads over devices (each holds its own copy), a CPU model under `DEVICE_FROM`
         trainable weights on TensorFlow (on JAX: any model on a CPU), or copies over
-        `MEMORY_SHARE` of the memory an accelerator had left at
-        its peak so far. The adjuster attaches at the run's first observation, after steps ran:
+        `MEMORY_SHARE` of the memory an accelerator had left at its peak so far. The adjuster
+        attaches at the run's first observation, after steps ran:
         their peak is what the copies must leave room for (a micro-batch sized to the memory
         budget fills most of it)."""
         if not model.trainable_variables or _distributed(model):
