@@ -97,7 +97,7 @@ class DeviceObserver:
         self.optimizer, self._model_variables = optimizer, len(model.variables)
         # The schedule is traced into the TensorFlow call: another one set on the optimizer needs a new observer.
         self._schedule = id(getattr(optimizer, "_learning_rate", None))
-        self.kept = [*model.variables, *(v for v in optimizer.variables if v.name not in NOT_ROLLED_BACK)]
+        self.kept = _kept(model)
         self._kept_optimizer = [v.name not in NOT_ROLLED_BACK for v in optimizer.variables]
         copies = _TensorFlowCopies if keras.backend.backend() == "tensorflow" else _JaxCopies
         self._copies = copies(list(model.trainable_variables), self.kept, optimizer)
@@ -132,7 +132,7 @@ class DeviceObserver:
 
     def matches(self, model: keras.Model) -> bool:
         """Whether this observer copies exactly `model`'s variables and its optimizer's."""
-        kept = [*model.variables, *(v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)]
+        kept = _kept(model)
         return (model.optimizer is self.optimizer and len(kept) == len(self.kept)
                 and id(getattr(model.optimizer, "_learning_rate", None)) == self._schedule
                 and all(a is b for a, b in zip(kept, self.kept)))
@@ -318,10 +318,14 @@ def _device(model):
     return None if name.device_type in (None, "CPU") else f"{name.device_type}:{name.device_index or 0}"
 
 
+def _kept(model):
+    """What a rollback point holds: the model's variables and the optimizer's it restores."""
+    return [*model.variables, *(v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)]
+
+
 def _copies_bytes(model):
-    optimizer_bytes = sum(_bytes(v) for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)
     weights = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    return SLOTS * (sum(_bytes(v) for v in model.variables) + optimizer_bytes) + 2 * 4 * weights
+    return SLOTS * sum(_bytes(v) for v in _kept(model)) + 2 * 4 * weights
 
 
 def _bytes(variable):
