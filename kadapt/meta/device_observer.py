@@ -189,7 +189,10 @@ class _TensorFlowCopies:
                         for _ in range(SLOTS)]
         graph_rates, self._host_rates = rate_reader(optimizer)
         self._observe = tf.function(lambda: self._sums(graph_rates), autograph=False).get_concrete_function()
-        self._snapshots = [tf.function(lambda slot=slot: self._copy(slot), autograph=False) for slot in range(SLOTS)]
+        # Traced now, at the run's first observation, not at the first use of each buffer: the
+        # observations after it are the ones the cost watch (`ObservationCost`) takes the median of.
+        self._snapshots = [tf.function(lambda slot=slot: self._copy(slot), autograph=False).get_concrete_function()
+                           for slot in range(SLOTS)]
 
     def observe(self):
         values = self._observe().numpy()
