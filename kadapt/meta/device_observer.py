@@ -2,7 +2,7 @@
 
 Read from the host, an observation copies every weight and optimizer slot out
 (the update features and the rollback point share the read) and reduces the
-update there with NumPy: its cost grows with the model, ~35 ms an observation
+update there with NumPy: its cost grows with the model, 25-35 ms an observation
 for a 5.8M-weight MLP on a 2-core CPU, and on a GPU the copy crosses PCIe.
 Here one compiled call reduces the update on the device and returns four sums
 (`kadapt.meta.features.UpdateSums`) with the rates; the weights of the last
@@ -43,6 +43,7 @@ from kadapt.meta.host_reads import distributed
 from kadapt.meta.host_reads import rate_reader
 from kadapt.meta.host_reads import read_rates
 from kadapt.meta.rollback import NOT_ROLLED_BACK
+from kadapt.meta.rollback import rolled_back
 
 SLOTS = 2  # the rollback points `last_good` and `pending`
 DEVICE_FROM = 500_000  # trainable weights from which a CPU observes on the device (in `fit`: 0.27M slower, 0.67M faster)
@@ -323,7 +324,7 @@ def _device(model):
 
 def _kept(model):
     """What a rollback point holds: the model's variables and the optimizer's it restores."""
-    return [*model.variables, *(v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK)]
+    return [*model.variables, *rolled_back(model.optimizer)]
 
 
 def _copies_bytes(model):

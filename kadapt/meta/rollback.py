@@ -5,8 +5,10 @@ variables except the channels the `MetaAdjuster` moves itself and the step
 count: a rollback undoes what training did to the weights, while schedules,
 the budget and the adjuster's own rate and momentum keep going forward.
 `kadapt.batching.training_state` keeps device copies (and metric variables)
-for undoing a probe's trial steps; the adjuster reads its copies on the host
-(to flatten the weights and check they are finite), so it keeps its own.
+for undoing a probe's trial steps. The adjuster keeps its own: host copies
+(`RollbackPoint`, from the read its observation is made of), or, where it
+observes on the device (`kadapt.meta.device_observer`), copies in a device
+buffer (`BufferedPoint`), read to the host only to restore or save them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class BufferedPoint:
     def on_host(self) -> RollbackPoint:
         """The same point as host copies."""
         return RollbackPoint(*self.observer.buffered(self.slot), self.value)
+
+
+def rolled_back(optimizer: keras.optimizers.Optimizer) -> list:
+    """The optimizer's variables a rollback restores: all but `NOT_ROLLED_BACK`."""
+    return [v for v in optimizer.variables if v.name not in NOT_ROLLED_BACK]
 
 
 def take(model: keras.Model, value: float = math.inf, reading: ModelReading | None = None) -> RollbackPoint:
@@ -117,8 +124,7 @@ def from_state(state: dict | None, model: keras.Model) -> RollbackPoint | None:
     values = iter(state["optimizer"])
     optimizer = [next(values) if kept else None for kept in state["kept"]]
     _check_shapes(state["weights"], model.variables, "model")
-    rolled_back = [v for v in model.optimizer.variables if v.name not in NOT_ROLLED_BACK]
-    _check_shapes(state["optimizer"], rolled_back, "optimizer")
+    _check_shapes(state["optimizer"], rolled_back(model.optimizer), "optimizer")
     return RollbackPoint(list(state["weights"]), optimizer, float(state["value"]))
 
 
