@@ -113,11 +113,28 @@ def test_the_window_says_where_the_schedule_is():
         np.testing.assert_allclose(column, expected, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("restart", [True, False])
+def test_a_first_early_cut_near_the_starting_loss_starts_the_fit_again(restart):
+    # At 0.001 three steps keep nearly all of the starting loss; the cut at step 3 of 12 (25%
+    # of the budget) sends the run back to its initial weights unless `restart=False`.
+    model = linear_model(kadapt.optimizers.SGD(0.001, momentum=0.0))
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
+                            trigger=Trigger(patience=2, cooldown=100, min_delta=0.99), verbose=0, restart=restart)
+    fit(model, adjuster, epochs=12)
+    x, y = regression_data()
+    rates = [0.0001] * 9 if restart else [0.001] * 3 + [0.0001] * 9
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * len(rates)), rtol=1e-5)
+    assert [(d["step"], d["action"]) for d in adjuster.decisions] == [
+        (3, "lr x0.1, from the start" if restart else "lr x0.1")]
+
+
 def test_min_gain_must_be_a_non_negative_number():
     with pytest.raises(ValueError, match="min_gain"):
         MetaAdjuster(constant_meta_model(LR_UP), min_gain=-0.1)
     with pytest.raises(ValueError, match="min_cut_gain"):
         MetaAdjuster(constant_meta_model(LR_UP), min_cut_gain=-0.1)
+    with pytest.raises(TypeError, match="Argument `restart` must be True or False. Received: restart='yes'"):
+        MetaAdjuster(constant_meta_model(LR_UP), restart="yes")
 
 
 def test_momentum_reaches_the_compiled_step():

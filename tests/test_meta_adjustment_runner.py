@@ -150,6 +150,53 @@ def test_the_last_observation_rolls_back_but_adjusts_nothing(observed_on):
     assert [d["action"] for d in runner.log.decisions] == ["rollback (training ends)"]
 
 
+def first_loss():
+    x, y = regression_data()
+    return float(np.mean((x @ np.full((3, 1), 0.2) - y) ** 2))
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_first_early_cut_near_the_starting_loss_starts_again_from_the_initial_state(observed_on, resumed):
+    model = linear_model()
+    runner = runner_on(model, LR_DOWN_10)
+    initial = host_values(model.trainable_variables)
+    train_steps(model, runner, 3)
+    if resumed:  # the initial state rides in the saved state
+        state = runner.get_state()
+        runner = runner_on(model, LR_DOWN_10)
+        runner.set_state(state)
+    watched = 0.9 * first_loss()  # most of the starting loss kept
+
+    for _ in range(3):  # the same loss three times: a plateau at the third (patience 2)
+        runner.observe(watched, watched, watched, measured_now=True, progress=Progress(step=3, budget_used=0.1))
+
+    np.testing.assert_array_equal(host_values(model.trainable_variables)[0], initial[0])
+    slots = slots_by_name(model.optimizer)
+    np.testing.assert_array_equal(slots["velocity"], np.zeros((3, 1)))
+    assert int(slots["iteration"]) == 3  # the step count goes on
+    (decision,) = runner.log.decisions
+    assert decision["action"] == "lr x0.1, from the start" and decision["restart"] and not decision["rollback"]
+    train_steps(model, runner, 2)  # from the initial weights at the cut rate, the velocity built anew
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent([0.1 * RATE] * 2), rtol=1e-5)
+
+
+def test_a_cut_after_the_run_learned_keeps_its_weights():
+    model = linear_model()
+    runner = runner_on(model, LR_DOWN_10)
+    train_steps(model, runner, 3)
+    watched = 0.7 * first_loss()
+
+    for _ in range(3):
+        runner.observe(watched, watched, watched, measured_now=True, progress=Progress(step=3, budget_used=0.1))
+
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent([RATE] * 3), rtol=1e-5)
+    (decision,) = runner.log.decisions
+    assert decision["action"] == "lr x0.1" and "restart" not in decision
+    assert runner.start is not None  # held until the restart window has passed
+    runner.observe(watched, watched, watched, measured_now=True, progress=Progress(step=4, budget_used=0.31))
+    assert runner.start is None
+
+
 def test_arguments_are_checked():
     model = linear_model()
     policy = AdjustmentPolicy(predicting(KEEP))

@@ -30,7 +30,7 @@ def test_a_plateau_applies_the_predicted_best_action():
     adjustment, state = AdjustmentPolicy(predicting(LR_UP_3)).decide(PolicyState(), WINDOW, "plateau", 0.1)
     assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_UP_3, 0.5, "lr x3")
     assert adjustment.consulted and adjustment.restart_trigger and not adjustment.rollback
-    assert state == PolicyState()
+    assert state == PolicyState(rate_changed=True)
 
 
 def test_a_gain_below_min_gain_keeps_and_says_what_it_considered():
@@ -57,14 +57,14 @@ def test_a_divergence_rolls_back_and_allows_only_cuts_whatever_the_predictor_pre
     # Raises and momentum are masked out, and keep too: the better cut is applied whatever its gain.
     assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_DOWN_3, -0.2, "lr x0.3")
     assert adjustment.rollback and not adjustment.restart_momentum
-    assert state == PolicyState(ceiling=0.2, since_divergence=0)
+    assert state == PolicyState(ceiling=0.2, since_divergence=0, rate_changed=True)
 
 
 def test_a_divergence_within_patience_of_the_last_takes_the_largest_cut_and_restarts_the_slots():
     policy = AdjustmentPolicy(predicting(LR_DOWN_3), patience=3)
     adjustment, state = policy.decide(PolicyState(0.2, since_divergence=3), WINDOW, "divergence", 0.1)
     assert (adjustment.action, adjustment.restart_momentum) == (LR_DOWN_10, True)
-    assert state == PolicyState(ceiling=0.05, since_divergence=0)
+    assert state == PolicyState(ceiling=0.05, since_divergence=0, rate_changed=True)
     later, _ = policy.decide(PolicyState(0.2, since_divergence=4), WINDOW, "divergence", 0.1)
     assert (later.action, later.restart_momentum) == (LR_DOWN_3, False)
 
@@ -117,6 +117,10 @@ def test_arguments_are_checked():
         AdjustmentPolicy(never_called, min_gain=-1.0)
     with pytest.raises(ValueError, match="min_cut_gain"):
         AdjustmentPolicy(never_called, min_cut_gain=-0.01)
+    with pytest.raises(ValueError, match=r"Argument `restart_within` .*Received: restart_within=1.5"):
+        AdjustmentPolicy(never_called, restart_within=1.5)
+    with pytest.raises(ValueError, match=r"Argument `restart_above` .*Received: restart_above=0"):
+        AdjustmentPolicy(never_called, restart_above=0)
     assert math.isinf(PolicyState().ceiling)
 
 
@@ -160,3 +164,39 @@ def test_a_momentum_action_that_sets_the_momentum_applied_now_is_not_on_the_menu
     assert adjustment.action == LR_UP_3  # the next best: "momentum 0.95" would change nothing
     at_low, _ = policy.decide(PolicyState(), WINDOW + np.float32(0.9) * (np.arange(15) == 6), "slow_progress", 1e-3)
     assert at_low.action == MOMENTUM_HIGH
+
+
+def at_budget(used):
+    window = WINDOW.copy()
+    window[:, 9] = used  # the budget_used column
+    return window
+
+
+def test_a_first_early_cut_of_a_run_that_kept_most_of_its_starting_loss_starts_again():
+    policy = AdjustmentPolicy(predicting(LR_DOWN_10))
+    restart, state = policy.decide(PolicyState(), at_budget(0.15), "plateau", 0.5, loss_ratio=0.9)
+    assert restart.restart and not restart.rollback and restart.action == LR_DOWN_10
+    assert restart.text == "lr x0.1, from the start" and state.rate_changed
+    assert policy.decide(PolicyState(), at_budget(0.29), "plateau", 0.5, loss_ratio=0.75)[0].restart  # 0.75 counts
+
+
+@pytest.mark.parametrize("case", ["learned", "late", "second change", "raise", "divergence", "unknown", "off"])
+def test_no_restart_where_the_run_learned_or_it_is_late_or_not_the_first_change_or_not_a_cut(case):
+    state, window, reason, ratio, best, policy_args = PolicyState(), at_budget(0.15), "plateau", 0.9, LR_DOWN_10, {}
+    if case == "learned":
+        ratio = 0.74
+    elif case == "late":
+        window = at_budget(0.31)
+    elif case == "second change":  # a raise came first: the rate was not too high from the start
+        state = PolicyState(rate_changed=True)
+    elif case == "raise":
+        best = LR_UP_3
+    elif case == "divergence":  # a divergence rolls back to the last good state, as before
+        reason = "divergence"
+    elif case == "unknown":
+        ratio = None
+    else:
+        policy_args = {"restart_within": 0.0}
+    adjustment, _ = AdjustmentPolicy(predicting(best), **policy_args).decide(state, window, reason, 0.5,
+                                                                           loss_ratio=ratio)
+    assert adjustment.consulted and adjustment.action == best and not adjustment.restart

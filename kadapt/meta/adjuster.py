@@ -26,6 +26,7 @@ from kadapt.meta.meta_model import check_spec
 from kadapt.meta.meta_model import load_meta_model
 from kadapt.meta.observation_cost import ObservationCost
 from kadapt.meta.policy import AdjustmentPolicy
+from kadapt.meta.policy import RESTART_WITHIN
 from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.range_test_start import RangeTestStart
@@ -62,6 +63,15 @@ class MetaAdjuster(keras.callbacks.Callback):
     optimizer's per-weight slots (momentum, moments) restart from zero, since
     a velocity built at the diverging rate would carry the restored weights
     straight back out. A run never ends on non-finite weights.
+
+    A rate set far too high from the first step can leave a network that a cut
+    no longer brings back (units dead, outputs saturated). So where the run's
+    first change of the rate is a cut, within the first 30% of the budget,
+    and the watched loss is still at least 0.75 of the first step's, the run
+    goes back to its initial weights, the optimizer's slots zeroed, and starts
+    again at the cut rate (`restart`; the decision's action reads "lr x0.1,
+    from the start"). Such a run has little progress to lose; one that has
+    learned (its loss below 0.75 of the start) keeps its weights.
 
     A slowdown (plateau, slow progress) or an oscillation is left alone while
     the optimizer's learning-rate schedule is annealing — its rate before this
@@ -138,6 +148,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             needs, where the best action is one (never more than
             `min_gain`): a cut's downside is a slower run, not an unstable
             one. Defaults to `0.03` (about 3% lower).
+        restart: Bool. Whether a first early cut of a run that has kept most
+            of its starting loss starts the run again from its initial state
+            (above). Defaults to `True`.
 
     Example:
 
@@ -152,8 +165,12 @@ class MetaAdjuster(keras.callbacks.Callback):
                  target: float | None = None, mode: str = "auto", check_every: str | int = "epoch",
                  trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
                  min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None,
-                 range_test: RangeTestStart | None = None, min_cut_gain: float = MIN_CUT_GAIN) -> None:
+                 range_test: RangeTestStart | None = None, min_cut_gain: float = MIN_CUT_GAIN,
+                 restart: bool = True) -> None:
         super().__init__()
+        if not isinstance(restart, bool):
+            raise TypeError(f"Argument `restart` must be True or False. Received: restart={restart!r}")
+        self.restart = restart
         check_range("min_gain", min_gain, low=0.0)
         check_range("min_cut_gain", min_cut_gain, low=0.0)
         self.min_gain, self.min_cut_gain = float(min_gain), float(min_cut_gain)
@@ -212,8 +229,8 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "learning rate is a schedule without a live multiplier and its momentum is a "
                 "constant. Use kadapt.optimizers.SGD or kadapt.optimizers.Adam (live multiplier "
                 "and momentum), or a float learning rate.")
-        policy = AdjustmentPolicy(self._predict, allowed, self.min_gain,
-                                  self._trigger_template.patience, self.min_cut_gain)
+        policy = AdjustmentPolicy(self._predict, allowed, self.min_gain, self._trigger_template.patience,
+                                  self.min_cut_gain, restart_within=RESTART_WITHIN if self.restart else 0.0)
         self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
                                         self.decision_log, WorkerAgreement.of(self.model))
         self._step, self._epoch = int(optimizer.iterations.numpy()), 0

@@ -18,7 +18,9 @@ to; `pending` is the newest state, confirmed good only once a later loss is
 measured after it. A validation loss is measured at the weights as they are
 now, so it confirms them at once; a training loss was measured before the
 interval's last updates, so it confirms only the state of the observation
-before.
+before. A third, `start`, is the run's initial state, which a restart
+(`Adjustment.restart`) returns to; it is held only while a restart can still
+come (within `AdjustmentPolicy.restart_within` of the budget).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class AdjustmentRunner:
         self.initial_learning_rate = applied_learning_rate(model.optimizer)
         self.range_test_rate = None  # the test's suggestion: a feature of every later observation
         self.rates = None  # (learning rate, momentum) the optimizer applies, as last read
-        self.last_good = self.pending = None
+        self.last_good = self.pending = self.start = None
         self._scheduled = []  # the schedule's rate (before the live multiplier) at the last two observations
         if model.trainable_variables:
             self._hold_start()
@@ -128,7 +130,7 @@ class AdjustmentRunner:
         if loss is not None and self.last_good.value == math.inf:
             # The first batch's loss was measured at the initial weights: the reference for
             # "exploded", and the value of the initial state a rollback may return to.
-            self.last_good = self.pending = dataclasses.replace(self.last_good, value=float(loss))
+            self.last_good = self.pending = self.start = dataclasses.replace(self.last_good, value=float(loss))
             self.trigger.seed(self.last_good.value)
 
     def start_from(self, run: RangeTestRun) -> None:
@@ -137,7 +139,7 @@ class AdjustmentRunner:
         if run.learning_rate is not None and not hasattr(self.model.optimizer, "learning_rate_multiplier"):
             self.initial_learning_rate = run.learning_rate  # later changes stay within MAX_CHANGE of the found rate
         if run.continued_from is not None:  # the run goes on from a branch's end: a rollback returns there
-            self.last_good = self.pending = rollback.take(self.model)
+            self.last_good = self.pending = self.start = rollback.take(self.model)
 
     def observe(self, loss: float, val_loss: float | None, watched: float, measured_now: bool,
                 progress: Progress) -> None:
@@ -163,8 +165,11 @@ class AdjustmentRunner:
         reason = self.agreement.reason(self.trigger.update(watched if finite else math.nan))
         adjustment, self.policy_state = self.policy.decide(
             self.policy_state, self.history.window(), reason, self.rates[0],
-            annealing=self._annealing(), final=progress.final, suggestion=self.range_test_rate)
+            annealing=self._annealing(), final=progress.final, suggestion=self.range_test_rate,
+            loss_ratio=self._loss_ratio(watched) if finite else None)
         self._execute(self.agreement.adjustment(adjustment), watched, finite, measured_now, progress, reading)
+        if progress.budget_used > self.policy.restart_within:
+            self.start = None  # no restart can come: the initial state is not held longer
 
     def read_rates(self) -> tuple[float, float]:
         """The learning rate and momentum the optimizer applies now."""
@@ -183,13 +188,15 @@ class AdjustmentRunner:
             history["previous_weights"], history["previous_update"] = self.observer.previous_on_host()
         return {"history": history, "trigger": self.trigger.get_state(),
                 "policy": dataclasses.asdict(self.policy_state), "last_good": rollback.to_state(self.last_good),
-                "pending": rollback.to_state(self.pending), "scheduled": list(self._scheduled),
+                "pending": rollback.to_state(self.pending), "start": rollback.to_state(self.start),
+                "scheduled": list(self._scheduled),
                 "initial_learning_rate": float(self.initial_learning_rate), "range_test_rate": self.range_test_rate}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores what `get_state` returned, for the same model; a `ValueError` for another's."""
         self.last_good = rollback.from_state(state["last_good"], self.model)
         self.pending = rollback.from_state(state["pending"], self.model)
+        self.start = rollback.from_state(state.get("start"), self.model)
         self.history.set_state(state["history"])
         if self.observer is not None:
             self.observer.set_previous(*self.history.pop_previous())
@@ -216,11 +223,21 @@ class AdjustmentRunner:
             optimizer.build(self.model.trainable_variables)
         # Read eagerly: at the start of fit the input pipeline holds TensorFlow's inter-op threads,
         # where a compiled read waits (`read_model`).
-        self.last_good = self.pending = rollback.take(self.model, reading=read_model(self.model, compiled=False))
+        self.last_good = self.pending = self.start = rollback.take(
+            self.model, reading=read_model(self.model, compiled=False))
+
+    def _loss_ratio(self, watched):
+        """The watched loss over the run's starting loss, while the start is held and its loss known."""
+        start = None if self.start is None else self.start.value
+        return watched / start if start is not None and 0.0 < start < math.inf else None
 
     def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
-        if adjustment.rollback:
+        if adjustment.restart:  # back to the initial state: the run starts again at the new rate
+            rollback.restore(self.model, self.start, restart_momentum=True)
+            self.last_good = self.pending = self.start
+            self.trigger.rebaseline(self.start.value)
+        elif adjustment.rollback:
             rollback.restore(self.model, self.last_good, restart_momentum=adjustment.restart_momentum)
             self.pending = self.last_good
             self.trigger.rebaseline(self.last_good.value)

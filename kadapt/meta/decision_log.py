@@ -5,8 +5,8 @@ Each decision is one JSON object with the same leading keys whatever made it:
 `"range_test"`), `adjustment` (the action's changes, `{}` for none), `action`
 (what was done, in words), `predicted_gain`, `rollback` and `features` (the
 last feature row, rounded). An adjustment adds the rates it left and whether a
-considered action was `applied`; a range-test start adds its `range_test`
-detail. The file is `log_dir/meta_decisions.jsonl`, appended to line by line
+considered action was `applied`, and `"restart": true` where the run went back
+to its initial state first; a range-test start adds its `range_test` detail. The file is `log_dir/meta_decisions.jsonl`, appended to line by line
 and rewritten whole only when a resumed run restores its decisions.
 """
 
@@ -92,6 +92,8 @@ class DecisionLog:
                     "features": _summary(window), "learning_rate": rates[0], "momentum": rates[1]}
         if adjustment.consulted:
             decision["applied"] = not adjustment.abstained
+        if adjustment.restart:
+            decision["restart"] = True
         self.write(decision)
 
     def target_reached(self, monitor: str, value: float, step: int, epoch: int) -> None:

@@ -23,7 +23,14 @@ The rules:
   gain over keeping reaches `min_gain`, or `min_cut_gain` for a learning-rate
   cut (`kadapt.meta.meta_model.choose_from`);
   a momentum action that would set the momentum the window's last row shows
-  is not on the menu (it is keep under another name).
+  is not on the menu (it is keep under another name);
+- the run's first change of the rate, where it is a cut within the first
+  `restart_within` of the budget and the watched loss is still at least
+  `restart_above` times the run's starting loss (not a divergence): the run
+  starts again from its initial state at the cut rate (`Adjustment.restart`).
+  A rate that high from the first step can leave a network that a cut no
+  longer brings back (units dead, outputs saturated), and a run that has
+  kept most of its starting loss has little to lose by starting again.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ from kadapt.meta.numpy_forward import numpy_forward
 from kadapt.validation import check_range
 
 _MOMENTUM = FEATURE_NAMES.index("momentum")  # the window's column of the momentum applied, unscaled
+_BUDGET = FEATURE_NAMES.index("budget_used")
+RESTART_WITHIN = 0.3  # the share of the budget within which a first cut may start the run again
+RESTART_ABOVE = 0.75  # ... where the watched loss is still at least this share of the starting loss
 LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation", "scheduled")
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == min(
     b.get("learning_rate_multiplier", 1.0) for b in action_lib.ACTIONS) for a in action_lib.ACTIONS])
@@ -58,10 +68,13 @@ class PolicyState:
             the lowest rate that diverged). Defaults to `inf`.
         since_divergence: Int or `None`. Calm observations since the last
             divergence was decided on; `None` before any. Defaults to `None`.
+        rate_changed: Bool. Whether the learning rate has been changed in
+            this run. Defaults to `False`.
     """
 
     ceiling: float = math.inf
     since_divergence: int | None = None
+    rate_changed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +90,9 @@ class Adjustment:
         restart_momentum: Bool. With the rollback, zero the optimizer's slots.
         consulted: Bool. The predictor chose: a decision to log.
         restart_trigger: Bool. Tell the trigger an adjustment was made.
+        restart: Bool. Before applying `action`, go back to the run's
+            initial state, the optimizer's slots zeroed (the step count and
+            the schedule go on).
     """
 
     reason: str | None = None
@@ -87,6 +103,7 @@ class Adjustment:
     restart_momentum: bool = False
     consulted: bool = False
     restart_trigger: bool = False
+    restart: bool = False
 
     @property
     def abstained(self) -> bool:
@@ -106,6 +123,8 @@ class Adjustment:
         text = action_lib.describe(action_lib.ACTIONS[self.action])
         if self.abstained:
             text += f" (considered {action_lib.describe(action_lib.ACTIONS[self.considered])})"
+        if self.restart:
+            text += ", from the start"
         return text
 
 
@@ -140,6 +159,12 @@ class AdjustmentPolicy:
             of the last is "repeated". Defaults to `3` (the trigger's).
         min_cut_gain: Float >= 0. The predicted gain a learning-rate cut
             needs (never more than `min_gain`). Defaults to `MIN_CUT_GAIN`.
+        restart_within: Float in [0, 1]. The share of the budget within
+            which the run's first rate change, a cut, starts the run again
+            from its initial state where it has kept most of its starting
+            loss (`restart_above`); `0` never. Defaults to `RESTART_WITHIN` (0.3).
+        restart_above: Float > 0. The watched loss over the starting loss
+            from which such a cut starts again. Defaults to `RESTART_ABOVE` (0.75).
 
     Example:
 
@@ -151,7 +176,8 @@ class AdjustmentPolicy:
     """
 
     def __init__(self, predict: Callable[[np.ndarray], np.ndarray], allowed: np.ndarray | None = None,
-                 min_gain: float = MIN_GAIN, patience: int = 3, min_cut_gain: float = MIN_CUT_GAIN) -> None:
+                 min_gain: float = MIN_GAIN, patience: int = 3, min_cut_gain: float = MIN_CUT_GAIN,
+                 restart_within: float = RESTART_WITHIN, restart_above: float = RESTART_ABOVE) -> None:
         if not callable(predict):
             raise TypeError(f"Argument `predict` must be a callable `window -> score differences`, e.g. "
                             f"model_predictor(meta_model). Received: predict={predict!r}")
@@ -159,14 +185,18 @@ class AdjustmentPolicy:
         check_range("min_gain", min_gain, low=0.0)
         check_range("patience", patience, low=0, integer=True)
         check_range("min_cut_gain", min_cut_gain, low=0.0)
+        check_range("restart_within", restart_within, low=0.0, high=1.0)
+        check_range("restart_above", restart_above, low=0.0, low_open=True)
         self.predict, self.min_gain, self.patience = predict, float(min_gain), int(patience)
         self.min_cut_gain = min(float(min_cut_gain), self.min_gain)
+        self.restart_within, self.restart_above = float(restart_within), float(restart_above)
 
     def decide(self, state: PolicyState, window: np.ndarray, reason: str | None, learning_rate: float,
-               annealing: bool = False, final: bool = False,
-               suggestion: float | None = None) -> tuple[Adjustment, PolicyState]:
+               annealing: bool = False, final: bool = False, suggestion: float | None = None,
+               loss_ratio: float | None = None) -> tuple[Adjustment, PolicyState]:
         """The `Adjustment` at this observation and the state after it; `suggestion` is a
-        range test's rate (the moves to it are allowed only with one)."""
+        range test's rate (the moves to it are allowed only with one), `loss_ratio` the
+        watched loss over the run's starting loss (`None`: not known, no restart)."""
         if reason is None:
             calm = None if state.since_divergence is None else state.since_divergence + 1
             return Adjustment(), dataclasses.replace(state, since_divergence=calm)
@@ -181,8 +211,13 @@ class AdjustmentPolicy:
         allowed &= action_lib.changes_momentum(float(window[-1, _MOMENTUM]))
         needed = np.where(factors < 1.0, self.min_cut_gain, self.min_gain)  # NaN factors are not allowed
         choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, needed)
+        factor = factors[choice.action]
+        restart = (not divergence and factor < 1.0 and not state.rate_changed and loss_ratio is not None
+                   and loss_ratio >= self.restart_above and 0.0 < float(window[-1, _BUDGET]) <= self.restart_within)
+        if factor != 1.0:
+            state = dataclasses.replace(state, rate_changed=True)
         return Adjustment(reason, choice.action, choice.gain, choice.considered, rollback=divergence,
-                          restart_momentum=repeated, consulted=True, restart_trigger=True), state
+                          restart_momentum=repeated, consulted=True, restart_trigger=True, restart=restart), state
 
     def repeated_divergence(self, state: PolicyState) -> bool:
         """Whether a divergence now follows the last one within `patience` calm observations."""
@@ -191,7 +226,7 @@ class AdjustmentPolicy:
     def _allowed(self, state, divergence, repeated, learning_rate, factors):
         allowed = self.allowed & ~np.isnan(factors)
         if divergence:
-            state = PolicyState(min(state.ceiling, learning_rate / 2), 0)
+            state = dataclasses.replace(state, ceiling=min(state.ceiling, learning_rate / 2), since_divergence=0)
             return allowed & (_LARGEST_CUT if repeated else factors < 1.0), state
         too_high = (factors > 1) & (factors * learning_rate > state.ceiling)
         return allowed & ~too_high, state

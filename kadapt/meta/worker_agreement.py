@@ -63,8 +63,10 @@ class WorkerAgreement:
         the same one at this step."""
         if self.strategy is None or not adjustment.consulted:
             return adjustment
-        index, gain, considered = self._from_chief(adjustment.action, adjustment.gain, adjustment.considered)
-        return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered))
+        index, gain, considered, restart = self._from_chief(adjustment.action, adjustment.gain,
+                                                            adjustment.considered, adjustment.restart)
+        return dataclasses.replace(adjustment, action=int(index), gain=gain, considered=int(considered),
+                                   restart=bool(restart))
 
     def _from_chief(self, *values):
         from kadapt.batching.tensorflow.multi_worker import chief_values
