@@ -38,18 +38,19 @@ from kadapt.meta.triggers import Trigger
 ARMS = ("meta", "meta_rescue")
 
 
-def _arm(task, arm, range_start, meta_model, consult_every=None):
+def _arm(task, arm, range_start, meta_model, consult_every=None, restart=True):
     """`arm` on `task`: the adjuster with `meta_model` (starting from the range test with
     `range_start`; its trigger consulting every `consult_every` observations too, the rules only
-    at 0, the adjuster's default at `None`), with the rescue after it for `"meta_rescue"`."""
+    at 0, the adjuster's default at `None`; its `restart`), with the rescue after it for `"meta_rescue"`."""
     options = {"range_test": evaluation.range_start(task)} if range_start else {}
+    options["restart"] = restart
     if consult_every is not None:  # 0: the trigger's rules only
         options["trigger"] = Trigger(consult_every=consult_every or None)
     return evaluation.meta_run(task, evaluation.EPOCHS, meta_model, rescue=arm == "meta_rescue", **options)
 
 
 def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
-             consult_every: int | None = None) -> dict:
+             consult_every: int | None = None, restart: bool = True) -> dict:
     """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
     `range_start`, the adjuster starts from the range test in both. The well-set runs at the
     grid-best rate, cosine and constant, run in both modes."""
@@ -59,7 +60,7 @@ def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
     result["settings"] = {}
     for setting, case in base["settings"].items():
         task = evaluation.evaluation_task(family, seed, case["learning_rate"])
-        arms = {arm: _arm(task, arm, range_start, meta_model, consult_every) for arm in ARMS}
+        arms = {arm: _arm(task, arm, range_start, meta_model, consult_every, restart) for arm in ARMS}
         result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
                                        "plateau": case["plateau"], **arms}
         print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
@@ -67,7 +68,7 @@ def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
     for name, schedule in (("cosine", "cosine"), ("well_set", "constant")):
         task = evaluation.evaluation_task(family, seed, base["best_rate"], schedule)
         result[name] = {"without": base[name]["without"],
-                        **{arm: _arm(task, arm, range_start, meta_model, consult_every) for arm in ARMS}}
+                        **{arm: _arm(task, arm, range_start, meta_model, consult_every, restart) for arm in ARMS}}
         print(f"{family}/{seed} {name}: " + ", ".join(f"{arm} {result[name][arm]['val_loss']:.4g}"
                                                       for arm in ("without", *ARMS)), flush=True)
     return result
@@ -142,13 +143,16 @@ def main():
                         help="the adjuster's trigger also consults the meta-model after this many observations "
                              "without an adjustment (kadapt.meta.Trigger(consult_every=N)); 0: the rules "
                              "only; default: the adjuster's default trigger")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="both arms with MetaAdjuster(restart=False): no restart from the initial state")
     args = parser.parse_args()
     if args.merge:
         results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
     else:
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
-        results = [run_task(base, args.range_start, args.meta_model, args.consult_every) for path in args.results
+        results = [run_task(base, args.range_start, args.meta_model, args.consult_every, not args.no_restart)
+                   for path in args.results
                    for base in json.loads(path.read_text())["runs"]]
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
