@@ -180,7 +180,8 @@ def test_a_first_early_cut_of_a_run_that_kept_most_of_its_starting_loss_starts_a
     assert policy.decide(PolicyState(), at_budget(0.29), "plateau", 0.5, loss_ratio=0.75)[0].restart  # 0.75 counts
 
 
-@pytest.mark.parametrize("case", ["learned", "late", "second change", "raise", "divergence", "unknown", "off"])
+@pytest.mark.parametrize("case", ["learned", "late", "second change", "raise", "divergence", "scheduled",
+                                  "unknown", "off"])
 def test_no_restart_where_the_run_learned_or_it_is_late_or_not_the_first_change_or_not_a_cut(case):
     state, window, reason, ratio, best, policy_args = PolicyState(), at_budget(0.15), "plateau", 0.9, LR_DOWN_10, {}
     if case == "learned":
@@ -193,6 +194,8 @@ def test_no_restart_where_the_run_learned_or_it_is_late_or_not_the_first_change_
         best = LR_UP_3
     elif case == "divergence":  # a divergence rolls back to the last good state, as before
         reason = "divergence"
+    elif case == "scheduled":  # a consultation on schedule: the run has not stalled
+        reason = "scheduled"
     elif case == "unknown":
         ratio = None
     else:

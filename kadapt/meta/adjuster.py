@@ -66,12 +66,13 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     A rate set far too high from the first step can leave a network that a cut
     no longer brings back (units dead, outputs saturated). So where the run's
-    first change of the rate is a cut, within the first 30% of the budget,
-    and the watched loss is still at least 0.75 of the first step's, the run
-    goes back to its initial weights, the optimizer's slots zeroed, and starts
-    again at the cut rate (`restart`; the decision's action reads "lr x0.1,
-    from the start"). Such a run has little progress to lose; one that has
-    learned (its loss below 0.75 of the start) keeps its weights.
+    first change of the rate is a cut on a stall (plateau, slow progress,
+    oscillation), within the first 30% of the budget, and the watched loss
+    is still at least 0.75 of the first step's, the run goes back to its
+    initial weights, the optimizer's slots zeroed, and starts again at the
+    cut rate (`restart`; the decision's action reads "lr x0.1, from the
+    start"). Such a run has little progress to lose; one that has learned
+    (its loss below 0.75 of the start) keeps its weights.
 
     A slowdown (plateau, slow progress) or an oscillation is left alone while
     the optimizer's learning-rate schedule is annealing — its rate before this
@@ -148,8 +149,8 @@ class MetaAdjuster(keras.callbacks.Callback):
             needs, where the best action is one (never more than
             `min_gain`): a cut's downside is a slower run, not an unstable
             one. Defaults to `0.03` (about 3% lower).
-        restart: Bool. Whether a first early cut of a run that has kept most
-            of its starting loss starts the run again from its initial state
+        restart: Bool. Whether a first early cut of a run stalled near its
+            starting loss starts the run again from its initial state
             (above). Defaults to `True`.
 
     Example:

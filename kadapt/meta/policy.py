@@ -24,13 +24,14 @@ The rules:
   cut (`kadapt.meta.meta_model.choose_from`);
   a momentum action that would set the momentum the window's last row shows
   is not on the menu (it is keep under another name);
-- the run's first change of the rate, where it is a cut within the first
-  `restart_within` of the budget and the watched loss is still at least
-  `restart_above` times the run's starting loss (not a divergence): the run
+- the run's first change of the rate, where it is a cut the trigger asked
+  for on a stall (`STALLS`: not a divergence, not a scheduled consultation)
+  within the first `restart_within` of the budget, and the watched loss is
+  still at least `restart_above` times the run's starting loss: the run
   starts again from its initial state at the cut rate (`Adjustment.restart`).
   A rate that high from the first step can leave a network that a cut no
-  longer brings back (units dead, outputs saturated), and a run that has
-  kept most of its starting loss has little to lose by starting again.
+  longer brings back (units dead, outputs saturated), and a run stalled near
+  its starting loss has little to lose by starting again.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ _BUDGET = FEATURE_NAMES.index("budget_used")
 RESTART_WITHIN = 0.3  # the share of the budget within which a first cut may start the run again
 RESTART_ABOVE = 0.75  # ... where the watched loss is still at least this share of the starting loss
 LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation", "scheduled")
+STALLS = ("plateau", "slow_progress", "oscillation")  # the reasons a restart may follow
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == min(
     b.get("learning_rate_multiplier", 1.0) for b in action_lib.ACTIONS) for a in action_lib.ACTIONS])
 
@@ -160,9 +162,10 @@ class AdjustmentPolicy:
         min_cut_gain: Float >= 0. The predicted gain a learning-rate cut
             needs (never more than `min_gain`). Defaults to `MIN_CUT_GAIN`.
         restart_within: Float in [0, 1]. The share of the budget within
-            which the run's first rate change, a cut, starts the run again
-            from its initial state where it has kept most of its starting
-            loss (`restart_above`); `0` never. Defaults to `RESTART_WITHIN` (0.3).
+            which the run's first rate change, a cut on a stall, starts the
+            run again from its initial state where it has kept most of its
+            starting loss (`restart_above`); `0` never. Defaults to
+            `RESTART_WITHIN` (0.3).
         restart_above: Float > 0. The watched loss over the starting loss
             from which such a cut starts again. Defaults to `RESTART_ABOVE` (0.75).
 
@@ -212,7 +215,7 @@ class AdjustmentPolicy:
         needed = np.where(factors < 1.0, self.min_cut_gain, self.min_gain)  # NaN factors are not allowed
         choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, needed)
         factor = factors[choice.action]
-        restart = (not divergence and factor < 1.0 and not state.rate_changed and loss_ratio is not None
+        restart = (reason in STALLS and factor < 1.0 and not state.rate_changed and loss_ratio is not None
                    and loss_ratio >= self.restart_above and 0.0 < float(window[-1, _BUDGET]) <= self.restart_within)
         if factor != 1.0:
             state = dataclasses.replace(state, rate_changed=True)
