@@ -12,6 +12,8 @@ from kadapt.meta import Trigger
 from kadapt.meta.actions import ACTIONS
 from kadapt.meta.actions import KEEP
 from kadapt.meta.actions import optimizer_mask
+from kadapt.meta.adjuster_state import load_state
+from kadapt.meta.adjuster_state import save_state
 from kadapt.meta.adjustment_runner import AdjustmentRunner
 from kadapt.meta.adjustment_runner import Progress
 from kadapt.meta.decision_log import DECISIONS_FILE
@@ -156,15 +158,15 @@ def first_loss():
 
 
 @pytest.mark.parametrize("resumed", [False, True])
-def test_a_first_early_cut_near_the_starting_loss_starts_again_from_the_initial_state(observed_on, resumed):
+def test_a_first_early_cut_near_the_starting_loss_starts_again_from_the_initial_state(observed_on, resumed, tmp_path):
     model = linear_model()
     runner = runner_on(model, LR_DOWN_10)
     initial = host_values(model.trainable_variables)
     train_steps(model, runner, 3)
-    if resumed:  # the initial state rides in the saved state
-        state = runner.get_state()
+    if resumed:  # the initial state rides in the saved state, through the backup's file
+        save_state(tmp_path / "state.npz", runner.get_state())
         runner = runner_on(model, LR_DOWN_10)
-        runner.set_state(state)
+        runner.set_state(load_state(tmp_path / "state.npz"))
     watched = 0.9 * first_loss()  # most of the starting loss kept
 
     for _ in range(3):  # the same loss three times: a plateau at the third (patience 2)
