@@ -233,14 +233,13 @@ class AdjustmentRunner:
 
     def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
-        if adjustment.restart:  # back to the initial state: the run starts again at the new rate
-            rollback.restore(self.model, self.start, restart_momentum=True)
-            self.last_good = self.pending = self.start
-            self.trigger.rebaseline(self.start.value)
-        elif adjustment.rollback:
-            rollback.restore(self.model, self.last_good, restart_momentum=adjustment.restart_momentum)
-            self.pending = self.last_good
-            self.trigger.rebaseline(self.last_good.value)
+        if adjustment.restart or adjustment.rollback:
+            # A restart goes back to the initial state (the run starts again at the new rate), a
+            # rollback to the last good one.
+            point = self.start if adjustment.restart else self.last_good
+            rollback.restore(self.model, point, restart_momentum=adjustment.restart or adjustment.restart_momentum)
+            self.last_good = self.pending = point
+            self.trigger.rebaseline(point.value)
         elif finite:
             self._advance_rollback_point(watched, measured_now, reading)
         if adjustment.consulted:

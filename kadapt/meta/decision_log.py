@@ -6,8 +6,9 @@ Each decision is one JSON object with the same leading keys whatever made it:
 (what was done, in words), `predicted_gain`, `rollback` and `features` (the
 last feature row, rounded). An adjustment adds the rates it left and whether a
 considered action was `applied`, and `"restart": true` where the run went back
-to its initial state first; a range-test start adds its `range_test` detail. The file is `log_dir/meta_decisions.jsonl`, appended to line by line
-and rewritten whole only when a resumed run restores its decisions.
+to its initial state first; a range-test start adds its `range_test` detail.
+The file is `log_dir/meta_decisions.jsonl`, appended to line by line and
+rewritten whole only when a resumed run restores its decisions.
 """
 
 from __future__ import annotations
