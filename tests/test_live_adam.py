@@ -59,3 +59,47 @@ def test_keras_adam_is_refused_and_adam_round_trips(tmp_path):
     restored = keras.models.load_model(tmp_path / "m.keras", safe_mode=True)
     assert float(restored.optimizer.beta_1.numpy()) == pytest.approx(0.8)
     np.testing.assert_allclose(_fit(restored, 2), _fit(model, 2), rtol=1e-6)
+
+
+class RestartAt(keras.callbacks.Callback):
+    """Takes a rollback point before the first step and, before step `at`, goes back to it
+    with the slots restarted, as the MetaAdjuster's restart and the dead-run rescue do."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.point = at, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        from kadapt.meta import rollback
+
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        if step == 0:
+            self.point = rollback.take(self.model)
+        elif step == self.at:
+            rollback.restore(self.model, self.point, restart_momentum=True)
+
+
+def test_after_a_restart_to_the_initial_state_the_steps_are_a_fresh_adams():
+    """The moments restart at zero while `iterations` counts on (a schedule reads it); the bias
+    correction counts from the restart, so the 3 steps after it are 3 steps of a fresh Adam."""
+    model = _linear(kadapt.optimizers.Adam(LR))
+    model.optimizer.build(model.trainable_variables)
+    weights = _fit(model, 6, [RestartAt(3)])
+    np.testing.assert_allclose(weights, _adam_oracle([0.9] * 3, [1.0] * 3), rtol=5e-5)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 6
+
+
+def test_a_file_saved_before_moments_from_existed_loads_counting_from_zero():
+    model = _linear(kadapt.optimizers.Adam(LR))
+    _fit(model, 2)
+    store = {}
+    model.optimizer.save_own_variables(store)
+    del store[str(len(store) - 1)]  # the last variable, moments_from, absent from older files
+    fresh = _linear(kadapt.optimizers.Adam(LR))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.optimizer.load_own_variables(store)
+    for index, variable in enumerate(fresh.optimizer.variables[:-1]):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), store[str(index)])
+    assert int(keras.ops.convert_to_numpy(fresh.optimizer.iterations)) == 2
+    assert fresh.optimizer.variables[-1].name == "moments_from"
+    assert int(keras.ops.convert_to_numpy(fresh.optimizer.variables[-1])) == 0

@@ -184,3 +184,33 @@ def test_optimizers_by_name():
     assert isinstance(kadapt.optimizers.get("schedule_free_adamw"), kadapt.optimizers.ScheduleFreeAdamW)
     with pytest.raises(ValueError, match=r"`name` must be one of \['adam', .*\]. Received: name='adamw'"):
         kadapt.optimizers.get("adamw")
+
+
+def test_after_a_restart_to_the_initial_state_the_steps_are_a_fresh_prodigys():
+    """The moments restart at zero while `iterations` counts on; with bias correction it counts
+    from the restart (`RestartableMoments`), and w0, s and d come back from the point."""
+    from test_live_adam import RestartAt
+
+    config = dict(CASES["coupled_decay_bias_correction_safeguard"])
+    model = _model(kadapt.optimizers.Prodigy(**config))
+    model.optimizer.build(model.trainable_variables)
+    _fit(model, 2 * STEPS, [RestartAt(STEPS)])
+    params, d = _reference(STEPS, **config)
+    _assert_matches(model, params, d, TOLERANCE["coupled_decay_bias_correction_safeguard"])
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * STEPS
+
+
+def test_after_a_restart_to_the_initial_state_w0_is_the_initial_weights():
+    """The point taken before the first step holds w0's slot unset (zeros); the step after the
+    restart takes w0 again, where s is zero, though `iterations` is not."""
+    from test_live_adam import RestartAt
+
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, kernel_initializer="ones")])
+    model.compile(optimizer=kadapt.optimizers.Prodigy(), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    initial_weights = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    _fit(model, 5, [RestartAt(3)])
+    slots = [v for v in model.optimizer.variables if v.name.endswith("_initial")]
+    assert len(slots) == len(initial_weights) == 2
+    for slot, weights in zip(slots, initial_weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(slot), weights)

@@ -278,3 +278,16 @@ def test_a_rollback_restart_keeps_the_iterates_and_zeroes_only_the_moments():
         expected = np.zeros_like(value) if variable.name.endswith("_velocity") else value
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), expected, err_msg=variable.name)
     assert any(v.name.endswith("_z") for v in model.optimizer.variables)
+
+
+def test_after_a_restart_to_the_initial_state_adamw_steps_as_a_fresh_one():
+    """The second moment restarts at zero while `iterations` counts on; its bias correction
+    counts from the restart (`RestartableMoments`), so the steps after it are a fresh run's."""
+    from test_live_adam import RestartAt
+
+    model = _model(ScheduleFreeAdamW(0.05))
+    model.optimizer.build(model.trainable_variables)
+    _fit(model, 8, [RestartAt(4)])
+    y, x = _reference(4, 0.05, 0.9, adam=True)
+    _assert_params(model, x)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 8

@@ -104,6 +104,8 @@ def restore(model: keras.Model, point: RollbackPoint | BufferedPoint, restart_mo
         if value is not None:
             zeroed = restart_momentum and value.ndim and not variable.name.endswith(kept)
             variable.assign(np.zeros_like(value) if zeroed else value)
+    if restart_momentum and hasattr(optimizer, "slots_restarted"):
+        optimizer.slots_restarted()  # kadapt's Adam family: the bias correction starts over
 
 
 def to_state(point: RollbackPoint | BufferedPoint | None) -> dict | None:

@@ -8,13 +8,14 @@ import keras
 from keras import ops
 
 from kadapt.optimizers.live_variables import LearningRateMultiplier
+from kadapt.optimizers.live_variables import RestartableMoments
 from kadapt.optimizers.live_variables import scalar_variable
 from kadapt.optimizers.live_variables import slot_key
 from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")
-class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
+class Adam(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optimizer):
     """Drop-in for `keras.optimizers.Adam` whose `beta_1` can change mid-fit.
 
     Keras 3's Adam compiles `beta_1` as a Python float, like SGD's momentum.
@@ -23,6 +24,9 @@ class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
     Keras' Adam; its bias correction uses the current beta_1 (1 - beta_1^t),
     which is exact while beta_1 is constant. On JAX, assign them from a
     callback through `self.model.optimizer` (see `kadapt.optimizers.SGD`).
+    The correction counts from the step the moments last started from zero
+    (`RestartableMoments`): after a rollback that restarts them, the steps
+    are a fresh Adam's.
 
     Args:
         learning_rate: Float or `LearningRateSchedule`. Defaults to `0.001`.
@@ -69,12 +73,13 @@ class Adam(LearningRateMultiplier, keras.optimizers.Optimizer):
         super().build(variables)
         self._moments = {slot_key(v): self.add_variable_from_reference(v, "momentum") for v in variables}
         self._second = {slot_key(v): self.add_variable_from_reference(v, "velocity") for v in variables}
+        self._init_moments_from()
 
     def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         dtype = variable.dtype
         rate = self._multiplied(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
-        step = ops.cast(self.iterations + 1, dtype)
+        step = self.moments_step(dtype)
         beta_1 = ops.cast(self._beta_1, dtype)
         alpha = rate * ops.sqrt(1 - ops.power(self.beta_2, step)) / (1 - ops.power(beta_1, step))
         m, v = self._moments[slot_key(variable)], self._second[slot_key(variable)]

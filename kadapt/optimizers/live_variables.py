@@ -65,6 +65,42 @@ class LearningRateMultiplier:
         return keras.ops.cast(learning_rate, dtype) * keras.ops.cast(self._multiplier, dtype)
 
 
+class RestartableMoments:
+    """Mixin: a bias correction counted from the step the moments last started from zero.
+
+    A rollback that restarts the optimizer's slots (`kadapt.meta.rollback.restore`
+    with `restart_momentum`: the `MetaAdjuster`'s restart from the initial state or
+    after a repeated divergence, `DeadRunRescue`) zeroes the moments while
+    `iterations` counts on, since a schedule reads it. Counted from `iterations`,
+    the correction would be ~1 at once: for a steady gradient the first Adam step
+    after a restart would be 3.2x a corrected one, the 12th 6.6x. The optimizer
+    counts from `moments_from` instead, which `slots_restarted()` sets: the steps
+    after a restart are a fresh optimizer's. Call `_init_moments_from()` last in
+    `build`: the variable is the optimizer's last, so a file saved before it
+    existed (one variable fewer) still loads, counting from 0.
+    """
+
+    def _init_moments_from(self):
+        self._moments_from = self.add_variable(shape=(), dtype=self.iterations.dtype, name="moments_from")
+
+    def moments_step(self, dtype: Any) -> Any:
+        """t of the bias correction at the step being applied: 1 at the moments' first step."""
+        return keras.ops.cast(self.iterations - self._moments_from + 1, dtype)
+
+    def slots_restarted(self) -> None:
+        """Marks the next step as the first of zeroed moments (the rollback calls it)."""
+        # A host copy: on JAX one buffer in two variables is donated twice by the next step.
+        self._moments_from.assign(keras.ops.convert_to_numpy(self.iterations))
+
+    def load_own_variables(self, store: Any) -> None:
+        if self.built and len(store.keys()) == len(self.variables) - 1:
+            for index, variable in enumerate(self.variables[:-1]):
+                variable.assign(store[str(index)])
+            self._moments_from.assign(0)
+            return
+        super().load_own_variables(store)
+
+
 def current_momentum(optimizer: keras.optimizers.Optimizer) -> float:
     """Momentum (or `beta_1`) as a float; `0.0` for optimizers without one."""
     for name in ("momentum", "beta_1"):

@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from kadapt.optimizers.live_variables import LearningRateMultiplier
+from kadapt.optimizers.live_variables import RestartableMoments
 from kadapt.optimizers.live_variables import reject_keras_accumulation
 from kadapt.optimizers.live_variables import scalar_variable
 from kadapt.optimizers.live_variables import slot_key
@@ -17,7 +18,7 @@ from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")
-class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
+class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optimizer):
     """Prodigy (Mishchenko & Defazio 2023; PyPI `prodigyopt` 1.1.2).
 
     Adam with step size d * learning_rate, where d, one scalar over all the
@@ -109,6 +110,7 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
             self._slots[slot_key(v)] = tuple(
                 self.add_variable_from_reference(v, name) for name in ("initial", "momentum", "velocity", "s")
             )
+        self._init_moments_from()
 
     def apply(self, grads: list[Any], trainable_variables: list[keras.Variable] | None = None) -> None:
         """As `keras.optimizers.Optimizer.apply`. d is one scalar over all the
@@ -150,7 +152,7 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
     def _bias_correction(self):
         if not self.use_bias_correction:
             return 1.0
-        step = ops.cast(self.iterations, "float32") + 1.0
+        step = self.moments_step("float32")
         return ops.sqrt(1 - ops.power(self.beta_2, step)) / (1 - ops.power(self.beta_1, step))
 
     def _accumulate(self, pending, d, dlr):
@@ -160,7 +162,6 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
         difference of nearly equal numbers while d is small.
         """
         beta_3 = math.sqrt(self.beta_2) if self.beta_3 is None else self.beta_3
-        first = ops.equal(ops.convert_to_tensor(self.iterations), 0)
         numerator = ops.convert_to_tensor(self._d_numerator) * beta_3
         denominator, moments = 0.0, []
         for gradient, variable in pending:
@@ -168,8 +169,10 @@ class Prodigy(LearningRateMultiplier, keras.optimizers.Optimizer):
             initial, m, v, s = (ops.convert_to_tensor(x) for x in slots)
             w = ops.convert_to_tensor(variable)
             # w0 is taken at the first step, as Keras' EMA starts: an initializer
-            # reading the weights cannot be lifted out of an XLA step.
-            initial = ops.where(first, w, initial)
+            # reading the weights cannot be lifted out of an XLA step. The first step is
+            # the one s is still zero at, not iteration 0: a rollback to the initial state
+            # (`kadapt.meta.rollback`) puts back the zeros while `iterations` counts on.
+            initial = ops.where(ops.all(ops.equal(s, 0)), w, initial)
             if self.prodigy_weight_decay and not self.decouple:
                 gradient = gradient + self.prodigy_weight_decay * w
             d_v, dlr_v, scale = (ops.cast(value, w.dtype) for value in (d, dlr, d / self.d0))

@@ -106,7 +106,7 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
         self._lr_max.assign(lr_max)
         self._weight_sum.assign(weight_sum)
         average_weight = ops.where(weight_sum > 0, weight / ops.maximum(weight_sum, 1e-38), 0.0)
-        return {"rate": rate, "average_weight": average_weight, "step": step, "first": first}
+        return {"rate": rate, "average_weight": average_weight, "first": first}
 
     def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         dtype = variable.dtype

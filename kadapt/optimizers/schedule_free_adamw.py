@@ -7,13 +7,14 @@ from typing import Any
 import keras
 from keras import ops
 
+from kadapt.optimizers.live_variables import RestartableMoments
 from kadapt.optimizers.live_variables import slot_key
 from kadapt.optimizers.schedule_free import ScheduleFree
 from kadapt.validation import check_range
 
 
 @keras.saving.register_keras_serializable(package="kadapt")
-class ScheduleFreeAdamW(ScheduleFree):
+class ScheduleFreeAdamW(RestartableMoments, ScheduleFree):
     """Schedule-Free AdamW (PyPI `schedulefree` 1.4.1, `AdamWScheduleFree`).
 
     Needs no learning-rate schedule: it takes gradients at
@@ -70,13 +71,13 @@ class ScheduleFreeAdamW(ScheduleFree):
             return
         super().build(variables)
         self._second = {slot_key(v): self.add_variable_from_reference(v, "velocity") for v in variables}
+        self._init_moments_from()
 
     def direction(self, gradient: Any, key: Any) -> Any:
         v = self._second[key]
         v_new = self.beta_2 * v + (1 - self.beta_2) * ops.square(gradient)
         self.assign(v, v_new)
-        correction = 1 - ops.power(ops.cast(self.beta_2, gradient.dtype),
-                                   ops.cast(self._step_scalars["step"], gradient.dtype))
+        correction = 1 - ops.power(ops.cast(self.beta_2, gradient.dtype), self.moments_step(gradient.dtype))
         return gradient / (ops.sqrt(v_new / correction) + self.epsilon)
 
     def get_config(self) -> dict[str, Any]:
