@@ -30,7 +30,7 @@ def test_a_plateau_applies_the_predicted_best_action():
     adjustment, state = AdjustmentPolicy(predicting(LR_UP_3)).decide(PolicyState(), WINDOW, "plateau", 0.1)
     assert (adjustment.action, adjustment.gain, adjustment.text) == (LR_UP_3, 0.5, "lr x3")
     assert adjustment.consulted and adjustment.restart_trigger and not adjustment.rollback
-    assert state == PolicyState(rate_changed=True)
+    assert state == PolicyState(rate_changed=True, raised=True)
 
 
 def test_a_gain_below_min_gain_keeps_and_says_what_it_considered():
@@ -121,6 +121,8 @@ def test_arguments_are_checked():
         AdjustmentPolicy(never_called, restart_within=1.5)
     with pytest.raises(ValueError, match=r"Argument `restart_above` .*Received: restart_above=0"):
         AdjustmentPolicy(never_called, restart_above=0)
+    with pytest.raises(ValueError, match=r"Argument `follow_gain` .*Received: follow_gain=-0.1"):
+        AdjustmentPolicy(never_called, follow_gain=-0.1)
     assert math.isinf(PolicyState().ceiling)
 
 
@@ -203,3 +205,34 @@ def test_no_restart_where_the_run_learned_or_it_is_late_or_not_the_first_change_
     adjustment, _ = AdjustmentPolicy(predicting(best), **policy_args).decide(state, window, reason, 0.5,
                                                                            loss_ratio=ratio)
     assert adjustment.consulted and adjustment.action == best and not adjustment.restart
+
+
+def test_after_a_raise_a_further_raise_needs_only_follow_gain():
+    """A run whose last rate change was a raise has shown its rate too low: a further raise is
+    applied at a predicted gain of `follow_gain` (0.005), not `min_gain` (0.1)."""
+    small_raise = AdjustmentPolicy(predicting(LR_UP_3, gain=0.02))
+    first, _ = small_raise.decide(PolicyState(), WINDOW, "scheduled", 0.01)
+    assert (first.action, first.considered) == (KEEP, LR_UP_3)
+    after_raise = PolicyState(rate_changed=True, raised=True)
+    followed, state = small_raise.decide(after_raise, WINDOW, "scheduled", 0.01)
+    assert followed.action == LR_UP_3 and state.raised
+    tiny, _ = AdjustmentPolicy(predicting(LR_UP_3, gain=0.004)).decide(after_raise, WINDOW, "scheduled", 0.01)
+    assert (tiny.action, tiny.considered) == (KEEP, LR_UP_3)
+    # Momentum is not the rate: its bar stays min_gain.
+    momentum, _ = AdjustmentPolicy(predicting(MOMENTUM_HIGH, gain=0.02)).decide(after_raise, WINDOW, "scheduled", 0.01)
+    assert (momentum.action, momentum.considered) == (KEEP, MOMENTUM_HIGH)
+    assert AdjustmentPolicy(never_called, min_gain=0.001).follow_gain == 0.001  # never above min_gain
+
+
+def test_a_cut_or_a_divergence_ends_the_follow_through():
+    _, after_cut = AdjustmentPolicy(predicting(LR_DOWN_3)).decide(
+        PolicyState(rate_changed=True, raised=True), WINDOW, "plateau", 0.1)
+    assert not after_cut.raised
+    adjustment, _ = AdjustmentPolicy(predicting(LR_UP_3, gain=0.02)).decide(after_cut, WINDOW, "scheduled", 0.03)
+    assert adjustment.action == KEEP
+    _, after_divergence = AdjustmentPolicy(predicting(LR_DOWN_3)).decide(
+        PolicyState(rate_changed=True, raised=True), WINDOW, "divergence", 0.1)
+    assert not after_divergence.raised
+    kept, state = AdjustmentPolicy(predicting(LR_UP_3, gain=-0.5)).decide(
+        PolicyState(rate_changed=True, raised=True), WINDOW, "scheduled", 0.01)
+    assert kept.action == KEEP and state.raised  # keeping leaves it as it was

@@ -38,6 +38,10 @@ MIN_GAIN = 0.1  # abstain unless an action is predicted to end >= ~10% below kee
 # rate it lowers the noise floor the run ends on (chosen on the evaluation families' development seeds
 # 0-2, then measured once on seeds 3-5: benchmarks/README.md#meta_rescue).
 MIN_CUT_GAIN = 0.03
+# A further raise after a raise needs only a predicted gain: the run has shown its rate too low, and
+# the meta-model, consulted every few epochs, rates the next step small once the first raise sped
+# the loss up (chosen on the development seeds 0-2, then measured once on seeds 3-5, as above).
+FOLLOW_GAIN = 0.005
 DEFAULT_PATH = Path(__file__).parent / "pretrained" / "default.keras"
 
 

@@ -21,7 +21,8 @@ The rules:
   but a divergence is still rolled back;
 - otherwise the predictor's best allowed action, kept unless its predicted
   gain over keeping reaches `min_gain`, or `min_cut_gain` for a learning-rate
-  cut (`kadapt.meta.meta_model.choose_from`);
+  cut, or `follow_gain` for a raise where the last change of the rate was a
+  raise and no divergence came since (`kadapt.meta.meta_model.choose_from`);
   a momentum action that would set the momentum the window's last row shows
   is not on the menu (it is keep under another name);
 - the run's first change of the rate, where it is a cut the trigger asked
@@ -44,6 +45,7 @@ import numpy as np
 
 from kadapt.meta import actions as action_lib
 from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.meta_model import FOLLOW_GAIN
 from kadapt.meta.meta_model import MIN_CUT_GAIN
 from kadapt.meta.meta_model import MIN_GAIN
 from kadapt.meta.meta_model import choose_from
@@ -72,11 +74,14 @@ class PolicyState:
             divergence was decided on; `None` before any. Defaults to `None`.
         rate_changed: Bool. Whether the learning rate has been changed in
             this run. Defaults to `False`.
+        raised: Bool. Whether the last change of the learning rate was a
+            raise, with no divergence since. Defaults to `False`.
     """
 
     ceiling: float = math.inf
     since_divergence: int | None = None
     rate_changed: bool = False
+    raised: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +173,9 @@ class AdjustmentPolicy:
             `RESTART_WITHIN` (0.3).
         restart_above: Float > 0. The watched loss over the starting loss
             from which such a cut starts again. Defaults to `RESTART_ABOVE` (0.75).
+        follow_gain: Float >= 0. The predicted gain a raise needs where the
+            last change of the rate was a raise and no divergence came since
+            (never more than `min_gain`). Defaults to `FOLLOW_GAIN` (0.005).
 
     Example:
 
@@ -180,7 +188,8 @@ class AdjustmentPolicy:
 
     def __init__(self, predict: Callable[[np.ndarray], np.ndarray], allowed: np.ndarray | None = None,
                  min_gain: float = MIN_GAIN, patience: int = 3, min_cut_gain: float = MIN_CUT_GAIN,
-                 restart_within: float = RESTART_WITHIN, restart_above: float = RESTART_ABOVE) -> None:
+                 restart_within: float = RESTART_WITHIN, restart_above: float = RESTART_ABOVE,
+                 follow_gain: float = FOLLOW_GAIN) -> None:
         if not callable(predict):
             raise TypeError(f"Argument `predict` must be a callable `window -> score differences`, e.g. "
                             f"model_predictor(meta_model). Received: predict={predict!r}")
@@ -190,9 +199,11 @@ class AdjustmentPolicy:
         check_range("min_cut_gain", min_cut_gain, low=0.0)
         check_range("restart_within", restart_within, low=0.0, high=1.0)
         check_range("restart_above", restart_above, low=0.0, low_open=True)
+        check_range("follow_gain", follow_gain, low=0.0)
         self.predict, self.min_gain, self.patience = predict, float(min_gain), int(patience)
         self.min_cut_gain = min(float(min_cut_gain), self.min_gain)
         self.restart_within, self.restart_above = float(restart_within), float(restart_above)
+        self.follow_gain = min(float(follow_gain), self.min_gain)
 
     def decide(self, state: PolicyState, window: np.ndarray, reason: str | None, learning_rate: float,
                annealing: bool = False, final: bool = False, suggestion: float | None = None,
@@ -212,13 +223,14 @@ class AdjustmentPolicy:
         factors = action_lib.rate_factors(learning_rate, suggestion)
         allowed, state = self._allowed(state, divergence, repeated, learning_rate, factors)
         allowed &= action_lib.changes_momentum(float(window[-1, _MOMENTUM]))
-        needed = np.where(factors < 1.0, self.min_cut_gain, self.min_gain)  # NaN factors are not allowed
+        raise_needs = self.follow_gain if state.raised else self.min_gain
+        needed = np.where(factors < 1.0, self.min_cut_gain, np.where(factors > 1.0, raise_needs, self.min_gain))
         choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, needed)
         factor = factors[choice.action]
         restart = (reason in STALLS and factor < 1.0 and not state.rate_changed and loss_ratio is not None
                    and loss_ratio >= self.restart_above and 0.0 < float(window[-1, _BUDGET]) <= self.restart_within)
         if factor != 1.0:
-            state = dataclasses.replace(state, rate_changed=True)
+            state = dataclasses.replace(state, rate_changed=True, raised=bool(factor > 1.0))
         return Adjustment(reason, choice.action, choice.gain, choice.considered, rollback=divergence,
                           restart_momentum=repeated, consulted=True, restart_trigger=True, restart=restart), state
 
@@ -229,7 +241,8 @@ class AdjustmentPolicy:
     def _allowed(self, state, divergence, repeated, learning_rate, factors):
         allowed = self.allowed & ~np.isnan(factors)
         if divergence:
-            state = dataclasses.replace(state, ceiling=min(state.ceiling, learning_rate / 2), since_divergence=0)
+            state = dataclasses.replace(state, ceiling=min(state.ceiling, learning_rate / 2), since_divergence=0,
+                                        raised=False)
             return allowed & (_LARGEST_CUT if repeated else factors < 1.0), state
         too_high = (factors > 1) & (factors * learning_rate > state.ceiling)
         return allowed & ~too_high, state
