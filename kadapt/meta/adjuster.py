@@ -139,7 +139,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             loss keeping would reach over the one the action would) an action
             needs to be applied; below it the adjuster keeps, and logs what it
             considered. Defaults to `0.1` (about 10% lower). After a
-            divergence a cut is applied whatever its predicted gain.
+            divergence a cut is applied whatever its predicted gain; after
+            a raise (no cut or divergence since) a further raise needs only
+            `kadapt.meta.meta_model.FOLLOW_GAIN` (0.005).
         backup_dir: Path-like or `None`. Where the state lives between an
             interrupted run and its resume (`get_state`, as `.npz`). Defaults
             to `None` (kept in memory only).
