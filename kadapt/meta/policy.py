@@ -223,7 +223,7 @@ class AdjustmentPolicy:
         factors = action_lib.rate_factors(learning_rate, suggestion)
         allowed, state = self._allowed(state, divergence, repeated, learning_rate, factors)
         allowed &= action_lib.changes_momentum(float(window[-1, _MOMENTUM]))
-        raise_needs = self.follow_gain if state.raised else self.min_gain
+        raise_needs = self.follow_gain if state.raised else self.min_gain  # NaN factors are not allowed
         needed = np.where(factors < 1.0, self.min_cut_gain, np.where(factors > 1.0, raise_needs, self.min_gain))
         choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, needed)
         factor = factors[choice.action]
