@@ -128,6 +128,32 @@ def test_a_first_early_cut_near_the_starting_loss_starts_the_fit_again(restart):
         (3, "lr x0.1, from the start" if restart else "lr x0.1")]
 
 
+@pytest.mark.parametrize("rate, taken", [(1.4, True), (0.001, False)])
+def test_a_judged_restart_goes_on_from_its_branch_or_charges_its_steps(rate, taken):
+    # One step an epoch, 12 in the budget; a scheduled consultation every 2 observations without
+    # an adjustment cuts x0.1 (epochs 2, 4, 6; not at the last). The first, 25% into the budget,
+    # is a judged restart: a branch trains 3 steps (share 1: all the run's) from the initial
+    # weights at the cut rate. At 1.4 the run climbs (2.4 -> 4.4) and the branch wins: the run goes
+    # on from its end, those steps trained. At 0.001 the run is ahead: it takes the cut where it
+    # is, and the 3 steps are charged. Either way fit ends once 12 steps are counted.
+    model = linear_model(kadapt.optimizers.SGD(rate, momentum=0.0))
+    x, y = regression_data()
+    trial = kadapt.meta.RestartTrial(x, y, validation_data=(x, y), batch_size=ROWS, share=1.0)
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every="epoch",
+                            trigger=Trigger(patience=100, cooldown=0, consult_every=2), verbose=0,
+                            restart_trial=trial)
+    fit(model, adjuster, epochs=12)
+    first = [0.1 * rate] * 3 if taken else [rate] * 3  # the branch's steps, or the run's before the cut
+    rates = first + [0.1 * rate] * 2 + [0.01 * rate] * 2 + [0.001 * rate] * 2
+    np.testing.assert_allclose(model.get_weights()[0], numpy_descent(x, y, rates, [0.0] * 9), rtol=1e-5)
+    assert int(model.optimizer.iterations.numpy()) == (12 if taken else 9)
+    assert [(d["step"], d["trigger"], d["action"]) for d in adjuster.decisions] == [
+        (3, "scheduled", "lr x0.1, from the start" if taken else "lr x0.1"),
+        (8, "scheduled", "lr x0.1"), (10, "scheduled", "lr x0.1")]
+    assert adjuster.decisions[0]["restart_trial"]["taken"] is taken
+    assert adjuster.decisions[0]["restart_trial"]["steps"] == 3
+
+
 def test_min_gain_must_be_a_non_negative_number():
     with pytest.raises(ValueError, match="min_gain"):
         MetaAdjuster(constant_meta_model(LR_UP), min_gain=-0.1)

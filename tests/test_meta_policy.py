@@ -207,6 +207,48 @@ def test_no_restart_where_the_run_learned_or_it_is_late_or_not_the_first_change_
     assert adjustment.consulted and adjustment.action == best and not adjustment.restart
 
 
+@pytest.mark.parametrize("reason, ratio, restart, trial", [
+    ("plateau", 0.74, False, True),  # learned a little: judged by a branch from the start
+    ("plateau", 0.4, False, True),  # trial_above counts
+    ("plateau", 0.39, False, False),  # learned much: a plain cut
+    ("plateau", 0.75, True, False),  # kept most of the starting loss: restarted unjudged
+    ("scheduled", 0.9, False, True),  # not a stall: judged, whatever the loss kept
+    ("scheduled", 0.39, False, False),
+])
+def test_a_first_early_cut_of_a_run_that_learned_a_little_asks_for_a_judged_restart(reason, ratio, restart, trial):
+    adjustment, state = AdjustmentPolicy(predicting(LR_DOWN_10)).decide(PolicyState(), at_budget(0.15), reason,
+                                                                       0.5, loss_ratio=ratio)
+    assert adjustment.action == LR_DOWN_10 and state.rate_changed
+    assert (adjustment.restart, adjustment.restart_trial) == (restart, trial)
+
+
+@pytest.mark.parametrize("case", ["late", "second change", "raise", "divergence", "unknown", "off", "bar"])
+def test_no_judged_restart_where_no_restart_could_come(case):
+    state, window, reason, ratio, best, policy_args = PolicyState(), at_budget(0.15), "plateau", 0.6, LR_DOWN_10, {}
+    if case == "late":
+        window = at_budget(0.31)
+    elif case == "second change":
+        state = PolicyState(rate_changed=True)
+    elif case == "raise":
+        best = LR_UP_3
+    elif case == "divergence":
+        reason = "divergence"
+    elif case == "unknown":
+        ratio = None
+    elif case == "off":
+        policy_args = {"restart_within": 0.0}
+    else:
+        policy_args = {"trial_above": 0.7}
+    adjustment, _ = AdjustmentPolicy(predicting(best), **policy_args).decide(state, window, reason, 0.5,
+                                                                           loss_ratio=ratio)
+    assert adjustment.consulted and not adjustment.restart_trial and not adjustment.restart
+
+
+def test_trial_above_must_be_positive():
+    with pytest.raises(ValueError, match="trial_above"):
+        AdjustmentPolicy(never_called, trial_above=0.0)
+
+
 def test_after_a_raise_a_further_raise_needs_only_follow_gain():
     """A run whose last rate change was a raise has shown its rate too low: a further raise is
     applied at a predicted gain of `follow_gain` (0.005), not `min_gain` (0.1)."""

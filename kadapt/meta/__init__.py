@@ -21,6 +21,7 @@ from kadapt.meta.meta_model import MetaSpec
 from kadapt.meta.meta_model import load_meta_model
 from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.range_test_start import RangeTestStart
+from kadapt.meta.restart_trial import RestartTrial
 from kadapt.meta.triggers import Trigger
 
 _OPTIONAL_NAMES = {
@@ -30,7 +31,7 @@ _OPTIONAL_NAMES = {
     "train_meta_model": "kadapt.meta.train",
 }
 __all__ = sorted([
-    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRule", "MetaAdjuster", "MetaSpec", "RangeTestStart", "Trigger", "actions", "chance_loss", "collect",
+    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRule", "MetaAdjuster", "MetaSpec", "RangeTestStart", "RestartTrial", "Trigger", "actions", "chance_loss", "collect",
     "features", "load_meta_model", "regression_chance_loss", "tasks", *_OPTIONAL_NAMES,
 ])
 

@@ -30,6 +30,7 @@ from kadapt.meta.policy import RESTART_WITHIN
 from kadapt.meta.policy import model_predictor
 from kadapt.meta.range_test_run import run_range_test
 from kadapt.meta.range_test_start import RangeTestStart
+from kadapt.meta.restart_trial import RestartTrial
 from kadapt.meta.triggers import Trigger
 from kadapt.meta.worker_agreement import WorkerAgreement
 from kadapt.validation import check_range
@@ -154,6 +155,16 @@ class MetaAdjuster(keras.callbacks.Callback):
         restart: Bool. Whether a first early cut of a run stalled near its
             starting loss starts the run again from its initial state
             (above). Defaults to `True`.
+        restart_trial: `kadapt.meta.RestartTrial` or `None`. The data on which
+            a first early cut of a run that learned a little (or one a
+            scheduled consultation chose) is judged: a branch from the initial
+            state at the cut rate trains as many steps as the run has (at most
+            a tenth of the budget), and the run restarts from the branch's end
+            only where the branch's held loss is lower than the run's now;
+            else the cut applies where the run is, the branch's steps charged
+            to the budget. The decision log writes both losses under
+            `"restart_trial"`. Not under a multi-worker strategy. Defaults to
+            `None` (such a cut applies where the run is).
 
     Example:
 
@@ -169,7 +180,7 @@ class MetaAdjuster(keras.callbacks.Callback):
                  trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
                  min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None,
                  range_test: RangeTestStart | None = None, min_cut_gain: float = MIN_CUT_GAIN,
-                 restart: bool = True) -> None:
+                 restart: bool = True, restart_trial: RestartTrial | None = None) -> None:
         super().__init__()
         if not isinstance(restart, bool):
             raise TypeError(f"Argument `restart` must be True or False. Received: restart={restart!r}")
@@ -194,6 +205,10 @@ class MetaAdjuster(keras.callbacks.Callback):
             raise TypeError("Argument `range_test` must be a kadapt.meta.RangeTestStart or None. "
                             f"Received: range_test={range_test!r}")
         self.range_test = range_test
+        if restart_trial is not None and not isinstance(restart_trial, RestartTrial):
+            raise TypeError("Argument `restart_trial` must be a kadapt.meta.RestartTrial or None. "
+                            f"Received: restart_trial={restart_trial!r}")
+        self.restart_trial = restart_trial if restart else None
         self.decision_log = DecisionLog(self.log_dir, verbose)
 
     def __deepcopy__(self, memo):
@@ -234,13 +249,19 @@ class MetaAdjuster(keras.callbacks.Callback):
                 "and momentum), or a float learning rate.")
         policy = AdjustmentPolicy(self._predict, allowed, self.min_gain, self._trigger_template.patience,
                                   self.min_cut_gain, restart_within=RESTART_WITHIN if self.restart else 0.0)
+        agreement = WorkerAgreement.of(self.model)
+        if self.restart_trial is not None and agreement.strategy is not None:
+            raise ValueError("Argument `restart_trial` cannot judge a restart under a multi-worker strategy: "
+                             "each worker would train and score the branch on its own rows. Received: "
+                             f"restart_trial={self.restart_trial!r}. Pass restart_trial=None in a multi-worker job.")
         self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
-                                        self.decision_log, WorkerAgreement.of(self.model))
+                                        self.decision_log, agreement, self.restart_trial, self._charge)
         self._step, self._epoch = int(optimizer.iterations.numpy()), 0
         self._interval_start = (0, 0.0)
         self._last_epoch_ending = False
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
+        self._outside_steps = 0  # trained outside fit's loop: a range test's, branches', a restart trial's
         self._cost = None if self.check_every == "epoch" else ObservationCost(self.check_every)
         self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
         self.decision_log.begin()
@@ -265,8 +286,8 @@ class MetaAdjuster(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
-        if self._range_test_steps and self._step >= (self._total_steps() or math.inf):
-            self.model.stop_training = True  # the range test's steps were charged to the budget
+        if self._outside_steps and self._step >= (self._total_steps() or math.inf):
+            self.model.stop_training = True  # steps trained outside fit count to the budget
         self._runner.after_step(float(logs["loss"]) if logs and "loss" in logs else None)
         if not logs or "loss" not in logs:
             return
@@ -325,9 +346,11 @@ class MetaAdjuster(keras.callbacks.Callback):
         self.decision_log.range_test(run.action, run.detail, self._step, self._epoch)
 
     def _charge(self, steps, kept=0):
-        """Counts `steps` trained before fit's first step; all but `kept` of them were undone
-        (the test's, the branches not continued): those are charged to the budget."""
+        """Counts `steps` trained outside fit's loop (a range test's and branches' before the first
+        step, a restart trial's); all but `kept` of them were undone (the test's, the branches not
+        continued, a trial's branch not taken): those are charged to the budget."""
         self._range_test_steps += steps - kept
+        self._outside_steps += steps
         self._step += steps
         self._epoch_start_step += steps
 
@@ -363,7 +386,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         decisions so far. Call it while training (after `on_train_begin`).
         """
         return {**self._runner.get_state(), "range_test_steps": self._range_test_steps,
-                "decisions": copy.deepcopy(self.decisions)}
+                "outside_steps": self._outside_steps, "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores what `get_state` returned, into the running `fit` of the same model.
@@ -374,6 +397,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._runner.set_state(state)
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
+        self._outside_steps = int(state.get("outside_steps", self._range_test_steps))
         self.decision_log.restore(state["decisions"])
 
     def _save(self, epochs_done):

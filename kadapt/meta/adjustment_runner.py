@@ -20,13 +20,16 @@ now, so it confirms them at once; a training loss was measured before the
 interval's last updates, so it confirms only the state of the observation
 before. A third, `start`, is the run's initial state, which a restart
 (`Adjustment.restart`) returns to; it is held only while a restart can still
-come (within `AdjustmentPolicy.restart_within` of the budget).
+come (within `AdjustmentPolicy.restart_within` of the budget). A judged restart
+(`Adjustment.restart_trial`) trains a branch from it first
+(`kadapt.meta.restart_trial`), where the runner has a `RestartTrial`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -44,6 +47,8 @@ from kadapt.meta.policy import Adjustment
 from kadapt.meta.policy import AdjustmentPolicy
 from kadapt.meta.policy import PolicyState
 from kadapt.meta.range_test_run import RangeTestRun
+from kadapt.meta.restart_trial import RestartTrial
+from kadapt.meta.restart_trial import TrialResult
 from kadapt.meta.triggers import Trigger
 from kadapt.meta.worker_agreement import WorkerAgreement
 from kadapt.optimizers.live_variables import applied_learning_rate
@@ -86,6 +91,12 @@ class AdjustmentRunner:
         log: `kadapt.meta.decision_log.DecisionLog`. Where decisions go.
         agreement: `kadapt.meta.worker_agreement.WorkerAgreement` or `None`
             (one process). Defaults to `None`.
+        restart_trial: `kadapt.meta.RestartTrial` or `None`: the data a judged
+            restart's branch trains on; without it a judged restart is a plain
+            cut. Defaults to `None`.
+        charge: Callable `(steps, kept) -> None` or `None`: told of the steps a
+            restart trial trained outside `fit`, `kept` of them the run's own
+            (the rest charged to the budget). Required with `restart_trial`.
 
     Example:
 
@@ -99,7 +110,8 @@ class AdjustmentRunner:
     """
 
     def __init__(self, model: keras.Model, policy: AdjustmentPolicy, trigger: Trigger, log: DecisionLog,
-                 agreement: WorkerAgreement | None = None) -> None:
+                 agreement: WorkerAgreement | None = None, restart_trial: RestartTrial | None = None,
+                 charge: Callable[[int, int], None] | None = None) -> None:
         for name, value, kind, text in (("policy", policy, AdjustmentPolicy, "kadapt.meta.AdjustmentPolicy"),
                                         ("trigger", trigger, Trigger, "kadapt.meta.Trigger"),
                                         ("log", log, DecisionLog, "kadapt.meta.decision_log.DecisionLog")):
@@ -107,6 +119,10 @@ class AdjustmentRunner:
                 raise TypeError(f"Argument `{name}` must be a {text}. Received: {name}={value!r}")
         self.model, self.policy, self.trigger, self.log = model, policy, trigger, log
         self.agreement = agreement or WorkerAgreement()
+        if restart_trial is not None and (not isinstance(restart_trial, RestartTrial) or not callable(charge)):
+            raise TypeError("Argument `restart_trial` must be a kadapt.meta.RestartTrial, with a callable `charge`. "
+                            f"Received: restart_trial={restart_trial!r}, charge={charge!r}")
+        self.restart_trial, self._charge = restart_trial, charge
         # Where it pays (`DeviceObserver.attach`, at the first observation: the steps before it
         # show the device's peak memory), observations are reduced on the device and the rollback
         # points kept there; otherwise the model is read on the host.
@@ -167,7 +183,9 @@ class AdjustmentRunner:
             self.policy_state, self.history.window(), reason, self.rates[0],
             annealing=self._annealing(), final=progress.final, suggestion=self.range_test_rate,
             loss_ratio=self._loss_ratio(watched) if finite else None)
-        self._execute(self.agreement.adjustment(adjustment), watched, finite, measured_now, progress, reading)
+        adjustment = self.agreement.adjustment(adjustment)
+        trial = self._judge_restart(adjustment, progress) if adjustment.restart_trial else None
+        self._execute(adjustment, watched, finite, measured_now, progress, reading, trial)
         if progress.budget_used > self.policy.restart_within:
             self.start = None  # no restart can come: the initial state is not held longer
 
@@ -231,9 +249,27 @@ class AdjustmentRunner:
         start = None if self.start is None else self.start.value
         return watched / start if start is not None and 0.0 < start < math.inf else None
 
-    def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading):
+    def _judge_restart(self, adjustment, progress) -> TrialResult | None:
+        """Trains the judged restart's branch (`RestartTrial.run`); `None` where there is no trial
+        to run (no data given, or the start not held). Taken, the model is at the branch's end."""
+        if self.restart_trial is None or self.start is None:
+            return None
+        action = action_lib.ACTIONS[adjustment.action]
+        result = self.restart_trial.run(self.model, self.start, lambda: self._apply(action),
+                                        progress.step, progress.total_steps)
+        self._charge(result.steps, result.steps if result.taken else 0)
+        return result
+
+    def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading,
+                 trial: TrialResult | None = None):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
-        if adjustment.restart or adjustment.rollback:
+        taken = trial is not None and trial.taken
+        if taken:
+            # The run goes on from the branch's end: restarted, the cut applied, those steps trained.
+            self.last_good = self.pending = self._point(trial.held_branch, None, keep=None)
+            self.trigger.rebaseline(trial.held_branch)
+            self.rates = self.read_rates()
+        elif adjustment.restart or adjustment.rollback:
             # A restart goes back to the initial state (the run starts again at the new rate), a
             # rollback to the last good one.
             point = self.start if adjustment.restart else self.last_good
@@ -242,12 +278,14 @@ class AdjustmentRunner:
             self.trigger.rebaseline(point.value)
         elif finite:
             self._advance_rollback_point(watched, measured_now, reading)
-        if adjustment.consulted:
+        if adjustment.consulted and not taken:  # a taken trial's branch trained at the new rate already
             self._apply(action_lib.ACTIONS[adjustment.action])
         if adjustment.restart_trigger:
             self.trigger.adjusted()
         if adjustment.logged:
-            self.log.adjustment(adjustment, self.history.window(), self.rates, progress.step, progress.epoch)
+            logged = dataclasses.replace(adjustment, restart=True) if taken else adjustment
+            self.log.adjustment(logged, self.history.window(), self.rates, progress.step, progress.epoch,
+                                trial=None if trial is None else trial.detail())
 
     def _advance_rollback_point(self, watched, measured_now, reading):
         if measured_now:

@@ -64,13 +64,13 @@ def branch_scores(model: keras.Model, rates: Sequence[float], set_rate: Callable
     trained = [v for v in variables if id(v) not in metrics]  # fit resets and counts its own metrics
     scores, ends = {}, {}
     try:
-        start = _held_loss(model, held_batches)
+        start = held_loss(model, held_batches)
         for index, rate in enumerate(rates):
             restore(saved)
             set_rate(rate)
-            trains = _train(model, train_batches)
+            trains = train(model, train_batches)
             end = host_snapshot(trained) if keep_ends and trains else None
-            scores[rate] = _held_loss(model, held_batches) if trains else math.inf
+            scores[rate] = held_loss(model, held_batches) if trains else math.inf
             if end is None or not math.isfinite(scores[rate]):
                 continue
             others = [r for r in ends if r != rates[0]]
@@ -83,7 +83,8 @@ def branch_scores(model: keras.Model, rates: Sequence[float], set_rate: Callable
     return BranchScores(start, scores, ends)
 
 
-def _train(model, batches):
+def train(model: keras.Model, batches: Sequence[tuple]) -> bool:
+    """Trains `batches` one step each; `False` once a step's loss is not finite (the rest untrained)."""
     for x, y in batches:
         loss = float(model.train_on_batch(x, y, return_dict=True)["loss"])
         if not math.isfinite(loss):
@@ -91,7 +92,8 @@ def _train(model, batches):
     return True
 
 
-def _held_loss(model, batches):
+def held_loss(model: keras.Model, batches: Sequence[tuple]) -> float:
+    """The mean loss over `batches` (`inf` where it is not finite)."""
     losses = [float(model.test_on_batch(x, y, return_dict=True)["loss"]) for x, y in batches]
     mean = sum(losses) / len(losses)
     return mean if math.isfinite(mean) else math.inf

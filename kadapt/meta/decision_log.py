@@ -84,9 +84,10 @@ class DecisionLog:
             os.replace(aside, self.log_dir / DECISIONS_FILE)
 
     def adjustment(self, adjustment: Adjustment, window: np.ndarray, rates: tuple[float, float],
-                   step: int, epoch: int) -> None:
+                   step: int, epoch: int, trial: dict[str, Any] | None = None) -> None:
         """Writes the policy's `adjustment` at an observation, with the window's last row and
-        the learning rate and momentum it left."""
+        the learning rate and momentum it left; `trial`: a judged restart's branch and scores
+        (`kadapt.meta.restart_trial.TrialResult.detail`)."""
         decision = {"step": step, "epoch": epoch, "trigger": adjustment.reason,
                     "adjustment": dict(action_lib.ACTIONS[adjustment.action]), "action": adjustment.text,
                     "predicted_gain": round(adjustment.gain, 4), "rollback": adjustment.rollback,
@@ -95,6 +96,8 @@ class DecisionLog:
             decision["applied"] = not adjustment.abstained
         if adjustment.restart:
             decision["restart"] = True
+        if trial is not None:
+            decision["restart_trial"] = trial
         self.write(decision)
 
     def target_reached(self, monitor: str, value: float, step: int, epoch: int) -> None:

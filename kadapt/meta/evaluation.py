@@ -64,6 +64,7 @@ from kadapt.meta.chance_loss import chance_loss
 from kadapt.meta.chance_loss import regression_chance_loss
 from kadapt.meta.dead_run import DeadRunRule
 from kadapt.meta.range_test_start import RangeTestStart
+from kadapt.meta.restart_trial import RestartTrial
 from kadapt.range_test import find_learning_rate
 from kadapt.range_test.find import MIN_STEPS
 from kadapt.recipes.training import steps_per_epoch
@@ -162,10 +163,11 @@ def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | k
              rescue: bool = False, **adjuster_options: Any) -> dict[str, Any]:
     """The `MetaAdjuster` on `task`; with `rescue`, `DeadRunRescue` after it, as `kadapt train`
     runs the two (`task_rescue`): its actions are in the result's `"rescues"`."""
-    adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0, **adjuster_options)
+    adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0,
+                            **{"restart_trial": restart_trial(task), **adjuster_options})
     callbacks = [adjuster, task_rescue(task)] if rescue else [adjuster]
     result = train_run(task, epochs, callbacks)
-    kept = ("epoch", "trigger", "action", "predicted_gain", "range_test")  # the start's candidates and scores
+    kept = ("epoch", "trigger", "action", "predicted_gain", "range_test", "restart_trial")  # the judges' scores
     result["decisions"] = [{key: d[key] for key in kept if key in d} for d in adjuster.decisions]
     if rescue:
         result["rescues"] = [{key: d[key] for key in ("epoch", "trigger", "reason") if key in d}
@@ -183,6 +185,13 @@ def task_rescue(task: task_lib.Task) -> DeadRunRescue:
     else:
         chance = chance_loss(y, int(np.max(y)) + 1)
     return DeadRunRescue(DeadRunRule(chance), monitor="val_loss", range_test=range_start(task), verbose=False)
+
+
+def restart_trial(task: task_lib.Task) -> RestartTrial:
+    """The data a judged restart trains and scores its branch on, as `kadapt train` gives it
+    (`kadapt.run.callbacks.meta_adjuster`): the training rows, the validation rows held."""
+    x, y, x_val, y_val = task.data
+    return RestartTrial(x, y, validation_data=(x_val, y_val), batch_size=task.batch_size, seed=task.seed)
 
 
 def range_start(task: task_lib.Task) -> RangeTestStart:

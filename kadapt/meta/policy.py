@@ -32,7 +32,13 @@ The rules:
   starts again from its initial state at the cut rate (`Adjustment.restart`).
   A rate that high from the first step can leave a network that a cut no
   longer brings back (units dead, outputs saturated), and a run stalled near
-  its starting loss has little to lose by starting again.
+  its starting loss has little to lose by starting again;
+- such a first early cut where the run has learned more (the watched loss
+  between `trial_above` and `restart_above` of its starting loss), or one a
+  scheduled consultation chose: a restart to be judged
+  (`Adjustment.restart_trial`): the runner trains a branch from the initial
+  state at the cut rate and restarts only where it beats the run
+  (`kadapt.meta.restart_trial`).
 """
 
 from __future__ import annotations
@@ -57,8 +63,10 @@ _MOMENTUM = FEATURE_NAMES.index("momentum")  # the window's column of the moment
 _BUDGET = FEATURE_NAMES.index("budget_used")
 RESTART_WITHIN = 0.3  # the share of the budget within which a first cut may start the run again
 RESTART_ABOVE = 0.75  # ... where the watched loss is still at least this share of the starting loss
+TRIAL_ABOVE = 0.4  # ... and judged by a branch from the start down to this share, or on a scheduled consultation
 LEFT_TO_SCHEDULE = ("plateau", "slow_progress", "oscillation", "scheduled")
 STALLS = ("plateau", "slow_progress", "oscillation")  # the reasons a restart may follow
+JUDGED = (*STALLS, "scheduled")  # the reasons a judged restart may follow
 _LARGEST_CUT = np.array([a.get("learning_rate_multiplier") == min(
     b.get("learning_rate_multiplier", 1.0) for b in action_lib.ACTIONS) for a in action_lib.ACTIONS])
 
@@ -100,6 +108,9 @@ class Adjustment:
         restart: Bool. Before applying `action`, go back to the run's
             initial state, the optimizer's slots zeroed (the step count and
             the schedule go on).
+        restart_trial: Bool. Restart as `restart` does only where a branch
+            from the initial state at the new rate beats the run
+            (`kadapt.meta.restart_trial`); else apply `action` here.
     """
 
     reason: str | None = None
@@ -111,6 +122,7 @@ class Adjustment:
     consulted: bool = False
     restart_trigger: bool = False
     restart: bool = False
+    restart_trial: bool = False
 
     @property
     def abstained(self) -> bool:
@@ -173,6 +185,10 @@ class AdjustmentPolicy:
             `RESTART_WITHIN` (0.3).
         restart_above: Float > 0. The watched loss over the starting loss
             from which such a cut starts again. Defaults to `RESTART_ABOVE` (0.75).
+        trial_above: Float > 0. The watched loss over the starting loss from
+            which a first early cut below `restart_above` (or on a scheduled
+            consultation) asks for a judged restart (`Adjustment.restart_trial`);
+            at or above `restart_above`: never. Defaults to `TRIAL_ABOVE` (0.4).
         follow_gain: Float >= 0. The predicted gain a raise needs where the
             last change of the rate was a raise and no divergence came since
             (never more than `min_gain`). Defaults to `FOLLOW_GAIN` (0.005).
@@ -189,7 +205,7 @@ class AdjustmentPolicy:
     def __init__(self, predict: Callable[[np.ndarray], np.ndarray], allowed: np.ndarray | None = None,
                  min_gain: float = MIN_GAIN, patience: int = 3, min_cut_gain: float = MIN_CUT_GAIN,
                  restart_within: float = RESTART_WITHIN, restart_above: float = RESTART_ABOVE,
-                 follow_gain: float = FOLLOW_GAIN) -> None:
+                 follow_gain: float = FOLLOW_GAIN, trial_above: float = TRIAL_ABOVE) -> None:
         if not callable(predict):
             raise TypeError(f"Argument `predict` must be a callable `window -> score differences`, e.g. "
                             f"model_predictor(meta_model). Received: predict={predict!r}")
@@ -200,10 +216,12 @@ class AdjustmentPolicy:
         check_range("restart_within", restart_within, low=0.0, high=1.0)
         check_range("restart_above", restart_above, low=0.0, low_open=True)
         check_range("follow_gain", follow_gain, low=0.0)
+        check_range("trial_above", trial_above, low=0.0, low_open=True)
         self.predict, self.min_gain, self.patience = predict, float(min_gain), int(patience)
         self.min_cut_gain = min(float(min_cut_gain), self.min_gain)
         self.restart_within, self.restart_above = float(restart_within), float(restart_above)
         self.follow_gain = min(float(follow_gain), self.min_gain)
+        self.trial_above = float(trial_above)
 
     def decide(self, state: PolicyState, window: np.ndarray, reason: str | None, learning_rate: float,
                annealing: bool = False, final: bool = False, suggestion: float | None = None,
@@ -227,12 +245,15 @@ class AdjustmentPolicy:
         needed = np.where(factors < 1.0, self.min_cut_gain, np.where(factors > 1.0, raise_needs, self.min_gain))
         choice = choose_from(np.asarray(self.predict(window), "float64"), allowed, needed)
         factor = factors[choice.action]
-        restart = (reason in STALLS and factor < 1.0 and not state.rate_changed and loss_ratio is not None
-                   and loss_ratio >= self.restart_above and 0.0 < float(window[-1, _BUDGET]) <= self.restart_within)
+        early_first_cut = (factor < 1.0 and not state.rate_changed and loss_ratio is not None
+                           and 0.0 < float(window[-1, _BUDGET]) <= self.restart_within)
+        restart = early_first_cut and reason in STALLS and loss_ratio >= self.restart_above
+        trial = early_first_cut and not restart and reason in JUDGED and loss_ratio >= self.trial_above
         if factor != 1.0:
             state = dataclasses.replace(state, rate_changed=True, raised=bool(factor > 1.0))
         return Adjustment(reason, choice.action, choice.gain, choice.considered, rollback=divergence,
-                          restart_momentum=repeated, consulted=True, restart_trigger=True, restart=restart), state
+                          restart_momentum=repeated, consulted=True, restart_trigger=True, restart=restart,
+                          restart_trial=trial), state
 
     def repeated_divergence(self, state: PolicyState) -> bool:
         """Whether a divergence now follows the last one within `patience` calm observations."""

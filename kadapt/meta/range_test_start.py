@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -140,7 +141,7 @@ class RangeTestStart:
             ValueError: the data ran out.
         """
         if _is_arrays(self.x):
-            return _split_batches(self.x, self.y, self.batch_size or DEFAULT_BATCH_SIZE, num_train, num_held,
+            return split_batches(self.x, self.y, self.batch_size or DEFAULT_BATCH_SIZE, num_train, num_held,
                                   self.seed)
         from kadapt.range_test.batches import batches
 
@@ -188,11 +189,14 @@ def _endless_batches(x, y, batch_size, seed) -> Iterator[tuple]:
             yield take(x, index), take(y, index)
 
 
-def _split_batches(x, y, batch_size, num_train, num_held, seed):
-    """Held batches from the first rows of one shuffle, training batches from the rest."""
+def split_batches(x: Any, y: Any, batch_size: int, num_train: int, num_held: int,
+                  seed: int | None) -> tuple[list, list]:
+    """`num_train` training batches and up to `num_held` held ones, as lists of `(x, y)` arrays:
+    the held from the first rows of one shuffle (at most a quarter of them), the training
+    batches from the rest, repeated as often as needed; `num_held=0` holds none out."""
     rows = len(keras.tree.flatten(x)[0])
     order = np.random.default_rng(None if seed is None else [seed, 1]).permutation(rows)
-    held_rows = max(1, min(num_held * batch_size, int(rows * HELD_SHARE)))
+    held_rows = max(1, min(num_held * batch_size, int(rows * HELD_SHARE))) if num_held else 0
     held, rest = order[:held_rows], order[held_rows:]
     if not len(rest):
         raise ValueError(f"Argument `x` must hold at least 2 rows for the branches (one held). Received: {rows}")
@@ -203,5 +207,19 @@ def _split_batches(x, y, batch_size, num_train, num_held, seed):
 
     held_batches = [take(held[start:start + batch_size]) for start in range(0, held_rows, batch_size)]
     train_index = np.resize(rest, num_train * batch_size)  # the rest, repeated as often as needed
-    train_batches = [take(train_index[start:start + batch_size]) for start in range(0, len(train_index), batch_size)]
-    return train_batches, held_batches
+    return _Batches(take, train_index, batch_size), held_batches
+
+
+class _Batches(Sequence):
+    """Batches of rows taken when read: a restart trial's may span a tenth of the budget."""
+
+    def __init__(self, take, index, batch_size):
+        self._take, self._index, self._batch_size = take, index, batch_size
+
+    def __len__(self):
+        return -(-len(self._index) // self._batch_size)
+
+    def __getitem__(self, i):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._take(self._index[i * self._batch_size:(i + 1) * self._batch_size])

@@ -5,6 +5,7 @@ import keras
 from kadapt.callbacks import DeadRunRescue
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
+from kadapt.meta import RestartTrial
 from kadapt.meta.dead_run import DeadRunRule
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
@@ -78,11 +79,14 @@ def _monitor(data):
     return "val_loss" if len(data.x_val) else "loss"
 
 
-def meta_adjuster(config, directory, data):
+def meta_adjuster(config, directory, data, member=None):
     """`kadapt.meta.MetaAdjuster` logging to `directory`, or `None` for `--meta off`.
 
     Its state is saved beside the backup at every epoch end, so `--resume`
-    continues its history, rollback point, ceiling and decision log.
+    continues its history, rollback point, ceiling and decision log. A judged
+    restart trains its branch on the training rows and scores it on the
+    validation rows (`kadapt.meta.RestartTrial`); not in a multi-worker run
+    (`member`), where each worker would judge on its own rows.
 
     Built before the run starts, so a meta-model that cannot be loaded is a
     `UsageError` before anything is written.
@@ -91,6 +95,13 @@ def meta_adjuster(config, directory, data):
         return None
     try:
         return MetaAdjuster(meta_model=config.meta, monitor=_monitor(data), check_every="epoch",
-                            log_dir=str(directory.path), backup_dir=str(directory / files.BACKUP))
+                            log_dir=str(directory.path), backup_dir=str(directory / files.BACKUP),
+                            restart_trial=None if member is not None else _restart_trial(config, data))
     except (ValueError, TypeError, OSError) as error:
         raise UsageError(f"--meta {config.meta}: {' '.join(str(error).split())}") from None
+
+
+def _restart_trial(config, data):
+    validation = (data.x_val, data.targets(data.y_val)) if len(data.x_val) else None
+    return RestartTrial(data.x_train, data.targets(data.y_train), validation_data=validation,
+                        batch_size=config.batch_size, seed=config.seed)

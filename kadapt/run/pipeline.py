@@ -123,7 +123,7 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
             run.model = build_network(name, data, settings)
         run.model.set_weights(run.probe_model.get_weights())
     with run.local():
-        run.meta_adjuster = meta_adjuster(config, directory, data)
+        run.meta_adjuster = meta_adjuster(config, directory, data, member)
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
     return run
