@@ -128,8 +128,10 @@ def test_a_first_early_cut_near_the_starting_loss_starts_the_fit_again(restart):
         (3, "lr x0.1, from the start" if restart else "lr x0.1")]
 
 
+@pytest.mark.backends("tensorflow", "jax")  # on JAX fit holds the state between steps: the branch must see it
+@pytest.mark.parametrize("check_every", ["epoch", 1])  # 1: observed at a batch's end, in the epoch
 @pytest.mark.parametrize("rate, taken", [(1.4, True), (0.001, False)])
-def test_a_judged_restart_goes_on_from_its_branch_or_charges_its_steps(rate, taken):
+def test_a_judged_restart_goes_on_from_its_branch_or_charges_its_steps(rate, taken, check_every):
     # One step an epoch, 12 in the budget; a scheduled consultation every 2 observations without
     # an adjustment cuts x0.1 (epochs 2, 4, 6; not at the last). The first, 25% into the budget,
     # is a judged restart: a branch trains 3 steps (share 1: all the run's) from the initial
@@ -139,7 +141,7 @@ def test_a_judged_restart_goes_on_from_its_branch_or_charges_its_steps(rate, tak
     model = linear_model(kadapt.optimizers.SGD(rate, momentum=0.0))
     x, y = regression_data()
     trial = kadapt.meta.RestartTrial(x, y, validation_data=(x, y), batch_size=ROWS, share=1.0)
-    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every="epoch",
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=check_every,
                             trigger=Trigger(patience=100, cooldown=0, consult_every=2), verbose=0,
                             restart_trial=trial)
     fit(model, adjuster, epochs=12)
