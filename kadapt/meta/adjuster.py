@@ -163,8 +163,9 @@ class MetaAdjuster(keras.callbacks.Callback):
             only where the branch's held loss is lower than the run's now;
             else the cut applies where the run is, the branch's steps charged
             to the budget. The decision log writes both losses under
-            `"restart_trial"`. Not under a multi-worker strategy. Defaults to
-            `None` (such a cut applies where the run is).
+            `"restart_trial"`. Not under a multi-worker strategy; none with
+            `restart=False`. Defaults to `None` (such a cut applies where
+            the run is).
 
     Example:
 
