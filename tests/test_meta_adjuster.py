@@ -156,6 +156,23 @@ def test_a_judged_restart_goes_on_from_its_branch_or_charges_its_steps(rate, tak
     assert adjuster.decisions[0]["restart_trial"]["steps"] == 3
 
 
+def test_a_second_fit_counts_its_budget_from_its_own_first_step():
+    # The same adjuster, two fits of 12 one-step epochs at 0.001; in each the judged restart at
+    # step 3 is refused and its 3 steps charged, so each fit trains 9 steps (the second's budget
+    # does not count the first's steps).
+    model = linear_model(kadapt.optimizers.SGD(0.001, momentum=0.0))
+    x, y = regression_data()
+    trial = kadapt.meta.RestartTrial(x, y, validation_data=(x, y), batch_size=ROWS, share=1.0)
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every="epoch",
+                            trigger=Trigger(patience=100, cooldown=0, consult_every=2), verbose=0,
+                            restart_trial=trial)
+    fit(model, adjuster, epochs=12)
+    assert int(model.optimizer.iterations.numpy()) == 9
+    fit(model, adjuster, epochs=12)
+    assert int(model.optimizer.iterations.numpy()) == 18
+    assert adjuster.decisions[0]["restart_trial"]["taken"] is False
+
+
 def test_min_gain_must_be_a_non_negative_number():
     with pytest.raises(ValueError, match="min_gain"):
         MetaAdjuster(constant_meta_model(LR_UP), min_gain=-0.1)

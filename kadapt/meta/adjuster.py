@@ -263,6 +263,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._began = False
         self._range_tested, self._range_test_steps = self.range_test is None, 0
         self._outside_steps = 0  # trained outside fit's loop: a range test's, branches', a restart trial's
+        self._budget_base = 0  # the steps counted before this fit's budget (set at its first epoch)
         self._cost = None if self.check_every == "epoch" else ObservationCost(self.check_every)
         self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
         self.decision_log.begin()
@@ -271,6 +272,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         if not self._began:
             self._began = True
             self._resume(epoch)
+            # The budget (`epochs x steps`) counts from this fit's first step, or, resumed at a
+            # later epoch, from the run's: a second `fit` starts with the first's steps counted.
+            self._budget_base = self._step if epoch == 0 else 0
         self._last_epoch_ending = False
         self._epoch, self._interval_start = epoch, (0, 0.0)
         self._observed_at = None  # the epoch before ended in validation: not the steps' time
@@ -287,7 +291,7 @@ class MetaAdjuster(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
-        if self._outside_steps and self._step >= (self._total_steps() or math.inf):
+        if self._outside_steps and self._step - self._budget_base >= (self._total_steps() or math.inf):
             self.model.stop_training = True  # steps trained outside fit count to the budget
         self._runner.after_step(float(logs["loss"]) if logs and "loss" in logs else None)
         if not logs or "loss" not in logs:
@@ -369,13 +373,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         if self.model.stop_training:
             return True
         if epochs and steps:
-            return self._step >= epochs * steps
+            return self._step - self._budget_base >= epochs * steps
         return self._last_epoch_ending
 
     def _budget_used(self):
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         if epochs and steps:
-            return min(self._step / (epochs * steps), 1.0)
+            return min((self._step - self._budget_base) / (epochs * steps), 1.0)
         return min(self._epoch / epochs, 1.0) if epochs else 0.0
 
     def get_state(self) -> dict[str, Any]:

@@ -255,8 +255,9 @@ class AdjustmentRunner:
         if self.restart_trial is None or self.start is None:
             return None
         action = action_lib.ACTIONS[adjustment.action]
-        result = self.restart_trial.run(self.model, self.start, lambda: self._apply(action),
-                                        progress.step, progress.total_steps)
+        total = progress.total_steps
+        trained = progress.step if total is None else round(progress.budget_used * total)  # in this budget
+        result = self.restart_trial.run(self.model, self.start, lambda: self._apply(action), trained, total)
         self._charge(result.steps, result.steps if result.taken else 0)
         return result
 
