@@ -131,9 +131,9 @@ class RangeTestStart:
         return find_learning_rate(model, x, y, batch_size=batch_size, num_steps=num_steps,
                                   smoothing=curve.sweep_smoothing(num_steps), rule=self.rule)
 
-    def branch_batches(self, num_train: int, num_held: int) -> tuple[list, list]:
+    def branch_batches(self, num_train: int, num_held: int) -> tuple[Sequence, list]:
         """`num_train` batches for every branch to train on and up to `num_held` to score it on,
-        as lists of `(x, y)`; with arrays, the held batches are rows the training batches never
+        as sequences of `(x, y)`; with arrays, the held batches are rows the training batches never
         draw (at most a quarter of them). A dataset or generator gives its next batches, the held
         ones first.
 
@@ -190,10 +190,11 @@ def _endless_batches(x, y, batch_size, seed) -> Iterator[tuple]:
 
 
 def split_batches(x: Any, y: Any, batch_size: int, num_train: int, num_held: int,
-                  seed: int | None) -> tuple[list, list]:
-    """`num_train` training batches and up to `num_held` held ones, as lists of `(x, y)` arrays:
-    the held from the first rows of one shuffle (at most a quarter of them), the training
-    batches from the rest, repeated as often as needed; `num_held=0` holds none out."""
+                  seed: int | None) -> tuple[Sequence, list]:
+    """`num_train` training batches and up to `num_held` held ones, of `(x, y)` arrays: the held
+    (a list) from the first rows of one shuffle (at most a quarter of them), the training
+    batches (a sequence, each taken when read) from the rest, repeated as often as needed;
+    `num_held=0` holds none out."""
     rows = len(keras.tree.flatten(x)[0])
     order = np.random.default_rng(None if seed is None else [seed, 1]).permutation(rows)
     held_rows = max(1, min(num_held * batch_size, int(rows * HELD_SHARE))) if num_held else 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -110,8 +111,8 @@ class RestartTrial:
         most = steps_so_far if total_steps is None else int(self.share * total_steps)
         return max(1, min(steps_so_far, most))
 
-    def batches(self, num_train: int) -> tuple[list, list]:
-        """`num_train` training batches and the held ones, as lists of `(x, y)`."""
+    def batches(self, num_train: int) -> tuple[Sequence, list]:
+        """`num_train` training batches (each taken when read) and the held ones, of `(x, y)`."""
         held_batches = -(-HELD_ROWS // self.batch_size)
         if self.validation_data is None:
             return split_batches(self.x, self.y, self.batch_size, num_train, held_batches, self.seed)
