@@ -22,7 +22,8 @@ gives both a trigger that also consults the meta-model every N observations
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{fashion_conv,adding,fashion_autoencoder}_*.json \
         --out runs/rescue_b.json; wait   # ~13 min on 2 shared cores
-    .venv/bin/python benchmarks/meta/meta_rescue.py --merge runs/rescue_a.json runs/rescue_b.json
+    .venv/bin/python benchmarks/meta/meta_rescue.py --merge runs/rescue_a.json runs/rescue_b.json \
+        [--noise runs/noise/a.json runs/noise/b.json]   # well_set_noise.py --schedules constant --cuts --out
 """
 
 from __future__ import annotations
@@ -121,7 +122,34 @@ def anchor_ceiling(results: list[dict]) -> dict:
             "either": sum(g or c for g, c in zip(grid, cosine))}
 
 
-def print_summary(results: list[dict]) -> None:
+def noise_ceiling(results: list[dict], noise: list[dict], arm: str = "meta_rescue") -> dict:
+    """"Within 1.2x of the grid-best" against the grid's best rate itself, trained in other orders.
+
+    `noise`: `well_set_noise.py --out`'s runs (the constant run at the grid-best rate, its rows
+    reordered). `expected`: over the mis-set runs, the share of a task-seed's reordered runs within
+    1.2x of the grid-best: what landing on the best rate from the first step would score, the
+    batch order drawn anew. `steady`: the task-seeds whose every reordered run is within 1.2x;
+    `arm` within 1.2x there and elsewhere.
+    """
+    near = {}
+    for run in noise:
+        orders = [loss for name, loss in run["schedules"]["constant"]["runs"].items() if name.startswith("order")]
+        near[run["family"], run["seed"]] = [loss <= evaluation.RANGE_NEAR * run["grid_best"] for loss in orders]
+    figures = {"runs": 0, "expected": 0.0, "steady": [0, 0], "unsteady": [0, 0]}
+    for r in results:
+        orders = near.get((r["family"], r["seed"]))
+        if not orders:
+            continue
+        for c in r["settings"].values():
+            figures["runs"] += 1
+            figures["expected"] += sum(orders) / len(orders)
+            where = figures["steady" if all(orders) else "unsteady"]
+            where[0] += _loss(c[arm]) <= evaluation.RANGE_NEAR * r["best_val_loss"]
+            where[1] += 1
+    return figures
+
+
+def print_summary(results: list[dict], noise: list[dict] | None = None) -> None:
     figures = summarize(results)
     print("\n| arm | within 1.2x of the grid-best | within 1.5x | below plateau | harm | diverging rescued "
           "| cosine within 1.05x | well-set runs harmed (> 1.05x) |\n|---|---|---|---|---|---|---|---|")
@@ -138,6 +166,13 @@ def print_summary(results: list[dict]) -> None:
     print(f"\nbelow the best anchor at the grid-best rate itself, from the first step (no adjuster): constant "
           f"{ceiling['grid_best']}/{ceiling['runs']}, cosine {ceiling['cosine']}/{ceiling['runs']}, "
           f"the better of the two {ceiling['either']}/{ceiling['runs']}")
+    if noise:
+        f = noise_ceiling(results, noise)
+        print(f"within {evaluation.RANGE_NEAR}x of the grid-best at the grid-best rate itself, its rows in other "
+              f"orders (expected over the {f['runs']} mis-set runs with noise runs): {f['expected']:.1f} "
+              f"({f['expected'] / max(f['runs'], 1):.2f}); meta_rescue within {evaluation.RANGE_NEAR}x on the "
+              f"task-seeds where every reordered run is: {f['steady'][0]}/{f['steady'][1]}, elsewhere "
+              f"{f['unsteady'][0]}/{f['unsteady'][1]}")
     print("\nruns the rescue changed (grid-best; alone -> with the rescue; its actions):")
     for r in results:
         for setting, c in [*r["settings"].items(), *((name, r[name]) for name in ("cosine", "well_set") if name in r)]:
@@ -161,6 +196,8 @@ def main():
                         help="the adjuster's trigger also consults the meta-model after this many observations "
                              "without an adjustment (kadapt.meta.Trigger(consult_every=N)); 0: the rules "
                              "only; default: the adjuster's default trigger")
+    parser.add_argument("--noise", nargs="+", type=Path,
+                        help="well_set_noise.py --out files: print the noise ceiling of the within-1.2x figure")
     parser.add_argument("--no-restart", action="store_true",
                         help="both arms with MetaAdjuster(restart=False): no restart from the initial state")
     args = parser.parse_args()
@@ -175,7 +212,8 @@ def main():
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"results": results}, indent=1, default=float).replace("NaN", "null"))
-    print_summary(results)
+    noise = [run for path in args.noise or () for run in json.loads(path.read_text())["runs"]]
+    print_summary(results, noise)
 
 
 if __name__ == "__main__":
