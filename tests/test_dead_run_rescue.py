@@ -95,6 +95,19 @@ def test_a_rescue_takes_the_range_tests_rate_below_a_tenth_of_the_diverged_one()
     assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1.5)}
 
 
+def test_the_range_tests_rate_is_applied_as_suggested_after_a_cut_made_at_the_same_epoch_end():
+    """As above, a callback before the rescue halving the multiplier at epoch 1's end (as the
+    MetaAdjuster cuts a diverging rate): the schedule's rate is still 1.5, so the multiplier is
+    0.05 / 1.5 and epoch 2 trains at 0.05 (w = 3 (1 - 0.9^4)); read against the halved multiplier's
+    rate, the suggestion would be applied twice over (0.1: w = 3 (1 - 0.8^4))."""
+    model, x, y = scalar_regression(1.5)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.05),
+                           verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[HalveAtEpochEnd(), rescue])
+    assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1.5)}
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-6)
+
+
 def test_after_a_divergence_the_rate_falls_at_least_tenfold_whatever_the_range_test_says():
     model, x, y = scalar_regression(1.5)
     rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(1.5),

@@ -162,7 +162,10 @@ class DeadRunRescue(keras.callbacks.Callback):
             result = self.range_test.run(self.model, self.range_test.max_steps)
         except ValueError as error:
             return cut, f"the range test read no rate ({' '.join(str(error).split())}): x{factor:g}"
-        peak = self.peak_learning_rate or applied_learning_rate(self.model.optimizer) / multiplier
+        # The schedule's rate now: the applied rate over the multiplier applied now, which a callback
+        # before this one may have cut at this epoch end (not the epoch's `multiplier`).
+        optimizer = self.model.optimizer
+        peak = self.peak_learning_rate or applied_learning_rate(optimizer) / _multiplier(optimizer)
         found = result.suggestion / peak
         if trigger == DIVERGED and found > cut:
             return cut, f"range test: {result.suggestion:.3g}, above x{factor:g} of the diverged rate"
