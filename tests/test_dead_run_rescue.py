@@ -85,10 +85,11 @@ class FixedRangeTest:
         return types.SimpleNamespace(suggestion=self.rate)
 
 
-def test_a_rescue_takes_the_range_tests_rate_below_a_tenth_of_the_diverged_one():
-    """As above, the range test suggesting 0.05 (a third of a tenth): epoch 2 leaves w = 3 (1 - 0.9^4)."""
+def test_after_a_divergence_a_rescue_takes_ten_times_the_range_tests_rate_below_a_tenth_of_the_diverged_one():
+    """As above, the range test suggesting 0.005: ten times it, 0.05, is below a tenth of the
+    diverged 1.5; epoch 2 at 0.05 leaves w = 3 (1 - 0.9^4)."""
     model, x, y = scalar_regression(1.5)
-    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.05),
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.005),
                            verbose=False)
     model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
     np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-6)
@@ -101,11 +102,25 @@ def test_the_range_tests_rate_is_applied_as_suggested_after_a_cut_made_at_the_sa
     0.05 / 1.5 and epoch 2 trains at 0.05 (w = 3 (1 - 0.9^4)); read against the halved multiplier's
     rate, the suggestion would be applied twice over (0.1: w = 3 (1 - 0.8^4))."""
     model, x, y = scalar_regression(1.5)
-    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.05),
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", range_test=FixedRangeTest(0.005),
                            verbose=False)
     model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[HalveAtEpochEnd(), rescue])
     assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1.5)}
     np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-6)
+
+
+def test_a_run_at_chance_takes_the_range_tests_rate_as_suggested():
+    """At 1e-6 the loss sits at 9, above the chance given (8.5), for two epochs: the rescue restarts
+    from w = 0 at the suggested 0.05 itself (no bound above it to step in from); epoch 3 leaves
+    w = 3 (1 - 0.9^4)."""
+    model, x, y = scalar_regression(1e-6)
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=8.5), monitor="loss", range_test=FixedRangeTest(0.05),
+                           verbose=False)
+    model.fit(x, y, batch_size=1, epochs=3, shuffle=False, verbose=0, callbacks=[rescue])
+    [decision] = rescue.decisions
+    assert (decision["trigger"], decision["epoch"]) == ("at_chance", 1)
+    assert decision["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1e-6)}
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-5)
 
 
 def test_after_a_divergence_the_rate_falls_at_least_tenfold_whatever_the_range_test_says():
@@ -114,7 +129,7 @@ def test_after_a_divergence_the_rate_falls_at_least_tenfold_whatever_the_range_t
                            verbose=False)
     model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
     np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**4)]], rtol=1e-6)
-    assert rescue.decisions[0]["action"].endswith("(range test: 1.5, above x0.1 of the diverged rate)")
+    assert rescue.decisions[0]["action"].endswith("(range test: 1.5, x10 of it above x0.1 of the diverged rate)")
 
 
 def test_a_healthy_run_is_untouched_bit_for_bit(tmp_path):

@@ -37,8 +37,10 @@ class DeadRunRescue(keras.callbacks.Callback):
     schedule keeps its shape: applied rate = schedule(step) x multiplier.
     The new rate is the range test's suggestion (as the schedule's peak) when
     `range_test` is given, else the rate the epoch trained at times the rule's
-    `rate_factor` (after a divergence, at most that too: a callback before this
-    one that cut the rate at the same epoch end does not cut it twice). The
+    `rate_factor`. After a divergence it is the suggestion over `rate_factor`
+    (the test reads low), at most the rate the epoch trained at times
+    `rate_factor` (a callback before this one that cut the rate at the same
+    epoch end does not cut it twice). The
     step count goes on (the schedule is not restarted). Each action is one line of
     `log_dir/meta_decisions.jsonl`, in the `MetaAdjuster`'s format, with its
     trigger (`"at_chance"`, `"diverged"`) and reason. Nothing is done after
@@ -152,8 +154,12 @@ class DeadRunRescue(keras.callbacks.Callback):
         """`(multiplier, how)`: from the range test's suggestion, else `multiplier` (the epoch's,
         or the one set since where higher) times `rate_factor`.
 
-        After a divergence the rate falls at least by `rate_factor`: a range
-        test on badly scaled rows can suggest the rate that just diverged."""
+        After a divergence the run has two readings of its rate: the range
+        test's suggestion, a low one (a short sweep's steepest descent), and
+        the rate that diverged, an upper bound. The new rate is one step of
+        `rate_factor` inside each, the lower of the two: the suggestion over
+        `rate_factor`, at most the diverged rate times `rate_factor` (a range
+        test on badly scaled rows can suggest the rate that just diverged)."""
         factor = self.rule.rate_factor
         cut = multiplier * factor
         if self.range_test is None:
@@ -167,9 +173,12 @@ class DeadRunRescue(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         peak = self.peak_learning_rate or applied_learning_rate(optimizer) / _multiplier(optimizer)
         found = result.suggestion / peak
-        if trigger == DIVERGED and found > cut:
-            return cut, f"range test: {result.suggestion:.3g}, above x{factor:g} of the diverged rate"
-        return found, f"range test: {result.suggestion:.3g}"
+        if trigger != DIVERGED:
+            return found, f"range test: {result.suggestion:.3g}"
+        if found / factor > cut:
+            return cut, (f"range test: {result.suggestion:.3g}, x{1 / factor:g} of it above x{factor:g} "
+                         "of the diverged rate")
+        return found / factor, f"range test: {result.suggestion:.3g}, x{1 / factor:g} of it"
 
     def _log(self, decision):
         self.decisions.append(decision)
