@@ -63,7 +63,8 @@ def dead_run_rescue(run):
     Chance is the constant predictor's loss on the training targets
     (`TrainingData.chance_loss`: the smoothed cross-entropy, or the standardized
     target's variance for a regression); a rescue's new rate comes from a range test on the training rows
-    (a rate / 10 where the test reads none), as the schedule's peak."""
+    (after a divergence ten times its suggestion, at most a tenth of the rate that diverged; a rate / 10
+    where the test reads none), as the schedule's peak."""
     if run.member is not None:
         return None  # each worker would range-test on its own rows, and could set another rate
     config, data = run.config, run.data
