@@ -283,3 +283,27 @@ def test_predict_refuses_a_lambda_in_one_line_saying_why(tmp_path):
         "predict loads models in Keras' safe mode, which runs no code from a file, so it refuses it. If you trust "
         "the file, load it in Python with keras.saving.load_model(path, safe_mode=False); or replace the Lambda "
         "with a layer class registered with @keras.saving.register_keras_serializable() and train again.")
+
+
+def test_the_training_targets_are_made_once_and_shared_by_the_rescue_and_the_judged_restart(tmp_path):
+    """One-hot rows of many classes are large: `kadapt train`'s rescue (its range test) and judged
+    restart (its branch and score) hold the run's one read-only copy, not copies of their own."""
+    import types
+
+    from kadapt.run.callbacks import dead_run_rescue
+    from kadapt.run.callbacks import meta_adjuster
+    from kadapt.run.data import TrainingData
+    from kadapt.run.run_directory import RunDirectory
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)).astype("float32"), rng.integers(0, 5, 40)
+    data = TrainingData(x, y, x[:8], y[:8], x[:8], y[:8], Task(outputs=5))
+    assert data.train_targets is data.train_targets and not data.train_targets.flags.writeable
+    np.testing.assert_array_equal(data.train_targets, np.eye(5, dtype="float32")[y])
+    config = RunConfig(data="x.npy,y.npy", batch_size=8, seed=1)
+    directory = RunDirectory(tmp_path)
+    run = types.SimpleNamespace(member=None, config=config, data=data, directory=directory,
+                                recipe=types.SimpleNamespace(label_smoothing=0.0, learning_rate=0.1))
+    assert dead_run_rescue(run).range_test.y is data.train_targets
+    trial = meta_adjuster(config, directory, data).restart_trial
+    assert trial.y is data.train_targets and trial.validation_data[1] is data.val_targets

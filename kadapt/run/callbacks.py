@@ -69,7 +69,7 @@ def dead_run_rescue(run):
         return None  # each worker would range-test on its own rows, and could set another rate
     config, data = run.config, run.data
     chance = data.chance_loss(run.recipe.label_smoothing)
-    range_test = RangeTestStart(data.x_train, data.targets(data.y_train), batch_size=config.batch_size,
+    range_test = RangeTestStart(data.x_train, data.train_targets, batch_size=config.batch_size,
                                 seed=config.seed)
     return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
                          peak_learning_rate=run.recipe.learning_rate, log_dir=run.directory.path,
@@ -103,6 +103,6 @@ def meta_adjuster(config, directory, data, member=None):
 
 
 def _restart_trial(config, data):
-    validation = (data.x_val, data.targets(data.y_val)) if len(data.x_val) else None
-    return RestartTrial(data.x_train, data.targets(data.y_train), validation_data=validation,
+    validation = (data.x_val, data.val_targets) if len(data.x_val) else None
+    return RestartTrial(data.x_train, data.train_targets, validation_data=validation,
                         batch_size=config.batch_size, seed=config.seed)

@@ -9,6 +9,7 @@ are not images are encoded by layers adapted on the training rows
 """
 
 import dataclasses
+import functools
 import zipfile
 from pathlib import Path
 
@@ -66,6 +67,17 @@ class TrainingData:
     def targets(self, y):
         """What the network is trained to output for labels `y` (`Task.targets`)."""
         return self.task.targets(y)
+
+    @functools.cached_property
+    def train_targets(self):
+        """`targets(y_train)`, made once and read-only: the training stream, a rescue's range test
+        and a judged restart's branch share it (one-hot rows of many classes are large)."""
+        return _read_only(self.targets(self.y_train))
+
+    @functools.cached_property
+    def val_targets(self):
+        """`targets(y_val)`, made once and read-only (fit's validation and a judged restart's score)."""
+        return _read_only(self.targets(self.y_val))
 
     def chance_loss(self, label_smoothing=0.0):
         """The training loss of the best constant predictor (`Task.chance_loss`
@@ -369,3 +381,8 @@ def _npy_inputs(spec):
     arrays = [read_npy(path) for path in _npy_paths(spec, (1, 2, 4))]
     x = prepare_inputs(spec, arrays[0])
     return x, prepare_labels(spec, arrays[1], len(x)) if len(arrays) == 2 else None
+
+
+def _read_only(array):
+    array.flags.writeable = False  # shared by several consumers: none may change it for the others
+    return array

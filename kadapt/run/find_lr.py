@@ -42,7 +42,7 @@ def find_rate(options: dict, sweep: dict, out: str | None = None, echo=print) ->
     settings = recipe_config(config, data)
     keras.utils.set_random_seed(config.seed)
     model = build_network(network_name(config, data), data, settings)
-    rows = recipe.expanded(data.x_train, data.targets(data.y_train), settings, data.num_classes, config.seed)
+    rows = recipe.expanded(data.x_train, data.train_targets, settings, data.num_classes, config.seed)
     recipe.compile_recipe(model, settings, schedule_steps(config, len(rows[0]))[1], data.task)
     batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed)
     try:

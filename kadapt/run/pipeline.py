@@ -193,7 +193,7 @@ def train(run, echo=print, callbacks=(), verbose=1):
     started = time.time()
     config, directory, data, clock = run.config, run.directory, run.data, run.clock
     with clock.phase("pipeline"):
-        rows = recipe.expanded(data.x_train, data.targets(data.y_train), run.recipe, data.num_classes, config.seed)
+        rows = recipe.expanded(data.x_train, data.train_targets, run.recipe, data.num_classes, config.seed)
         steps = {"train_rows": len(rows[0]),
                  **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
         with run.scope():
@@ -308,7 +308,7 @@ def _probe(run, echo):
         with run.local():
             model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
     rows = slice(0, 2 * _share(run))
-    sample = (data.x_train[rows], data.targets(data.y_train[rows]))
+    sample = (data.x_train[rows], data.train_targets[rows])
 
     try:
         with run.local():
@@ -355,7 +355,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
     config, data = run.config, run.data
     validation = None
     if len(data.x_val):
-        validation = (data.x_val, data.targets(data.y_val))
+        validation = (data.x_val, data.val_targets)
     backup = run.directory / files.BACKUP
     first_epoch = InterruptSafeBackup.checkpointed_epoch(backup) if run.resume else 0
     batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
