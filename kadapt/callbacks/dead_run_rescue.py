@@ -40,8 +40,8 @@ class DeadRunRescue(keras.callbacks.Callback):
     `rate_factor`. After a divergence it is the suggestion over `rate_factor`
     (the test reads low), at most the rate the epoch trained at times
     `rate_factor` (a callback before this one that cut the rate at the same
-    epoch end does not cut it twice). The
-    step count goes on (the schedule is not restarted). Each action is one line of
+    epoch end does not cut it twice). The step count goes on (the schedule is
+    not restarted). Each action is one line of
     `log_dir/meta_decisions.jsonl`, in the `MetaAdjuster`'s format, with its
     trigger (`"at_chance"`, `"diverged"`) and reason. Nothing is done after
     the last epoch (no epoch would train from the restored weights). A
