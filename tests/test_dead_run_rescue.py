@@ -63,6 +63,7 @@ class HalveAtEpochEnd(keras.callbacks.Callback):
         self.model.optimizer.learning_rate_multiplier = 0.5 * float(self.model.optimizer.learning_rate_multiplier)
 
 
+@pytest.mark.backends("tensorflow", "jax")  # the multiplier and the schedule's rate read on either backend
 def test_the_cut_is_from_the_rate_that_diverged_not_from_a_cut_made_at_the_same_epoch_end():
     """As the first test, a callback before the rescue halving the rate at epoch 1's end: the rescue's
     multiplier is a tenth of the epoch's 1.0 (lr 0.15, w = 3 (1 - 0.7^4)), not of the halved 0.5."""
@@ -85,6 +86,7 @@ class FixedRangeTest:
         return types.SimpleNamespace(suggestion=self.rate)
 
 
+@pytest.mark.backends("tensorflow", "jax")  # the multiplier and the schedule's rate read on either backend
 def test_after_a_divergence_a_rescue_takes_ten_times_the_range_tests_rate_below_a_tenth_of_the_diverged_one():
     """As above, the range test suggesting 0.005: ten times it, 0.05, is below a tenth of the
     diverged 1.5; epoch 2 at 0.05 leaves w = 3 (1 - 0.9^4)."""
@@ -96,6 +98,7 @@ def test_after_a_divergence_a_rescue_takes_ten_times_the_range_tests_rate_below_
     assert rescue.decisions[0]["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.05 / 1.5)}
 
 
+@pytest.mark.backends("tensorflow", "jax")  # the multiplier and the schedule's rate read on either backend
 def test_the_range_tests_rate_is_applied_as_suggested_after_a_cut_made_at_the_same_epoch_end():
     """As above, a callback before the rescue halving the multiplier at epoch 1's end (as the
     MetaAdjuster cuts a diverging rate): the schedule's rate is still 1.5, so the multiplier is
@@ -109,6 +112,7 @@ def test_the_range_tests_rate_is_applied_as_suggested_after_a_cut_made_at_the_sa
     np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.9**4)]], rtol=1e-6)
 
 
+@pytest.mark.backends("tensorflow", "jax")  # the multiplier and the schedule's rate read on either backend
 def test_a_run_at_chance_takes_the_range_tests_rate_as_suggested():
     """At 1e-6 the loss sits at 9, above the chance given (8.5), for two epochs: the rescue restarts
     from w = 0 at the suggested 0.05 itself (no bound above it to step in from); epoch 3 leaves
