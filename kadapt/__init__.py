@@ -39,6 +39,7 @@ _NAMES = {
     "find_learning_rate": "kadapt.range_test",
     "load_model": "kadapt.saving",
     "plan_batch": "kadapt.batching",
+    "portable_model": "kadapt.saving",
     "probe_micro_batch": "kadapt.batching",
 }
 __all__ = sorted(_NAMES) + list(_SUBMODULES)

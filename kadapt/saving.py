@@ -1,4 +1,11 @@
-"""`load_model`: a saved `.keras` file, loaded in safe mode with kadapt's objects known."""
+"""Saved models: `load_model` (kadapt's objects known) and `portable_model` (none needed).
+
+A `.keras` file a run writes is for whoever receives it: a colleague, a
+serving container, a notebook with Keras alone. `portable_model` makes the
+copy that file holds, of Keras' own classes only; the training state that
+needs kadapt (its optimizers, schedules, the adjuster) lives in a run's
+backup, which `kadapt train --resume` reads.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ REGISTERING_MODULES = (
     "kadapt.batching", "kadapt.meta.meta_model", "kadapt.models", "kadapt.optimizers",
     "kadapt.schedules",
 )
+KADAPT_PACKAGE = "kadapt>"
 
 
 def register_objects() -> None:
@@ -43,3 +51,108 @@ def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
 
     register_objects()
     return keras.saving.load_model(path, compile=compile, safe_mode=True)
+
+
+def portable_model(model: keras.Model) -> keras.Model:
+    """A copy of `model` for inference that plain Keras loads without kadapt.
+
+    The copy computes what `model` computes (in inference mode) and shares
+    its layers wherever they are Keras' own; what a saved file would name
+    kadapt for is rebuilt from Keras' classes:
+
+    - no compile state: the optimizer, its schedule and the loss stay with
+      the training run (a nested network's too);
+    - kadapt's initializers (`PartialIdentity`, `CentreTap`) give way to
+      `"zeros"`: the layer's weights are copied, an initializer never runs again;
+    - `ScaledGradientBias` (inputs + bias, its gradient scaled in training)
+      becomes a frozen `BatchNormalization(center=True, scale=False,
+      epsilon=0)` with moving mean 0 and variance 1: inputs * 1 + bias, exactly.
+
+    A subclassed network inside it is kept as it is: the file names its
+    class, which the user registered and which must be importable where the
+    file is loaded.
+
+    Args:
+        model: `keras.Model`. A built model.
+
+    Returns:
+        A functional `keras.Model`, not compiled.
+
+    Example:
+
+    ```python
+    kadapt.portable_model(model).save("model.keras")  # keras.saving.load_model needs no kadapt
+    ```
+    """
+    import keras
+
+    if not isinstance(model, (keras.Sequential, keras.Function)) or not model.built:
+        raise TypeError("Argument `model` must be a built functional or Sequential `keras.Model`; wrap a "
+                        "subclassed one: `keras.Model(inputs, model(inputs))`. Received: "
+                        f"model={type(model).__name__}")
+    rebuilt = []
+
+    def clone(layer):
+        if isinstance(layer, (keras.Sequential, keras.Function)):
+            return portable_model(layer)
+        copy = _keras_layer(layer)
+        if copy is not layer:
+            rebuilt.append((layer, copy))
+        return copy
+
+    # Keras compiles a clone of a compiled model, and clones a subclass with a functional
+    # constructor (`kadapt.AccumulatingModel`) as itself: the graph goes to a plain functional model first.
+    graph = _uncompiled_graph(model)
+    copy = keras.models.clone_model(graph, clone_function=clone)
+    for layer, twin in rebuilt:
+        _copy_weights(layer, twin)
+    return copy
+
+
+def _uncompiled_graph(model):
+    """A new, uncompiled functional or Sequential model over `model`'s own layers."""
+    import keras
+
+    if isinstance(model, keras.Sequential):  # its `output` is that of its first call, which may be outside it
+        first = model.inputs[0]
+        return keras.Sequential([keras.Input(batch_shape=first.shape, dtype=first.dtype), *model.layers],
+                                name=model.name)
+    return keras.Model(model.input, model.output, name=model.name)
+
+
+def _keras_layer(layer):
+    """`layer` itself where Keras can rebuild it alone, else a copy of Keras' own classes."""
+    import keras
+
+    from kadapt.models import ScaledGradientBias
+
+    if isinstance(layer, ScaledGradientBias):
+        return keras.layers.BatchNormalization(center=True, scale=False, epsilon=0.0, trainable=False,
+                                               dtype=layer.dtype_policy, name=layer.name)
+    try:
+        config = layer.get_config()
+    except NotImplementedError:  # a user's layer without a config: Keras could not save it either
+        return layer
+    plain = _without_kadapt_initializers(config)
+    return layer if plain == config else layer.__class__.from_config(plain)
+
+
+def _without_kadapt_initializers(config):
+    """`config` with every kadapt initializer (`..._initializer` keys) replaced by `"zeros"`."""
+    if not isinstance(config, dict):
+        return config
+    return {key: "zeros" if key.endswith("initializer") and _names_kadapt(value) else _without_kadapt_initializers(value)
+            for key, value in config.items()}
+
+
+def _names_kadapt(value):
+    return isinstance(value, dict) and str(value.get("registered_name", "")).startswith(KADAPT_PACKAGE)
+
+
+def _copy_weights(layer, twin):
+    from kadapt.models import ScaledGradientBias
+
+    if isinstance(layer, ScaledGradientBias):
+        twin.beta.assign(layer.bias)  # moving mean 0 and variance 1 are its initial values
+    else:
+        twin.set_weights(layer.get_weights())

@@ -7,7 +7,10 @@ pinned line."""
 import csv
 import json
 import re
+import subprocess
+import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -149,6 +152,78 @@ def test_a_csv_trains_on_its_columns_and_predicts_raw_rows_with_an_unseen_catego
     model = kadapt.load_model(csv_run / "model.keras")  # safe mode: only Keras' own layers
     lookup = model.get_layer("lookup_color")
     assert lookup(np.array([["purple"]])).numpy().tolist() == [[1.0, 0.0, 0.0, 0.0]]  # the OOV slot
+
+
+# Predicts with a run's model.keras as someone without kadapt would: plain Keras, safe mode, a finder
+# ahead of every other that refuses kadapt (the editable install's finder would find it anywhere).
+NO_KADAPT = """
+import sys
+
+
+class NoKadapt:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "kadapt":
+            raise ModuleNotFoundError(name)
+
+
+sys.meta_path.insert(0, NoKadapt())
+"""
+WITHOUT_KADAPT = NO_KADAPT + """
+import keras, numpy as np, tensorflow as tf
+for model_path, rows, out in zip(*[iter(sys.argv[1:])] * 3):
+    model = keras.saving.load_model(model_path, safe_mode=True)
+    if rows.endswith(".npz"):  # a table's named columns, strings as tf.string (no Keras data adapter takes them)
+        with np.load(rows) as columns:
+            rows = {name: tf.constant(columns[name]) for name in columns.files}
+    else:
+        rows = np.load(rows)
+    np.save(out, keras.ops.convert_to_numpy(model(rows, training=False)))
+"""
+
+
+def test_every_run_s_model_loads_and_predicts_in_plain_keras(regression_run, names_run, csv_run, tables,
+                                                            monkeypatch):
+    monkeypatch.chdir(tables)
+    assert cli.main(["predict", "names", "--data", "x.npy", "--probabilities", "--output", "p_names.npy"]) == 0
+    assert cli.main(["predict", "table", "--data", "new.csv", "--probabilities", "--output", "p_table.npy"]) == 0
+    assert cli.main(["predict", "regression", "--data", "x.npy", "--output", "p_values.npy"]) == 0
+    np.savez(tables / "new.npz", floor_area=np.array([[4000.0], [6000.0]], "float32"),
+             color=np.array([["red"], ["purple"]]))
+    runs = [(names_run, "x.npy", "p_names.npy"), (csv_run, "new.npz", "p_table.npy"),
+            (regression_run, "x.npy", "p_values.npy")]
+    arguments = [str(value) for run, rows, _ in runs for value in (run / "model.keras", rows, f"plain_{run.name}.npy")]
+    subprocess.run([sys.executable, "-I", "-c", WITHOUT_KADAPT, *arguments], check=True, cwd=tables, timeout=300)
+    for run, _, predicted in runs:
+        plain = np.load(tables / f"plain_{run.name}.npy")
+        kadapt_said = np.load(tables / predicted)
+        # kadapt predict writes probabilities (softmax of the logits) and values; the model outputs logits
+        expected = np.log(kadapt_said) - np.log(kadapt_said).mean(axis=1, keepdims=True) if kadapt_said.ndim == 2 \
+            else kadapt_said
+        given = plain - plain.mean(axis=1, keepdims=True) if kadapt_said.ndim == 2 else plain.ravel()
+        np.testing.assert_allclose(given, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_export_writes_a_saved_model_that_tensorflow_alone_serves(csv_run, tables, monkeypatch, capsys):
+    import tensorflow as tf
+
+    monkeypatch.chdir(tables)
+    assert cli.main(["export", "table", "--out", "served"]) == 0
+    assert "exported" in capsys.readouterr().out
+    serve = NO_KADAPT + """
+import numpy as np, tensorflow as tf
+served = tf.saved_model.load(sys.argv[1])
+logits = served.serve({"floor_area": tf.constant([[4000.0], [6000.0]]), "color": tf.constant([["red"], ["purple"]])})
+np.save(sys.argv[2], logits.numpy())
+"""
+    subprocess.run([sys.executable, "-I", "-c", serve, str(tables / "served"), str(tables / "served.npy")], check=True,
+                   cwd=tables, timeout=300)
+    model = kadapt.load_model(csv_run / "model.keras")
+    expected = model({"floor_area": tf.constant([[4000.0], [6000.0]]),
+                      "color": tf.constant([["red"], ["purple"]])}, training=False)
+    np.testing.assert_allclose(np.load(tables / "served.npy"), keras.ops.convert_to_numpy(expected), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(SystemExit, match=r"kadapt: error: --out served exists and is not empty"):
+        cli.main(["export", "table", "--out", "served"])
 
 
 def test_a_regression_plot_has_no_accuracy_panel():

@@ -37,6 +37,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> ArgumentParser:
     """The `kadapt` parser with every command; imports no TensorFlow."""
+    from kadapt.cli.export import add_export_arguments
     from kadapt.cli.find_lr import add_find_lr_arguments
     from kadapt.cli.meta import add_meta_arguments
     from kadapt.cli.predict import add_predict_arguments
@@ -52,6 +53,7 @@ def build_parser() -> ArgumentParser:
     add_train_arguments(commands)
     add_report_arguments(commands)
     add_predict_arguments(commands)
+    add_export_arguments(commands)
     add_probe_arguments(commands)
     add_find_lr_arguments(commands)
     add_meta_arguments(commands)

@@ -39,7 +39,7 @@ def add_predict_arguments(subparsers):
 def run_predict(args: argparse.Namespace) -> int:
     _check_output(args.output, args.probabilities)
     directory = RunDirectory(args.run_dir)
-    model = _load_model(directory)
+    model = load_run_model(directory)
     config = directory.read_json(files.CONFIG) or {}
     data = config.get("resolved", {}).get("data", {})
     regression = data.get("task", {}).get("kind") == REGRESSION
@@ -125,7 +125,7 @@ def _test_time_augmentation(config):
     return resolved.get("test_time_augmentation", {"flip": flip, "shift": 0})
 
 
-def _load_model(directory):
+def load_run_model(directory):
     path = directory / files.MODEL
     if not path.is_file():
         raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")

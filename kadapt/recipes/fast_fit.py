@@ -37,7 +37,8 @@ def fast_fit(
     by the loss; the optimizer is `kadapt.optimizers.SGD` with Nesterov
     momentum and decoupled weight decay; see `FastFitConfig` for the rest.
     Use the model on new data with `predict_with_tta`, and save it with
-    `model.save("m.keras")` / `keras.saving.load_model("m.keras")`.
+    `kadapt.portable_model(model).save("m.keras")`, which plain Keras loads
+    (`keras.saving.load_model("m.keras")`, no kadapt needed).
 
     Args:
         x: Images (N, H, W) or (N, H, W, C), or a finite batched

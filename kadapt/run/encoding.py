@@ -70,8 +70,8 @@ def encode(encoder: keras.Model, x) -> np.ndarray:
 def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> keras.Model:
     """Raw rows -> `encoder` -> `network` (-> the target in its units, for
     regression): what `model.keras` holds. The network itself where there is
-    nothing around it (images classified)."""
-    if encoder is None and not task.is_regression:
+    nothing around it (images classified by a functional or Sequential network)."""
+    if encoder is None and not task.is_regression and isinstance(network, (keras.Sequential, keras.Function)):
         return network
     inputs = encoder.input if encoder is not None else keras.Input(network.inputs[0].shape[1:], name="rows")
     outputs = network(encoder.output if encoder is not None else inputs)

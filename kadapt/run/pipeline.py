@@ -413,12 +413,14 @@ def _finish(run, trainer, best, started, echo):
 
 def _save_model(run):
     """`model.keras`: raw rows -> the adapted encoder -> the network (-> the
-    target's units), and `classes.json`, the class names, for string labels."""
+    target's units), of Keras' own classes (`kadapt.portable_model`: plain Keras
+    loads it), and `classes.json`, the class names, for string labels."""
     from kadapt.run.encoding import inference_model
+    from kadapt.saving import portable_model
 
     data = run.data
     with run.local():  # on JAX, Keras' saving makes variables: under the distribution with collectives
-        inference_model(data.encoder, run.model, data.task).save(run.directory / files.MODEL)
+        portable_model(inference_model(data.encoder, run.model, data.task)).save(run.directory / files.MODEL)
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 
