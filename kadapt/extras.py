@@ -23,6 +23,7 @@ EXTRAS = {
     "plots": "Drawing the run directory's plots (`kadapt train`, `kadapt report`)",
     "postgres": "A record store on a PostgreSQL server",
     "store": "The record store (kadapt.meta.RecordStore, `kadapt meta`)",
+    "tables": "Reading CSV and Parquet tables (`kadapt train --data TABLE.csv`)",
     "tensorflow": "TensorFlow (Keras' default backend; tf.data pipelines, multi-worker training)",
     "tuner": "A KerasTuner search (kadapt.tuning, kadapt.meta.MetaHyperModel, kadapt.meta.train_meta_model)",
 }

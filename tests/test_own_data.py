@@ -248,7 +248,7 @@ def test_a_misspelled_target_lists_the_columns(tables, monkeypatch):
 
 def test_a_target_with_arrays(tables, monkeypatch):
     assert bad(tables, monkeypatch, data="x.npy,names.npy", target="label") == (
-        "--target goes with a CSV table (--data TABLE.csv); --data x.npy,names.npy is not one. Drop --target. "
+        "--target goes with a table (--data TABLE.csv or TABLE.parquet); --data x.npy,names.npy is not one. Drop --target. "
         "Received: --target=label")
 
 
@@ -276,15 +276,14 @@ def test_fewer_rows_than_classes(tables, monkeypatch):
     write_csv(tables / "few.csv", ["a", "label"], [[str(i), str(3 * i)] for i in range(6)])
     assert bad(tables, monkeypatch, data="few.csv", target="label", validation_split=0.0) == (
         "--data few.csv: 4 training rows for 16 classes; each class needs rows to learn from. "
-        "Give more rows, or fewer classes. Whole numbers are classes: for a regression, save the labels as floats "
-        "(in a CSV, write 3.0 for 3).")
+        "Give more rows, or fewer classes. Whole numbers are classes: for a regression, pass --task regression.")
 
 
 def test_a_test_file_with_other_columns(tables, monkeypatch):
     write_csv(tables / "other.csv", ["floor area", "colour", "label"], [["1", "red", "no"]])
     assert bad(tables, monkeypatch, data="train.csv", target="label", test="other.csv") == (
         "--test other.csv lacks color and adds colour: its columns must be the training file's "
-        "(floor area, color, label).")
+        "(floor area, color).")
 
 
 def test_two_columns_that_would_share_a_model_input(tables, monkeypatch):
@@ -294,41 +293,53 @@ def test_two_columns_that_would_share_a_model_input(tables, monkeypatch):
         "and _.- in a name). Rename one of them.")
 
 
-def test_nan_in_array_rows_names_the_file_row_and_column(tables, monkeypatch):
+def test_nan_in_array_rows_is_filled_and_flagged_but_inf_names_the_file_row_and_column(tables, monkeypatch):
     x = np.load(tables / "x.npy")
-    x[7, 2] = np.nan
+    x[::5, 2] = np.nan
     np.save(tables / "nan.npy", x)
-    assert bad(tables, monkeypatch, data="nan.npy,values.npy") == (
-        "--data nan.npy: row 7, column 2 (counted from 0) of the inputs is nan; kadapt imputes nothing. "
-        "Fix or drop the row.")
+    monkeypatch.chdir(tables)
+    data = load_data(RunConfig(data="nan.npy,values.npy"))
+    assert data.input_shape == (4,)  # three columns and the flag of column 2
+    flags = data.x_train[:, 3]
+    assert set(np.unique(flags)) == {0.0, 1.0} and np.all(data.x_train[flags == 1, 2] == data.x_train[flags == 1, 2][0])
+    assert any(note.startswith(f"column 2 (counted from 0) of the inputs: {int(flags.sum())} of {len(flags)} training "
+                               "values missing: filled with the median ") for note in data.notes)
+    x[7, 2] = np.inf
+    np.save(tables / "inf.npy", x)
+    assert bad(tables, monkeypatch, data="inf.npy,values.npy") == (
+        "--data inf.npy: row 7, column 2 (counted from 0) of the inputs is inf, not a number a network can learn "
+        "from. Fix or drop the row.")
 
 
 def test_inf_in_a_csv_names_the_file_line_and_column(tables, monkeypatch):
     write_csv(tables / "inf.csv", ["a", "label"], [["1", "0"], ["inf", "1"], ["2", "1"]])
     assert bad(tables, monkeypatch, data="inf.csv", target="label") == (
-        "--data inf.csv: line 3, column a holds 'inf', in a column of numbers; kadapt imputes nothing. "
-        "Fix or drop the row.")
+        "--data inf.csv: line 3, column a holds inf, not a number a network can learn from (an empty cell is a "
+        "missing value). Fix the cell.")
 
 
-def test_a_constant_column(tables, monkeypatch):
+def test_a_constant_column_is_kept_with_a_note(tables, monkeypatch):
     x = np.load(tables / "x.npy")
     x[:, 1] = 4.5
     np.save(tables / "constant.npy", x)
-    assert bad(tables, monkeypatch, data="constant.npy,values.npy") == (
-        "--data constant.npy: column 1 (counted from 0) of the inputs holds 4.5 in every training row; "
-        "standardizing it would divide by zero, and it tells the rows apart no more than nothing. Drop the column.")
+    monkeypatch.chdir(tables)
+    data = load_data(RunConfig(data="constant.npy,values.npy"))
+    assert "column 1 (counted from 0) of the inputs: 4.5 in every training row: kept (it adds nothing)" in data.notes
+    assert np.all(data.x_train[:, 1] == 0)
+    rows = np.array([[0.0, 5.5, 1.0]], "float32")  # a value training never saw stays bounded: std 1, not 0
+    assert keras.ops.convert_to_numpy(data.encoder(rows))[0, 1] == pytest.approx(1.0)
 
 
-def test_a_constant_csv_column(tables, monkeypatch):
+def test_a_constant_csv_column_is_kept_with_a_note(tables, monkeypatch):
     write_csv(tables / "flat.csv", ["a", "b", "label"], [[str(i), "7", str(i % 2)] for i in range(10)])
-    assert bad(tables, monkeypatch, data="flat.csv", target="label") == (
-        "--data flat.csv: column b holds 7 in every training row; standardizing it would divide by zero, and it "
-        "tells the rows apart no more than nothing. Drop the column.")
+    monkeypatch.chdir(tables)
+    data = load_data(RunConfig(data="flat.csv", target="label"))
+    assert "column b: 7 in every training row: kept (it adds nothing)" in data.notes and data.input_shape == (2,)
 
 
 def test_a_test_file_for_arrays(tables, monkeypatch):
     assert bad(tables, monkeypatch, data="x.npy,names.npy", test="test.csv") == (
-        "--test goes with a CSV table (--data TABLE.csv); --data x.npy,names.npy is not one. Drop --test. "
+        "--test goes with a table (--data TABLE.csv or TABLE.parquet); --data x.npy,names.npy is not one. Drop --test. "
         "Received: --test=test.csv")
 
 

@@ -14,7 +14,8 @@ from kadapt.recipes.task import REGRESSION
 from kadapt.recipes.task import regression_scores
 from kadapt.run.data import load_inputs
 from kadapt.run.data import load_table_inputs
-from kadapt.run.tables import is_csv_spec
+from kadapt.run.tables import is_table_spec
+from kadapt.run.tables import labelled
 from kadapt.saving import load_model
 
 PREDICT_BATCH_SIZE = 256
@@ -57,27 +58,31 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def _inputs(spec, config, data):
-    """`(rows, labels or None)`: a CSV's columns for a run trained on one, else arrays."""
+    """`(rows, labels or None)`: a table's columns for a run trained on one, else arrays."""
     if data.get("columns"):
-        if not is_csv_spec(spec):
-            raise UsageError(f"--data {spec}: this run was trained on a CSV table; pass a .csv with its columns "
-                             f"({', '.join(data['columns'])}).")
-        return load_table_inputs(spec, data["columns"], data.get("target"))
+        if not is_table_spec(spec):
+            raise UsageError(f"--data {spec}: this run was trained on a table; pass a .csv or .parquet file with "
+                             f"its columns ({', '.join(data['columns'])}).")
+        return load_table_inputs(spec, data)
     return load_inputs(spec, config.get("options", {}).get("seed", 0))
 
 
 def _outputs(model, x, config):
-    if isinstance(x, dict):
+    if isinstance(x, dict) and any(values.dtype.kind in "OUS" for values in x.values()):
         from kadapt.run.encoding import columns_dataset
 
         return model.predict(columns_dataset(x, PREDICT_BATCH_SIZE), verbose=0)
+    if isinstance(x, dict):  # numbers only: Keras' array adapter takes them, on any backend
+        return model.predict({name: values.reshape(-1, 1) for name, values in x.items()},
+                             batch_size=PREDICT_BATCH_SIZE, verbose=0)
     _check_shape(model, x, config)
     return predict_with_tta(model, x, batch_size=PREDICT_BATCH_SIZE, **_test_time_augmentation(config))
 
 
 def _write_values(output, values, y, name):
     if y is not None:
-        scores = regression_scores(values, y)
+        known = labelled(y)  # rows with an empty target are predicted, not scored
+        scores = regression_scores(values[known], y[known])
         print(f"MAE {scores['mae']:.4g}, RMSE {scores['rmse']:.4g}, R² {scores['r2']:.4f} against the labels")
     if output is None:
         print(f"predicted {name}: mean {values.mean():.4g}, from {values.min():.4g} to {values.max():.4g}")
@@ -90,7 +95,9 @@ def _write_classes(args, logits, y, names):
     classes = np.argmax(logits, axis=-1)
     predicted = np.array(names)[classes] if names else classes
     if y is not None:
-        right = predicted == (y if names or y.dtype.kind in "iu" else y.astype(int))
+        known = labelled(y)  # rows with an empty target are predicted, not scored
+        given, y = predicted[known], y[known]
+        right = given == (y if names or y.dtype.kind in "iu" else y.astype(int))
         print(f"accuracy {np.mean(right):.4f} ({int(np.sum(right))} of {len(y)} right)")
     if args.output is not None:
         what = "class probabilities" if args.probabilities else "predicted classes"

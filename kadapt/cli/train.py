@@ -16,6 +16,7 @@ from kadapt.recipes.config import command_line_switches
 from kadapt.recipes.config import switch_flag
 from kadapt.run.config import AUGMENT_SETTINGS
 from kadapt.run.config import MODEL_NAMES
+from kadapt.run.config import TASKS
 from kadapt.run.config import RunConfig
 from kadapt.run.errors import UsageError
 from kadapt.run.run_directory import RunDirectory
@@ -43,10 +44,13 @@ def add_data_arguments(parser):
     add = parser.add_argument
     add("--data", help="fashion_mnist, digits (scikit-learn 8x8), a .npz with x_train, y_train, x_test, y_test, "
                        "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
-                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy, or a TABLE.csv with --target; integer labels are "
-                       "classes, float labels a regression target, string labels class names")
-    add("--target", help="the column of --data TABLE.csv to predict (its other columns are the inputs)")
-    add("--test", help="a CSV of test rows with --data TABLE.csv's columns (default: a seeded 20%% of its rows)")
+                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy, or a TABLE.csv or TABLE.parquet with --target "
+                       "(empty cells are filled and flagged); string labels are class names, float labels a "
+                       "regression target, integer labels classes unless they take many values (--task)")
+    add("--target", help="the column of --data TABLE.csv|.parquet to predict (its other columns are the inputs)")
+    add("--test", help="a table of test rows with --data TABLE's columns (default: a seeded 20%% of its rows)")
+    add("--task", choices=TASKS, help="classification or regression (default: read from the labels, the reason "
+                                      "printed)")
     add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
                         "(input_shape, num_classes) -> uncompiled keras.Model of num_classes logits (1 output for a "
                         "regression), imported from the current "

@@ -21,6 +21,7 @@ MODEL_NAMES = ("auto", "fast_resnet", "small_cnn", "mlp")
 DATA_NAMES = ("fashion_mnist", "digits")
 META_SETTINGS = ("default", "off")
 AUGMENT_SETTINGS = ("auto", "on", "off")
+TASKS = ("classification", "regression")
 RECIPE_FLAGS = {field.name: switch_flag(field) for field in command_line_switches()}
 
 
@@ -29,8 +30,9 @@ class RunConfig:
     """The options of one run (constructor arguments only; results go to `run.json`)."""
 
     data: str
-    target: str | None = None  # a CSV's column to predict
-    test: str | None = None  # a CSV of test rows (else a seeded fifth of --data's)
+    target: str | None = None  # a table's column to predict
+    test: str | None = None  # a table of test rows (else a seeded fifth of --data's)
+    task: str | None = None  # "classification" or "regression"; None: read from the labels (kadapt.run.labels)
     # auto: fast_resnet for images of at least 16x16 pixels, mlp for the rest; or package.module:function
     model: str = "auto"
     batch_size: int | None = None  # None: the recipe's for the training rows (kadapt.recipes.batch_size)
@@ -53,6 +55,8 @@ class RunConfig:
         _optional_positive_int("train_rows", self.train_rows)
         _model(self.model)
         _choice("augment", self.augment, AUGMENT_SETTINGS)
+        if self.task is not None:
+            _choice("task", self.task, TASKS)
         _check_recipe(self.recipe)
         _meta(self.meta)
         _fraction("validation_split", self.validation_split, high=0.5)

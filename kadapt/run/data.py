@@ -1,11 +1,13 @@
-"""The data of a run: a named offline set, a user's `.npz` or `.npy` files, or a CSV table.
+"""The data of a run: a named offline set, a user's `.npz` or `.npy` files, or a CSV or Parquet table.
 
 Images become (N, height, width, channels) float32; uint8 pixels are scaled
 to [0, 1]. `kadapt train` and `kadapt predict` prepare inputs the same way,
 here, so a saved model sees at inference what it saw in training. Rows that
-are not images are encoded by layers adapted on the training rows
-(`kadapt.run.encoding`), which `model.keras` keeps; the labels say the task
-(`kadapt.run.labels`).
+are not images are encoded by layers made from the training rows
+(`kadapt.run.encoding`: missing values filled and flagged), which
+`model.keras` keeps; the labels say the task (`kadapt.run.labels`). Every
+choice made about the user's data (a column dropped or kept, rows without a
+label, the task) is a note of the run, printed and saved in its config.
 """
 
 import dataclasses
@@ -21,7 +23,7 @@ from kadapt.run import tables
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
 from kadapt.run.labels import label_task
-from kadapt.run.tables import is_csv_spec
+from kadapt.run.tables import is_table_spec
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 # The test rows split off a set that comes without them (digits, `--data x.npy,y.npy`).
@@ -48,8 +50,10 @@ class TrainingData:
     task: Task
     encoder: object = None
     class_names: tuple | None = None  # string labels, sorted
-    columns: dict | None = None  # a CSV's feature columns: {name: "numeric" or "string"}
-    target: str | None = None  # a CSV's label column
+    columns: dict | None = None  # a table's feature columns: {name: "numeric", "string" or "date"}
+    target: str | None = None  # a table's label column
+    dropped: dict | None = None  # a table's columns left out: {name: reason}
+    notes: tuple = ()  # what was chosen about the data, one line each
 
     @property
     def num_classes(self):
@@ -93,8 +97,10 @@ class TrainingData:
             "train_rows": len(self.x_train),
             "validation_rows": len(self.x_val),
             "test_rows": len(self.x_test),
-            **({"target": self.target, "columns": self.columns} if self.columns else {}),
+            **({"target": self.target, "columns": self.columns, "dropped_columns": self.dropped or {}}
+               if self.columns else {}),
             **({"classes": list(self.class_names)} if self.class_names else {}),
+            "notes": list(self.notes),
         }
 
 
@@ -102,7 +108,7 @@ def load_data(config):
     """The `TrainingData` of a `RunConfig`: its set, rows and validation split,
     the task its labels call for, table rows encoded by layers adapted on
     the training rows alone."""
-    (x_train, y_train), (x_test, y_test), columns = _raw_data(config)
+    (x_train, y_train), (x_test, y_test), plan, notes = _raw_data(config)
     if config.train_rows is not None:
         x_train, y_train = _take(x_train, slice(config.train_rows)), y_train[: config.train_rows]
     # As Keras' `validation_split`: the last rows, before any shuffling.
@@ -110,70 +116,109 @@ def load_data(config):
     cut = rows - int(rows * config.validation_split)
     if cut <= 0:
         raise UsageError(f"--data {config.data} leaves no training rows after the validation split.")
-    labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test))
+    labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test), config.task)
+    notes = [*notes, f"task: {labels.task.kind} ({labels.reason})"]
     x_parts = [_take(x_train, slice(cut)), _take(x_train, slice(cut, None)), x_test]
-    encoder = _encoder(config.data, x_parts[0], columns)
+    encoder, encoder_notes = _encoder(config.data, x_parts[0], plan)
     if encoder is not None:
         from kadapt.run.encoding import encode
 
         x_parts = [encode(encoder, x) for x in x_parts]
     y_parts = [labels.coded(y) for y in (y_train[:cut], y_train[cut:], y_test)]
+    table = {"columns": plan.kinds, "target": config.target, "dropped": plan.dropped} if plan else {}
     return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
-                        labels.class_names, columns, config.target if columns else None)
+                        labels.class_names, notes=tuple([*notes, *encoder_notes]), **table)
 
 
 def _raw_data(config):
-    """`(x_train, y_train), (x_test, y_test), columns`: arrays, or a CSV's
-    feature columns as dicts of (N,) arrays with `columns` their kinds (else `None`)."""
-    if is_csv_spec(config.data):
-        return _csv_data(config)
+    """`(x_train, y_train), (x_test, y_test), plan, notes`: arrays, or a
+    table's model columns (dicts of (N,) arrays) with its `ColumnPlan` (else
+    `None`), and the notes of what was chosen."""
+    if is_table_spec(config.data):
+        return _table_data(config)
     if config.target is not None or config.test is not None:
         flag = "--target" if config.target is not None else "--test"
         value = config.target if config.target is not None else config.test
-        raise UsageError(f"{flag} goes with a CSV table (--data TABLE.csv); --data {config.data} is not one. "
-                         f"Drop {flag}. Received: {flag}={value}")
+        raise UsageError(f"{flag} goes with a table (--data TABLE.csv or TABLE.parquet); --data {config.data} is "
+                         f"not one. Drop {flag}. Received: {flag}={value}")
     train, test = load_arrays(config.data, config.seed)
-    return train, test, None
+    return train, test, None, []
 
 
-def _csv_data(config):
-    columns = tables.read_csv(config.data)
-    tables.check_target(config.data, columns, config.target)
-    labels = tables.label_array(config.data, config.target, columns.pop(config.target))
-    tables.check_input_names(config.data, columns)
-    kinds = tables.column_kinds(columns)
-    x = tables.feature_arrays(config.data, columns, kinds)
+def _table_data(config):
+    table = tables.read_table(config.data)
+    tables.check_target(config.data, table.columns, config.target)
+    (x, y), notes = _labelled_rows(config.data, table, config.target)
+    tables.check_input_names(config.data, x)
+    plan = tables.column_plan(x)
+    notes += [f"column {name}: {reason}: dropped" for name, reason in plan.dropped.items()]
+    x = tables.model_columns(x, plan.kinds)
     if config.test is None:
-        train, test = _seeded_split(x, labels, config.seed)
-        return train, test, kinds
-    test_columns = tables.read_csv(config.test, flag="--test")
-    tables.check_same_columns(config.test, test_columns, [*columns, config.target], flag="--test")
-    test_labels = tables.label_array(config.test, config.target, test_columns.pop(config.target), flag="--test")
-    return (x, labels), (tables.feature_arrays(config.test, test_columns, kinds, "--test"), test_labels), kinds
+        train, test = _seeded_split(x, y, config.seed)
+        return train, test, plan, notes
+    test_table = tables.read_table(config.test, flag="--test", kinds=plan.kinds)
+    tables.check_same_columns(config.test, {k: v for k, v in test_table.columns.items() if k != config.target},
+                              plan, flag="--test")
+    if config.target not in test_table.columns:
+        raise UsageError(f"--test {config.test} lacks the --target column {config.target}: test rows need their "
+                         "labels. Add the column.")
+    (x_test, y_test), test_notes = _labelled_rows(config.test, test_table, config.target, "--test")
+    return (x, y), (tables.model_columns(x_test, plan.kinds), y_test), plan, notes + test_notes
 
 
-def _encoder(spec, x_train, columns):
-    """The encoder adapted on the training rows: of a CSV's columns, or of
-    array rows (N, features); `None` for images (and other shapes), fed as they are."""
+def _labelled_rows(path, table, target, flag="--data"):
+    """`(feature columns, labels)` of the rows of `table` that have a label, and a note of those left out."""
+    columns = dict(table.columns)
+    labels = columns.pop(target)
+    tables.check_label_words(path, target, labels)
+    keep = tables.labelled(labels)
+    notes = []
+    if not keep.all():
+        notes.append(f"{flag} {path}: {int((~keep).sum())} of {len(keep)} rows have no {target} (an empty cell): "
+                     "left out")
+        columns, labels = {name: values[keep] for name, values in columns.items()}, labels[keep]
+    return (columns, tables.label_array(path, target, labels, target in table.integer)), notes
+
+
+def _encoder(spec, x_train, plan):
+    """`(encoder, notes)`: the encoder made from the training rows, of a
+    table's model columns or of array rows (N, features); `None` for images
+    (and other shapes), fed as they are."""
     from kadapt.run import encoding
 
-    if columns is not None:
-        _check_varies(spec, {name: x_train[name] for name, kind in columns.items() if kind == tables.NUMERIC},
-                      "column {}")
-        return encoding.column_encoder(x_train, columns)
+    if plan is not None:
+        kinds = {name: tables.STRING if values.dtype.kind in "OUS" else tables.NUMERIC
+                 for name, values in x_train.items()}
+        numeric = {name: values for name, values in x_train.items() if kinds[name] == tables.NUMERIC}
+        return encoding.column_encoder(x_train, kinds), _encoding_notes(numeric, {
+            name: values for name, values in x_train.items() if kinds[name] == tables.STRING}, "column {}")
     if x_train.ndim != 2:
-        return None
-    _check_varies(spec, dict(enumerate(x_train.T)), "column {} (counted from 0) of the inputs")
-    return encoding.row_encoder(x_train)
+        return None, []
+    return encoding.row_encoder(x_train), _encoding_notes(dict(enumerate(x_train.T)), {},
+                                                          "column {} (counted from 0) of the inputs")
 
 
-def _check_varies(spec, numeric, where):
-    """A `UsageError` for a numeric column that holds one value in every training row."""
+def _encoding_notes(numeric, strings, where):
+    """One line per choice the encoder makes about a column: missing values filled and flagged, a
+    column of one value kept, the rarer values of a many-valued string column pooled."""
+    from kadapt.run.encoding import MAX_CATEGORIES
+    from kadapt.run.encoding import number_statistics
+
+    notes = []
     for name, values in numeric.items():
-        if len(values) and values.min() == values.max():
-            raise UsageError(f"--data {input_file(spec)}: {where.format(name)} holds {values[0]:g} in every "
-                             "training row; standardizing it would divide by zero, and it tells the rows apart "
-                             "no more than nothing. Drop the column.")
+        absent = int(np.isnan(values).sum())
+        stats = number_statistics(values.reshape(-1, 1))
+        if absent:
+            notes.append(f"{where.format(name)}: {absent} of {len(values)} training values missing: filled with "
+                         f"the median {stats['median'][0]:g}, and an input flags them")
+        elif len(values) and values.min() == values.max():
+            notes.append(f"{where.format(name)}: {values[0]:g} in every training row: kept (it adds nothing)")
+    for name, values in strings.items():
+        distinct = len(np.unique(values))
+        if distinct > MAX_CATEGORIES:
+            notes.append(f"{where.format(name)}: {distinct} distinct values: one input for each of the "
+                         f"{MAX_CATEGORIES} most frequent, one for all the others")
+    return notes
 
 
 def input_file(spec):
@@ -272,12 +317,15 @@ def prepare_labels(spec: str, y: np.ndarray, rows: int) -> np.ndarray:
 
 
 def _check_finite(spec, x):
-    if x.dtype.kind != "f" or np.all(np.isfinite(x)):
+    """Inf is an error; NaN is missing, which only rows of features (N, features) may be."""
+    if x.dtype.kind != "f" or not np.any(np.isinf(x) if x.ndim == 2 else ~np.isfinite(x)):
         return
-    row, *position = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
+    row, *position = (int(i) for i in np.argwhere(np.isinf(x) if x.ndim == 2 else ~np.isfinite(x))[0])
     where = f"column {position[0]}" if len(position) == 1 else f"position {tuple(position)}"
-    raise UsageError(f"--data {input_file(spec)}: row {row}, {where} (counted from 0) of the inputs is "
-                     f"{x[(row, *position)]}; kadapt imputes nothing. Fix or drop the row.")
+    what = "a missing value (NaN), which only rows of features may hold" if np.isnan(x[(row, *position)]) \
+        else f"{x[(row, *position)]}, not a number a network can learn from"
+    raise UsageError(f"--data {input_file(spec)}: row {row}, {where} (counted from 0) of the inputs is {what}. "
+                     "Fix or drop the row.")
 
 
 def _prepared(spec, x, y):
@@ -357,14 +405,19 @@ def load_inputs(spec: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None
     return x, y
 
 
-def load_table_inputs(spec: str, columns: dict, target: str) -> tuple[dict, np.ndarray | None]:
-    """The feature columns `columns` (`{name: kind}`, a run's) of every row of
-    the CSV file `spec`, and its `target` labels (`None` without that column)."""
-    table = tables.read_csv(spec)
-    given = {name: values for name, values in table.items() if name != target}
-    tables.check_same_columns(spec, given, list(columns), flag="--data")
-    labels = tables.label_array(spec, target, table[target]) if target in table else None
-    return tables.feature_arrays(spec, given, columns), labels
+def load_table_inputs(spec: str, data: dict) -> tuple[dict, np.ndarray | None]:
+    """The model columns of every row of the table file `spec`, read as the
+    run's config `data` says (its columns' kinds, those dropped, its target),
+    and the target's labels (`None` without that column)."""
+    target = data.get("target")
+    plan = tables.ColumnPlan(data["columns"], data.get("dropped_columns", {}))
+    table = tables.read_table(spec, kinds=plan.kinds)
+    given = {name: values for name, values in table.columns.items() if name != target}
+    tables.check_same_columns(spec, given, plan, flag="--data")
+    labels = None
+    if target in table.columns:
+        labels = tables.label_array(spec, target, table.columns[target], target in table.integer)
+    return tables.model_columns(given, plan.kinds), labels
 
 
 def _npz_keys(path):

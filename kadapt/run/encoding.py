@@ -1,70 +1,133 @@
 """The preprocessing `kadapt train` learns from the training rows and saves with the model.
 
-As in Keras' FeatureSpace guide: the adapted layers encode the rows to a
-float matrix once, the network trains on that matrix (probe, micro-batches
-and schedule as on any array), and `model.keras` is the end-to-end model
-raw rows -> the same layers -> the trained network, so `kadapt predict` and
-`kadapt.load_model(...).predict` take rows as the user keeps them.
+As in Keras' FeatureSpace guide: the encoder turns the rows into a float
+matrix once, the network trains on that matrix (probe, micro-batches and
+schedule as on any array), and `model.keras` is the end-to-end model raw rows
+-> the same encoder -> the trained network, so `kadapt predict`,
+`kadapt.load_model(...).predict` and plain Keras take rows as the user keeps them.
 
-- Array rows (N, features): `keras.layers.Normalization` adapted on the
-  training rows, (x - mean) / std per column.
-- CSV columns: the numeric ones concatenated and normalized as above, each
-  string column one-hot by a `keras.layers.StringLookup` adapted on its
-  training values, with one out-of-vocabulary slot that a category unseen in
-  training maps to. The model's inputs are a dict of named (N, 1) columns,
-  strings as `dtype="string"`, each under its `input_name` (the column's
-  name with what Keras refuses in a name, such as spaces and `/`, as `_`).
+- Numbers (array rows (N, features), or a table's numeric columns joined):
+  a missing value (NaN) becomes the column's training median and, for a
+  column with missing training values, also sets a "was missing" input of its
+  own (as fastai's FillMissing and scikit-learn's `SimpleImputer(add_indicator=True)`
+  do); then `keras.layers.Normalization`, (x - mean) / std with the training
+  rows' mean and std after filling (std 1 where a column holds one value: it
+  stays harmless on rows that differ).
+- Strings: one-hot by a `keras.layers.StringLookup` over the training values,
+  the missing `""` one of them, with one out-of-vocabulary slot that a value
+  unseen in training maps to; a column of more than `MAX_CATEGORIES` values
+  keeps its most frequent ones, the rest share that slot.
 - Regression: the network learns the standardized target; the saved model
   ends with `Normalization(invert=True)`, output * std + mean.
 
-Only built-in Keras layers: the saved model loads in safe mode.
+A table's inputs are a dict of named (N, 1) columns (`kadapt.run.tables.model_columns`),
+strings as `dtype="string"`. Only Keras' own layers and ops: the saved model
+loads in safe mode without kadapt. The statistics are computed on arrays
+(NumPy), not by `adapt`, which would stream every row through TensorFlow.
 """
+
+import warnings
 
 import keras
 import numpy as np
 
-from kadapt.extras import require
-from kadapt.run.tables import NUMERIC
-from kadapt.run.tables import input_name
+from kadapt.run.tables import STRING
 
-tf = require("tensorflow", extra="tensorflow")
-ENCODE_BATCH_SIZE = 4096
+ENCODE_BATCH_SIZE = 65536
+MAX_CATEGORIES = 64
 
 
 def row_encoder(x_train: np.ndarray) -> keras.Model:
-    """Raw rows (N, features) -> rows standardized with the training rows' mean and std."""
-    normalization = keras.layers.Normalization(axis=-1, dtype="float32", name="normalization")
-    normalization.adapt(x_train)
+    """Raw rows (N, features), NaN where missing -> rows filled, flagged and standardized."""
     inputs = keras.Input(x_train.shape[1:], name="rows")
-    return keras.Model(inputs, normalization(inputs), name="encoder")
+    return keras.Model(inputs, _numbers(inputs, x_train), name="encoder")
 
 
 def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
-    """A dict of raw (N, 1) columns -> [standardized numeric columns, one-hot categories]."""
-    inputs = {input_name(name): keras.Input((1,), dtype="float32" if kind == NUMERIC else "string",
-                                            name=input_name(name)) for name, kind in kinds.items()}
-    numeric = [name for name, kind in kinds.items() if kind == NUMERIC]
+    """A dict of raw (N, 1) columns (`{input name: "numeric" or "string"}`) ->
+    [numbers filled, flagged and standardized, one-hot categories]."""
+    inputs = {name: keras.Input((1,), dtype="string" if kind == STRING else "float32", name=name)
+              for name, kind in kinds.items()}
+    numeric = [name for name, kind in kinds.items() if kind != STRING]
     parts = []
     if numeric:
-        normalization = keras.layers.Normalization(axis=-1, dtype="float32", name="normalization")
-        normalization.adapt(np.stack([columns_train[name] for name in numeric], axis=1))
-        columns = [inputs[input_name(name)] for name in numeric]
-        joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate()(columns)
-        parts.append(normalization(joined))
-    for name in (name for name, kind in kinds.items() if kind != NUMERIC):
-        lookup = keras.layers.StringLookup(num_oov_indices=1, output_mode="one_hot", name=f"lookup_{input_name(name)}")
-        lookup.adapt(columns_train[name])
-        parts.append(lookup(inputs[input_name(name)]))
+        columns = [inputs[name] for name in numeric]
+        joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name="numbers")(columns)
+        parts.append(_numbers(joined, np.stack([columns_train[name] for name in numeric], axis=1)))
+    for name in (name for name, kind in kinds.items() if kind == STRING):
+        lookup = keras.layers.StringLookup(vocabulary=categories(columns_train[name]), num_oov_indices=1,
+                                           output_mode="one_hot", name=f"lookup_{name}")
+        parts.append(lookup(inputs[name]))
     features = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
     return keras.Model(inputs, features, name="encoder")
 
 
+def categories(values: np.ndarray) -> list:
+    """The one-hot vocabulary of a string column: its values, or its
+    `MAX_CATEGORIES` most frequent (ties by value), most frequent first."""
+    names, counts = np.unique(np.asarray(values).astype(str), return_counts=True)
+    order = np.lexsort((names, -counts))[:MAX_CATEGORIES]
+    return [str(name) for name in names[order]]
+
+
+def number_statistics(values: np.ndarray) -> dict:
+    """The statistics `_numbers` uses, of (N, features) float training values
+    with NaN where missing: `median` (0 for a column empty in every row),
+    `mean`, `variance` (1 for a column of one value) after filling, and
+    `flagged`, the columns with a missing training value."""
+    values = np.asarray(values, "float64")
+    absent = np.isnan(values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: their median is set below
+        median = np.where(absent.all(axis=0), 0.0, np.nanmedian(values, axis=0))
+    filled = np.where(absent, median, values)
+    variance = filled.var(axis=0)
+    return {"median": median, "mean": filled.mean(axis=0), "variance": np.where(variance > 0, variance, 1.0),
+            "flagged": np.flatnonzero(absent.any(axis=0))}
+
+
+def _numbers(inputs, values):
+    """`inputs` (N, features) filled with the training medians, standardized,
+    then the "was missing" flags of the columns that had missing values."""
+    stats = number_statistics(values)
+    absent = keras.ops.isnan(inputs)
+    filled = keras.ops.where(absent, stats["median"].astype("float32"), inputs)
+    normalized = keras.layers.Normalization(mean=stats["mean"], variance=stats["variance"], dtype="float32",
+                                            name="normalization")(filled)
+    if not len(stats["flagged"]):
+        return normalized
+    flags = keras.ops.cast(keras.ops.take(absent, stats["flagged"].astype("int32"), axis=1), "float32")
+    return keras.layers.Concatenate(name="numbers_and_missing")([normalized, flags])
+
+
 def encode(encoder: keras.Model, x) -> np.ndarray:
     """The float32 matrix of raw rows `x` (an array, or a dict of (N,) columns)."""
-    # Called eagerly, a chunk at a time: `predict` would trace a function for each of the
+    # Called eagerly, a large chunk at a time: `predict` would trace a function for each of the
     # train, validation and test sets, and TensorFlow warns of retracing.
-    chunks = [keras.ops.convert_to_numpy(encoder(batch)) for batch in _dataset(x)]
+    rows = len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+    chunks = [keras.ops.convert_to_numpy(encoder(_tensors(_rows(x, start, start + ENCODE_BATCH_SIZE))))
+              for start in range(0, rows, ENCODE_BATCH_SIZE)]
     return np.concatenate(chunks).astype("float32") if chunks else np.zeros((0, *encoder.output.shape[1:]), "float32")
+
+
+def _rows(x, start, stop):
+    if isinstance(x, dict):
+        return {name: values[start:stop].reshape(-1, 1) for name, values in x.items()}
+    return np.asarray(x[start:stop], "float32")
+
+
+def _tensors(rows):
+    """Rows as the backend's tensors; strings as `tf.string` (only TensorFlow has string tensors)."""
+    if not isinstance(rows, dict):
+        return keras.ops.convert_to_tensor(rows)
+    return {name: _string_tensor(values) if values.dtype.kind in "OUS" else keras.ops.convert_to_tensor(values)
+            for name, values in rows.items()}
+
+
+def _string_tensor(values):
+    import tensorflow as tf
+
+    return tf.constant(values.astype(str))
 
 
 def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> keras.Model:
@@ -81,14 +144,10 @@ def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> 
     return keras.Model(inputs, outputs, name=network.name)
 
 
-def columns_dataset(columns: dict, batch_size: int = ENCODE_BATCH_SIZE):
-    """A `tf.data.Dataset` of batches of a dict of (N,) columns, each (batch, 1)
-    under its `input_name` (Keras' array adapter takes no strings)."""
-    return tf.data.Dataset.from_tensor_slices({input_name(name): values.reshape(-1, 1)
+def columns_dataset(columns: dict, batch_size: int = 4096):
+    """A `tf.data.Dataset` of batches of a dict of (N,) model columns
+    (`kadapt.run.tables.model_columns`), each (batch, 1) (Keras' array adapter takes no strings)."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices({name: values.reshape(-1, 1)
                                                for name, values in columns.items()}).batch(batch_size)
-
-
-def _dataset(x):
-    if isinstance(x, dict):
-        return columns_dataset(x)
-    return tf.data.Dataset.from_tensor_slices(np.asarray(x, "float32")).batch(ENCODE_BATCH_SIZE)

@@ -1,10 +1,16 @@
-"""The task a run's labels call for: integers are classes, floats a target to regress, strings class names.
+"""The task a run's labels call for, as a data scientist reads them.
 
-The kind follows the labels' dtype (a `.npy`'s, or a CSV column's cells:
-whole numbers, other numbers, words): float labels are a regression even
-when every value is whole (scikit-learn's diabetes target is), so a user
-says which by the dtype saved. Class names are sorted; their index is the
-class the network outputs.
+- Strings are class names (sorted; their index is the class the network outputs).
+- Numbers with a fractional part are a target to regress.
+- Whole numbers (integers, or floats that are all whole, as a column with
+  empty cells is stored) are classes while they take few values: at most
+  `CLASS_LIMIT` distinct values, or more while they number at most
+  `CLASS_SHARE` of the training rows (AutoGluon's rule for large tables); a
+  price or a count of thousands of distinct values is a regression
+  (scikit-learn's diabetes target, 214 values in 442 rows, is one).
+
+`--task classification|regression` overrides the reading; the reason for it
+is printed and recorded.
 """
 
 import dataclasses
@@ -12,16 +18,23 @@ import dataclasses
 import numpy as np
 
 from kadapt.recipes.task import CLASSIFICATION
+from kadapt.recipes.task import REGRESSION
 from kadapt.recipes.task import Task
 from kadapt.run.errors import UsageError
 
 
+CLASS_LIMIT = 20
+CLASS_SHARE = 0.05
+
+
 @dataclasses.dataclass(frozen=True)
 class Labels:
-    """The `Task` of a run's labels and, for string labels, the sorted class names."""
+    """The `Task` of a run's labels, the reason it was read so and, for
+    string labels, the sorted class names."""
 
     task: Task
     class_names: tuple | None = None
+    reason: str = ""
 
     def coded(self, y):
         """Labels as the network learns them: int32 classes, or float32 targets."""
@@ -32,28 +45,55 @@ class Labels:
         return np.asarray(y).astype("int32")
 
 
-def label_task(spec, y_train, others=()):
+def label_task(spec, y_train, others=(), task=None):
     """The `Labels` of training labels `y_train` (N,); `others` (validation,
-    test labels) must be of the same kind and join the class names.
+    test labels) must be of the same kind and join the class names. `task`
+    (`"classification"`, `"regression"` or `None`) overrides the reading.
 
     Regression standardizes with `y_train` alone. One class only, fewer
     training rows than classes, negative classes and non-finite targets are
     `UsageError`s."""
     kind = np.asarray(y_train).dtype.kind
-    if kind == "f":
-        return Labels(_regression(spec, y_train))
+    if kind == "U" and task == REGRESSION:
+        raise UsageError(f"--task regression: the labels of {spec} are words, not numbers. Drop --task, or "
+                         "pass a column of numbers as the target.")
+    chosen, reason = (task, "--task") if task else _reading(y_train)
+    if chosen == REGRESSION:
+        return Labels(_regression(spec, y_train), reason=reason)
     if kind == "U":
         names = tuple(str(name) for name in np.unique(np.concatenate([y_train, *others])))
-        labels = Labels(Task(CLASSIFICATION, len(names)), names)
+        labels = Labels(Task(CLASSIFICATION, len(names)), names, reason)
     else:
         every = np.concatenate([np.asarray(y_train).reshape(-1), *(np.asarray(y).reshape(-1) for y in others)])
-        if every.size and every.min() < 0:
-            raise UsageError(f"--data {spec}: integer labels are classes 0, 1, 2, ...; the labels hold "
-                             f"{every.min()}. Number the classes from 0 (or save the labels as floats for a "
-                             "regression).")
-        labels = Labels(Task(CLASSIFICATION, int(every.max()) + 1 if every.size else 0))
+        _check_class_numbers(spec, every, task)
+        labels = Labels(Task(CLASSIFICATION, int(every.max()) + 1 if every.size else 0), reason=reason)
     _check_classes(spec, labels.coded(y_train), labels)
     return labels
+
+
+def _reading(y_train):
+    """`(task, reason)` of labels with no `--task`."""
+    y = np.asarray(y_train)
+    if y.dtype.kind == "U":
+        return CLASSIFICATION, "the labels are words: class names"
+    if y.dtype.kind == "f" and not np.all(y == np.round(y)):
+        return REGRESSION, "the labels are numbers with a fractional part: values to predict"
+    distinct, rows = len(np.unique(y)), len(y)
+    if distinct <= CLASS_LIMIT or distinct <= CLASS_SHARE * rows:
+        return CLASSIFICATION, (f"{distinct} distinct whole numbers in {rows} training rows: classes "
+                                f"(at most {CLASS_LIMIT}, or at most {CLASS_SHARE:.0%} of the rows)")
+    return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows: more than {CLASS_LIMIT} and "
+                        f"more than {CLASS_SHARE:.0%} of the rows, so values to predict, not classes")
+
+
+def _check_class_numbers(spec, every, task):
+    if every.dtype.kind == "f" and not np.all(every == np.round(every)):
+        raise UsageError(f"--task classification: the labels of {spec} hold {every[every != np.round(every)][0]}; "
+                         "classes are whole numbers 0, 1, 2, ... Drop --task for a regression.")
+    if every.size and every.min() < 0:
+        raise UsageError(f"--data {spec}: integer labels are classes 0, 1, 2, ...; the labels hold "
+                         f"{every.min():g}. Number the classes from 0, or pass --task regression to predict "
+                         "them as values.")
 
 
 def _regression(spec, y_train):
@@ -75,7 +115,6 @@ def _check_classes(spec, coded, labels):
         raise UsageError(f"--data {spec}: every training label is {name}: one class only, nothing to tell "
                          "apart. Give rows of at least two classes.")
     if len(coded) < labels.task.outputs:
-        regression = "" if labels.class_names else (" Whole numbers are classes: for a regression, save the labels "
-                                                     "as floats (in a CSV, write 3.0 for 3).")
+        regression = "" if labels.class_names else " Whole numbers are classes: for a regression, pass --task regression."
         raise UsageError(f"--data {spec}: {len(coded)} training rows for {labels.task.outputs} classes; each class "
                          f"needs rows to learn from. Give more rows, or fewer classes.{regression}")

@@ -198,6 +198,8 @@ def train(run, echo=print, callbacks=(), verbose=1):
                  **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
         with run.scope():
             recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
+    for note in data.notes:
+        echo(f"data: {note}")
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     choice = optimizer_choice(config, data)
     echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "

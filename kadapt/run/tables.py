@@ -1,58 +1,160 @@
-"""A user's CSV table (`--data table.csv --target COLUMN`): its columns, their kinds, its labels.
+"""A user's table (`--data TABLE.csv|TABLE.parquet --target COLUMN`) as it is kept.
 
-Read with the standard library's `csv` module: a header line, then one row a
-line. A column whose cells are all numbers in the training file is numeric
-(an empty cell, NaN or inf in it is an error naming the line: nothing is
-imputed); any other column holds categories (strings). The kinds come from
-the training file and bind the test file and the rows `kadapt predict`
-reads. Errors name the file, the line (counted as an editor does, the
-header on line 1) and the column.
+Read by pyarrow, column by column (a CSV's types inferred as pandas does over
+the same reader; a Parquet file's as written). Empty cells are data: `NA`,
+`NaN`, `nan`, `null` and an empty cell are one "missing". Each column gets a
+kind from the training file, and the kinds bind the test file and the rows
+`kadapt predict` reads:
+
+- `numeric`: numbers, whole or not, and true/false columns (as 1/0); a
+  missing cell is NaN, which the model fills and flags (`kadapt.run.encoding`);
+- `string`: categories, a missing cell the category `""`;
+- `date` (or `datetime` where a time of day is given): given to the model as
+  numbers, one input per part (`COLUMN.year`, `.month`, `.day`, `.weekday`,
+  and `.hour` for a `datetime`).
+
+A column empty in every training row and a string column with a distinct value
+on every row (an id) are dropped; every such choice is a note of the run.
+Errors name the file, the column and the fix.
 """
 
-import csv
-import math
+import dataclasses
 import re
 from pathlib import Path
 
 import numpy as np
 
+from kadapt.extras import require
 from kadapt.run.errors import UsageError
 
 NUMERIC = "numeric"
 STRING = "string"
+DATE = "date"
+DATETIME = "datetime"  # dates with a time of day: the hour is a part too
+CSV_SUFFIXES = (".csv",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+# What pandas reads as missing, as pyarrow's CSV reader takes it.
+NULL_VALUES = ["", "NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "#N/A", "<NA>"]
+ISO_DATE = r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2})?)?$"
+DATE_PARTS = ("year", "month", "day", "weekday")
+# A string column of at least this many rows whose every training row holds its own value is an id.
+ID_MIN_ROWS = 20
 
 
-def is_csv_spec(spec) -> bool:
-    """Whether `--data` names a CSV file."""
-    return isinstance(spec, str) and spec.lower().endswith(".csv")
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A file's columns (`{name: (N,) array}`, file order) and the names of
+    those stored as integers (a label column of whole numbers written `3`, not `3.0`)."""
+
+    columns: dict
+    integer: frozenset = frozenset()
 
 
-def read_csv(path: str, flag: str = "--data") -> dict:
-    """`{column: (N,) array of str}` of a CSV file with a header, or a `UsageError`."""
-    if not Path(path).is_file():
-        raise UsageError(f"{flag} {path} does not exist.")
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as file:
-            lines = list(csv.reader(file))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise UsageError(f"{flag} {path} is not a readable CSV file ({' '.join(str(error).split())}).") from None
-    header, rows = (lines[0], lines[1:]) if lines else ([], [])
-    rows = list(enumerate(rows, start=2))
-    if not header or not rows:
+@dataclasses.dataclass(frozen=True)
+class ColumnPlan:
+    """The kinds of a table's kept feature columns (`{name: kind}`, in file order)
+    and the columns left out, `{name: reason}`; saved in a run's config."""
+
+    kinds: dict
+    dropped: dict = dataclasses.field(default_factory=dict)
+
+
+def is_table_spec(spec) -> bool:
+    """Whether `--data` names a CSV or Parquet file."""
+    return isinstance(spec, str) and spec.lower().endswith(CSV_SUFFIXES + PARQUET_SUFFIXES)
+
+
+def read_table(path: str, flag: str = "--data", kinds: dict | None = None) -> Table:
+    """The `Table` of a CSV or Parquet file, its columns float64 numbers (NaN
+    where missing), object strings (`""` where missing) or datetime64 dates
+    (NaT). With `kinds` (a run's), those columns are read as those kinds."""
+    pa = require("pyarrow", extra="tables")
+    table = _arrow_table(pa, path, flag, kinds)
+    names = table.column_names
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise UsageError(f"{flag} {path}: the column name {duplicated[0]!r} appears {names.count(duplicated[0])} "
+                         "times; the second would silently replace the first. Rename one of them.")
+    if not names or table.num_rows == 0:
         raise UsageError(f"{flag} {path} is empty: it needs a header line of column names and at least one "
                          "row of values.")
-    for number, row in rows:
-        if not row:
-            raise UsageError(f"{flag} {path}: line {number} is empty. Remove it.")
-        if len(row) != len(header):
-            raise UsageError(f"{flag} {path}: line {number} has {len(row)} values; the header names "
-                             f"{len(header)} columns. Fix the line.")
-    cells = np.array([row for _, row in rows], dtype=str).reshape(len(rows), len(header))
-    return {name: cells[:, i] for i, name in enumerate(header)}
+    columns = {name: _numpy_column(pa, path, flag, name, table.column(name)) for name in names}
+    for name, values in columns.items():
+        _check_no_infinity(path, flag, name, values)
+    for name, kind in (kinds or {}).items():
+        if name in columns:
+            columns[name] = _as_kind(path, flag, name, columns[name], kind)
+    return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)))
+
+
+def _arrow_table(pa, path, flag, kinds):
+    if not Path(path).is_file():
+        raise UsageError(f"{flag} {path} does not exist.")
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix in PARQUET_SUFFIXES:
+            return require("pyarrow.parquet", extra="tables").read_table(path)
+        if suffix not in CSV_SUFFIXES:
+            raise UsageError(f"{flag} {path} is neither a CSV (.csv) nor a Parquet (.parquet) file. Save the "
+                             "table as one of them.")
+        csv = require("pyarrow.csv", extra="tables")
+        # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
+        types = {name: pa.string() for name, kind in (kinds or {}).items() if kind == STRING}
+        convert = csv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True, column_types=types,
+                                     true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"])
+        return csv.read_csv(path, convert_options=convert)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
+        raise UsageError(f"{flag} {path} is not a readable {'Parquet' if suffix in PARQUET_SUFFIXES else 'CSV'} "
+                         f"table ({_one_line(error)}). Fix the file.") from None
+
+
+def _numpy_column(pa, path, flag, name, column):
+    kind = column.type
+    if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) \
+            or pa.types.is_decimal(kind) or pa.types.is_null(kind):
+        return column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        return column.cast(pa.timestamp("s")).to_numpy(zero_copy_only=False)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
+        strings = column.cast(pa.string())
+        if _iso_dates(pa, strings):  # a Parquet file keeps dates as the strings it was given
+            return np.array(strings.fill_null("").to_numpy(zero_copy_only=False), "datetime64[s]")
+        return strings.fill_null("").to_numpy(zero_copy_only=False)
+    raise UsageError(f"{flag} {path}: column {name} is of the type {kind}, which kadapt cannot learn from (it takes "
+                     "numbers, strings, true/false and dates). Flatten or drop the column.")
+
+
+def _check_no_infinity(path, flag, name, values):
+    if values.dtype.kind == "f" and np.isinf(values).any():
+        row = int(np.flatnonzero(np.isinf(values))[0])
+        where = f"line {row + 2}" if Path(path).suffix.lower() in CSV_SUFFIXES else f"row {row} (counted from 0)"
+        raise UsageError(f"{flag} {path}: {where}, column {name} holds {values[row]}, not a number a network can "
+                         "learn from (an empty cell is a missing value). Fix the cell.")
+
+
+def _iso_dates(pa, strings):
+    """Whether every given value of a string column is an ISO 8601 date (and time)."""
+    compute = require("pyarrow.compute", extra="tables")
+    given = strings.drop_null()
+    return len(given) > 0 and compute.all(compute.match_substring_regex(given, ISO_DATE)).as_py()
+
+
+def _as_kind(path, flag, name, values, kind):
+    """A column read from a later file as the training file's kind says, or a `UsageError`."""
+    wanted = {NUMERIC: "f", STRING: "O", DATE: "M", DATETIME: "M"}[kind]
+    if values.dtype.kind == wanted or (values.dtype.kind == "f" and np.isnan(values).all()):
+        return np.full(len(values), np.datetime64("NaT"), "datetime64[s]") if wanted == "M" and \
+            values.dtype.kind == "f" else values
+    if values.dtype.kind == "O":
+        row = int(np.flatnonzero(values != "")[0])
+        raise UsageError(f"{flag} {path}: column {name} holds {values[row]!r} on line {row + 2}; in the training "
+                         f"file it holds {'numbers' if kind == NUMERIC else 'dates'}. Fix the cell.")
+    raise UsageError(f"{flag} {path}: column {name} holds {'dates' if values.dtype.kind == 'M' else 'numbers'}; in "
+                     f"the training file it holds {'numbers' if kind == NUMERIC else 'dates'}. Fix the column.")
 
 
 def check_target(path: str, columns: dict, target: str | None, flag: str = "--data") -> None:
-    """A `UsageError` unless `target` names a column of the table at `path`."""
+    """A `UsageError` unless `target` names a column of the table at `path` that holds values."""
     listed = ", ".join(columns)
     if target is None:
         raise UsageError(f"{flag} {path} is a table: add --target COLUMN, the column to predict "
@@ -62,6 +164,20 @@ def check_target(path: str, columns: dict, target: str | None, flag: str = "--da
                          f"Pass one of them. Received: --target={target}")
     if len(columns) < 2:
         raise UsageError(f"{flag} {path} holds only the --target column {target}: add the columns to learn from.")
+    if missing(columns[target]).all():
+        raise UsageError(f"--target {target}: column {target} of {path} is empty in every row: there is nothing to "
+                         "learn. Pass the column that holds the values to predict.")
+
+
+def missing(values: np.ndarray) -> np.ndarray:
+    """Which cells of a column (as `read_table` gives it) are missing."""
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    if values.dtype.kind == "M":
+        return np.isnat(values)
+    if values.dtype.kind in "iub":
+        return np.zeros(values.shape, bool)
+    return values == ""
 
 
 def input_name(column: str) -> str:
@@ -81,69 +197,112 @@ def check_input_names(path: str, columns, flag: str = "--data") -> None:
         seen[input_name(name)] = name
 
 
-def column_kinds(columns: dict) -> dict:
-    """`{column: "numeric" or "string"}`: numeric where every cell that is not
-    empty is a number (an empty one is then an error, not a category)."""
-    return {name: NUMERIC if _numeric(cells) else STRING for name, cells in columns.items()}
+def column_plan(columns: dict) -> ColumnPlan:
+    """The `ColumnPlan` of a table's training feature columns."""
+    kinds, dropped = {}, {}
+    for name, values in columns.items():
+        reason = _drop_reason(values)
+        if reason:
+            dropped[name] = reason
+        else:
+            kinds[name] = _kind(values)
+    return ColumnPlan(kinds, dropped)
 
 
-def _numeric(cells):
-    filled = [cell for cell in cells if cell.strip()]
-    return bool(filled) and all(_is_number(cell) for cell in filled)
+def _kind(values):
+    if values.dtype.kind == "M":
+        given = values[~np.isnat(values)].astype("datetime64[s]")
+        return DATETIME if np.any(given != given.astype("datetime64[D]")) else DATE
+    return NUMERIC if values.dtype.kind == "f" else STRING
 
 
-def check_same_columns(path: str, columns: dict, expected: list, flag: str) -> None:
-    """A `UsageError` unless `columns` are `expected` (the training file's), in any order."""
-    missing = [name for name in expected if name not in columns]
-    extra = [name for name in columns if name not in expected]
-    if missing or extra:
-        parts = ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"adds {', '.join(extra)}"] if extra else [])
+def _drop_reason(values):
+    if missing(values).all():
+        return "empty in every training row"
+    if values.dtype.kind == "O" and len(values) >= ID_MIN_ROWS and len(np.unique(values)) == len(values):
+        return "a distinct value on every training row (an id)"
+    return None
+
+
+def check_same_columns(path: str, columns: dict, plan: ColumnPlan, flag: str) -> None:
+    """A `UsageError` unless `columns` hold the plan's kept columns and no
+    others than its dropped ones, in any order."""
+    missing_names = [name for name in plan.kinds if name not in columns]
+    extra = [name for name in columns if name not in plan.kinds and name not in plan.dropped]
+    if missing_names or extra:
+        parts = ([f"lacks {', '.join(missing_names)}"] if missing_names else []) + \
+                ([f"adds {', '.join(extra)}"] if extra else [])
         raise UsageError(f"{flag} {path} {' and '.join(parts)}: its columns must be the training file's "
-                         f"({', '.join(expected)}).")
+                         f"({', '.join(plan.kinds)}).")
 
 
-def feature_arrays(path: str, columns: dict, kinds: dict, flag: str = "--data") -> dict:
-    """`{column: (N,) float32 or str array}` of the feature columns `kinds`,
-    numeric cells parsed and checked finite."""
-    return {name: (_numbers(path, name, columns[name], flag) if kind == NUMERIC else columns[name])
-            for name, kind in kinds.items()}
+def model_columns(columns: dict, kinds: dict) -> dict:
+    """`{input name: (N,) array}` the model takes: numbers as float32 (NaN
+    where missing), strings as they are, each date as its parts (`date_parts`)."""
+    inputs = {}
+    for name, kind in kinds.items():
+        if kind in (DATE, DATETIME):
+            parts = date_parts(columns[name])
+            inputs.update({f"{input_name(name)}.{part}": parts[part] for part in DATE_PARTS + (("hour",) if kind ==
+                                                                                             DATETIME else ())})
+        else:
+            inputs[input_name(name)] = columns[name].astype("float32") if kind == NUMERIC else columns[name]
+    return inputs
 
 
-def label_array(path: str, name: str, cells: np.ndarray, flag: str = "--data") -> np.ndarray:
-    """The label column as `.npy` labels would come: int64 classes where every
-    cell is a whole number, float64 targets where every cell is a number, else
-    str class names; numbers mixed with words are a `UsageError`."""
-    numbers = [_is_number(cell) for cell in cells]
-    if all(numbers):
-        values = _numbers(path, name, cells, flag).astype("float64")
-        whole = all(cell.strip().lstrip("+-").isdigit() for cell in cells)
-        return values.astype("int64") if whole else values
-    if any(numbers):
-        number, word = numbers.index(True), numbers.index(False)
-        raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({str(cells[number])!r} on line "
-                         f"{number + 2}) and words ({str(cells[word])!r} on line {word + 2}); a label column holds "
+def date_parts(values: np.ndarray) -> dict:
+    """`{part: (N,) float32}` of datetime64 values, NaN where missing: year,
+    month (1-12), day (1-31), weekday (Monday 0) and hour (0-23)."""
+    seconds = values.astype("datetime64[s]")
+    absent = np.isnat(seconds)
+    days = seconds.astype("datetime64[D]")
+    months = days.astype("datetime64[M]")
+    parts = {"year": months.astype("datetime64[Y]").astype("int64") + 1970,
+             "month": months.astype("int64") % 12 + 1,
+             "day": (days - months).astype("int64") + 1,
+             "weekday": (days.astype("int64") + 3) % 7,  # 1970-01-01 was a Thursday
+             "hour": (seconds - days).astype("int64") // 3600}
+    return {part: np.where(absent, np.nan, values).astype("float32") for part, values in parts.items()}
+
+
+def label_array(path: str, name: str, values: np.ndarray, integer: bool) -> np.ndarray:
+    """Labels as `.npy` labels would come: int64 for a column stored as
+    integers (`integer`) and complete, float64 for other numbers (NaN where
+    missing), str class names for words (`""` where missing)."""
+    if values.dtype.kind == "M":
+        raise UsageError(f"--target {name}: column {name} of {path} holds dates; kadapt predicts classes or "
+                         "numbers. Pass another column.")
+    if values.dtype.kind == "f":
+        return values.astype("int64") if integer and not np.isnan(values).any() else values
+    return values.astype(str)
+
+
+def check_label_words(path: str, name: str, values: np.ndarray) -> None:
+    """A `UsageError` for a label column of numbers mixed with words (read as strings)."""
+    if values.dtype.kind != "O":
+        return
+    given = values[values != ""]
+    numbers = np.array([_is_number(value) for value in given])
+    if numbers.any() and not numbers.all():
+        rows = np.flatnonzero(values != "")
+        number, word = rows[np.argmax(numbers)], rows[np.argmin(numbers)]
+        raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({values[number]!r} on line "
+                         f"{number + 2}) and words ({values[word]!r} on line {word + 2}); a label column holds "
                          "numbers (classes or values) or words (class names), not both. Fix the file.")
-    return cells
 
 
-def _numbers(path, name, cells, flag):
-    values = np.empty(len(cells), "float64")
-    for row, cell in enumerate(cells):
-        value = _number(cell)
-        if value is None or not math.isfinite(value):
-            what = "an empty cell" if not cell.strip() else repr(str(cell))
-            raise UsageError(f"{flag} {path}: line {row + 2}, column {name} holds {what}, in a column of numbers; "
-                             "kadapt imputes nothing. Fix or drop the row.")
-        values[row] = value
-    return values.astype("float32")
-
-
-def _number(cell):
+def _is_number(value):
     try:
-        return float(cell)
+        float(value)
     except ValueError:
-        return None
+        return False
+    return True
 
 
-def _is_number(cell):
-    return _number(cell) is not None
+def labelled(labels: np.ndarray) -> np.ndarray:
+    """Which rows have a label."""
+    return ~missing(labels)
+
+
+def _one_line(error):
+    return " ".join(str(error).split())
