@@ -1,0 +1,193 @@
+"""Tables as people keep them (`kadapt.run.tables`, `kadapt.run.encoding`): empty cells in any
+spelling, labels missing, ids, dates, whole-number targets of many values, Parquet; the model
+fills and flags what is missing itself, so `kadapt predict` takes rows with empty cells.
+One short command-line run per module; the rest on the reader and encoder directly."""
+
+import csv
+import json
+import re
+
+import keras
+import numpy as np
+import pytest
+
+from kadapt import cli
+from kadapt.run import RunConfig
+from kadapt.run import UsageError
+from kadapt.run import tables
+from kadapt.run.data import load_data
+from kadapt.run.encoding import categories
+from kadapt.run.encoding import row_encoder
+from kadapt.run.labels import label_task
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+SHORT = ["--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", "1", "--max-steps", "2",
+         "--fit-verbose", "2"]
+HEADER = ["user", "size", "colour", "sold on", "new", "price"]
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", newline="") as file:
+        csv.writer(file).writerows([header, *rows])
+    return path
+
+
+def messy_rows(count, seed=0):
+    """A sales table as published: ids, empty cells spelled four ways, dates, yes/no, whole prices."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        size = rng.normal(50, 10)
+        colour = ["red", "green", "", "NA"][i % 4]
+        price = int(1000 + 20 * size + (300 if colour == "red" else 0) + rng.integers(0, 40))
+        rows.append([f"u{i:04d}", ["", "nan", "NaN", f"{size:.1f}"][min(i % 7, 3)], colour,
+                     f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}", ["yes", "no"][i % 2], "" if i % 25 == 0 else price])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sales(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sales")
+    write_csv(folder / "sales.csv", HEADER, messy_rows(200))
+    write_csv(folder / "new.csv", HEADER[:-1], [["x1", "", "", "2025-03-04", "no"], ["x2", "61.5", "red", "", "yes"]])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sales_run(sales):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(sales)
+        assert cli.main(["train", "--data", "sales.csv", "--target", "price", "--out", "run", *SHORT]) == 0
+    return sales / "run"
+
+
+def test_a_messy_table_trains_with_every_choice_a_note_in_its_config(sales_run, capsys):
+    data = json.loads((sales_run / "config.json").read_text())["resolved"]["data"]
+    assert data["task"]["kind"] == "regression"
+    assert data["columns"] == {"size": "numeric", "colour": "string", "sold on": "date", "new": "string"}
+    assert data["dropped_columns"] == {"user": "a distinct value on every training row (an id)"}
+    notes = data["notes"]
+    assert notes[0] == "--data sales.csv: 8 of 200 rows have no price (an empty cell): left out"
+    assert re.fullmatch(r"task: regression \(\d+ distinct whole numbers in \d+ training rows: more than 20 and more "
+                        r"than 5% of the rows, so values to predict, not classes\)", notes[2])
+    assert any(re.fullmatch(r"column size: \d+ of \d+ training values missing: filled with the median [\d.]+, and "
+                            "an input flags them", note) for note in notes)
+    # size, its flag, 4 date parts; colour: red, green, "" (NA is missing too) + 1 out-of-vocabulary; new: 2 + 1
+    assert data["input_shape"] == [2 + 4 + 4 + 3]
+    capsys.readouterr()
+    assert cli.main(["report", str(sales_run)]) == 0
+    assert "test error" in capsys.readouterr().out
+
+
+def test_predict_takes_rows_with_empty_cells_and_scores_only_labelled_rows(sales_run, sales, capsys, monkeypatch):
+    monkeypatch.chdir(sales)
+    assert cli.main(["predict", "run", "--data", "new.csv", "--output", "new_prices.csv"]) == 0
+    values = np.loadtxt(sales / "new_prices.csv", skiprows=1)
+    assert values.shape == (2,) and np.all(np.isfinite(values))
+    capsys.readouterr()
+    assert cli.main(["predict", "run", "--data", "sales.csv"]) == 0
+    assert re.search(r"MAE [\d.e+]+, RMSE [\d.e+]+, R² -?\d\.\d{4} against the labels", capsys.readouterr().out)
+
+
+def test_the_model_fills_missing_numbers_with_the_training_median_and_flags_them():
+    values = np.array([[1.0, 5.0], [np.nan, 7.0], [3.0, 9.0], [10.0, np.nan]], "float32")
+    encoder = row_encoder(values)
+    median = np.array([3.0, 7.0])  # NumPy over the given values
+    filled = np.where(np.isnan(values), median, values)
+    expected = np.concatenate([(filled - filled.mean(0)) / filled.std(0), np.isnan(values)], axis=1)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder(values)), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_missing_is_one_thing_however_it_is_written(tmp_path):
+    write_csv(tmp_path / "t.csv", ["a", "b"], [["", ""], ["NA", "NA"], ["nan", "nan"], ["NaN", "x"], ["1.5", "null"]])
+    columns = tables.read_table(str(tmp_path / "t.csv")).columns
+    assert np.isnan(columns["a"][:4]).all() and columns["a"][4] == 1.5
+    assert columns["b"].tolist() == ["", "", "", "x", ""]
+
+
+def test_many_string_values_keep_the_most_frequent():
+    values = np.array([f"v{i}" for i in range(100)] + ["v7"] * 3 + ["v42"] * 2)
+    vocabulary = categories(values)
+    assert len(vocabulary) == 64 and vocabulary[:2] == ["v7", "v42"]
+
+
+def test_date_parts_follow_the_calendar():
+    days = np.array(["2024-02-29", "1999-12-31T23:10", "NaT"], "datetime64[s]")
+    parts = tables.date_parts(days)
+    assert parts["year"][:2].tolist() == [2024, 1999] and parts["month"][:2].tolist() == [2, 12]
+    assert parts["day"][:2].tolist() == [29, 31] and parts["hour"][:2].tolist() == [0, 23]
+    assert parts["weekday"][:2].tolist() == [3, 4]  # a Thursday, a Friday (Monday is 0)
+    assert all(np.isnan(values[2]) for values in parts.values())
+
+
+@pytest.mark.parametrize("labels, kind", [
+    (np.arange(300) % 7, "classification"),  # 7 values: classes
+    (np.arange(3000) % 40, "classification"),  # 40 values, 1.3% of the rows: classes
+    (1000 + np.arange(300) * 7, "regression"),  # a price: 300 values in 300 rows
+    (np.array([1.0, 2.0, 3.0] * 10), "classification"),  # whole floats (a column with empty cells) read alike
+    (np.array([1.5, 2.0, 3.0] * 10), "regression"),
+])
+def test_the_task_is_read_from_the_distinct_values(labels, kind):
+    assert label_task("t.csv", labels).task.kind == kind
+
+
+def test_task_overrides_the_reading():
+    assert label_task("t.csv", np.arange(30) % 3, task="regression").task.kind == "regression"
+    labels = label_task("t.csv", np.arange(300) % 50, task="classification")  # 50 values, 17% of the rows
+    assert labels.task.kind == "classification" and labels.reason == "--task"
+
+
+def test_parquet_trains_like_its_csv(tmp_path, monkeypatch):
+    rows = messy_rows(120)
+    table = pa.table({"size": pa.array([float(r[1]) if r[1] not in ("", "nan", "NaN") else None for r in rows]),
+                      "colour": pa.array([r[2] or None for r in rows]),
+                      "label": pa.array([r[4] for r in rows])})
+    pq.write_table(table, tmp_path / "t.parquet")
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.parquet", target="label"))
+    assert data.columns == {"size": "numeric", "colour": "string"} and data.class_names == ("no", "yes")
+
+
+def bad(folder, monkeypatch, **options):
+    monkeypatch.chdir(folder)
+    with pytest.raises(UsageError) as raised:
+        load_data(RunConfig(**options))
+    return str(raised.value)
+
+
+def test_two_columns_of_one_name(tmp_path, monkeypatch):
+    write_csv(tmp_path / "twice.csv", ["a", "a", "label"], [["1", "2", "0"], ["2", "1", "1"]])
+    assert bad(tmp_path, monkeypatch, data="twice.csv", target="label") == (
+        "--data twice.csv: the column name 'a' appears 2 times; the second would silently replace the first. "
+        "Rename one of them.")
+
+
+def test_a_target_empty_everywhere(tmp_path, monkeypatch):
+    write_csv(tmp_path / "t.csv", ["a", "label"], [["1", ""], ["2", "NA"]])
+    assert bad(tmp_path, monkeypatch, data="t.csv", target="label") == (
+        "--target label: column label of t.csv is empty in every row: there is nothing to learn. Pass the column "
+        "that holds the values to predict.")
+
+
+def test_a_file_that_is_neither_csv_nor_parquet(tmp_path):
+    (tmp_path / "t.xlsx").write_bytes(b"PK")
+    with pytest.raises(UsageError, match=r"^--data .*t.xlsx is neither a CSV \(.csv\) nor a Parquet \(.parquet\) "
+                                         r"file. Save the table as one of them.$"):
+        tables.read_table(str(tmp_path / "t.xlsx"))
+
+
+def test_a_nested_parquet_column(tmp_path):
+    pq.write_table(pa.table({"a": [[1, 2], [3]], "label": [0, 1]}), tmp_path / "nested.parquet")
+    with pytest.raises(UsageError, match=r"column a is of the type list<element: int64>, which kadapt cannot learn "
+                                         r"from \(it takes numbers, strings, true/false and dates\). Flatten or drop "
+                                         r"the column.$"):
+        tables.read_table(str(tmp_path / "nested.parquet"))
+
+
+def test_a_predict_file_with_words_in_a_column_of_numbers(sales_run, sales, monkeypatch):
+    write_csv(sales / "words.csv", HEADER[:-1], [["x1", "big", "red", "2025-03-04", "no"]])
+    monkeypatch.chdir(sales)
+    with pytest.raises(SystemExit, match=r"kadapt: error: --data words.csv: column size holds 'big' on line 2; in "
+                                         r"the training file it holds numbers. Fix the cell."):
+        cli.main(["predict", "run", "--data", "words.csv"])
