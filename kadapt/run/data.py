@@ -207,14 +207,14 @@ def _encoding_notes(numeric, strings, where):
     notes = []
     for name, values in numeric.items():
         absent = int(np.isnan(values).sum())
-        stats = number_statistics(values.reshape(-1, 1))
+        stats = number_statistics([values])
         if absent:
             notes.append(f"{where.format(name)}: {absent} of {len(values)} training values missing: filled with "
                          f"the median {stats['median'][0]:g}, and an input flags them")
-        elif len(values) and values.min() == values.max():
+        elif len(values) and np.nanmin(values) == np.nanmax(values):
             notes.append(f"{where.format(name)}: {values[0]:g} in every training row: kept (it adds nothing)")
     for name, values in strings.items():
-        distinct = len(np.unique(values))
+        distinct = len(set(values.tolist()))
         if distinct > MAX_CATEGORIES:
             notes.append(f"{where.format(name)}: {distinct} distinct values: one input for each of the "
                          f"{MAX_CATEGORIES} most frequent, one for all the others")

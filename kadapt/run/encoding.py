@@ -26,21 +26,21 @@ loads in safe mode without kadapt. The statistics are computed on arrays
 (NumPy), not by `adapt`, which would stream every row through TensorFlow.
 """
 
-import warnings
+import collections
 
 import keras
 import numpy as np
 
 from kadapt.run.tables import STRING
 
-ENCODE_BATCH_SIZE = 65536
+ENCODE_BATCH_SIZE = 262144
 MAX_CATEGORIES = 64
 
 
 def row_encoder(x_train: np.ndarray) -> keras.Model:
     """Raw rows (N, features), NaN where missing -> rows filled, flagged and standardized."""
     inputs = keras.Input(x_train.shape[1:], name="rows")
-    return keras.Model(inputs, _numbers(inputs, x_train), name="encoder")
+    return keras.Model(inputs, _numbers(inputs, np.asarray(x_train).T), name="encoder")
 
 
 def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
@@ -53,7 +53,7 @@ def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
     if numeric:
         columns = [inputs[name] for name in numeric]
         joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name="numbers")(columns)
-        parts.append(_numbers(joined, np.stack([columns_train[name] for name in numeric], axis=1)))
+        parts.append(_numbers(joined, [columns_train[name] for name in numeric]))
     for name in (name for name, kind in kinds.items() if kind == STRING):
         lookup = keras.layers.StringLookup(vocabulary=categories(columns_train[name]), num_oov_indices=1,
                                            output_mode="one_hot", name=f"lookup_{name}")
@@ -65,31 +65,38 @@ def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
 def categories(values: np.ndarray) -> list:
     """The one-hot vocabulary of a string column: its values, or its
     `MAX_CATEGORIES` most frequent (ties by value), most frequent first."""
-    names, counts = np.unique(np.asarray(values).astype(str), return_counts=True)
-    order = np.lexsort((names, -counts))[:MAX_CATEGORIES]
-    return [str(name) for name in names[order]]
+    counts = collections.Counter(values.tolist())  # hashing: sorting millions of Python strings takes seconds
+    return [str(name) for name, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_CATEGORIES]]
 
 
-def number_statistics(values: np.ndarray) -> dict:
-    """The statistics `_numbers` uses, of (N, features) float training values
-    with NaN where missing: `median` (0 for a column empty in every row),
-    `mean`, `variance` (1 for a column of one value) after filling, and
-    `flagged`, the columns with a missing training value."""
-    values = np.asarray(values, "float64")
-    absent = np.isnan(values)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: their median is set below
-        median = np.where(absent.all(axis=0), 0.0, np.nanmedian(values, axis=0))
-    filled = np.where(absent, median, values)
-    variance = filled.var(axis=0)
-    return {"median": median, "mean": filled.mean(axis=0), "variance": np.where(variance > 0, variance, 1.0),
-            "flagged": np.flatnonzero(absent.any(axis=0))}
+def number_statistics(columns) -> dict:
+    """The statistics `_numbers` uses, of training columns (each (N,) float,
+    NaN where missing): `median` (0 for a column empty in every row), `mean`,
+    `variance` (1 for a column of one value) of the column filled with its
+    median, and `flagged`, the columns with a missing training value."""
+    stats = [_column_statistics(np.asarray(values)) for values in columns]
+    median, mean, variance, absent = (np.array(values) for values in zip(*stats))
+    return {"median": median, "mean": mean, "variance": variance, "flagged": np.flatnonzero(absent)}
 
 
-def _numbers(inputs, values):
+def _column_statistics(values):
+    """`(median, mean, variance, any missing)` of one column filled with its median; from the
+    given values' sums, so that no filled copy of a long column is made."""
+    given = values[~np.isnan(values)].astype("float64")
+    rows, absent = len(values), len(values) - len(given)
+    if not len(given):
+        return 0.0, 0.0, 1.0, absent > 0
+    median = float(np.median(given))
+    mean = (given.sum() + absent * median) / rows
+    variance = (np.square(given - mean).sum() + absent * (median - mean) ** 2) / rows
+    return median, mean, variance if variance > 0 else 1.0, absent > 0
+
+
+def _numbers(inputs, columns):
     """`inputs` (N, features) filled with the training medians, standardized,
-    then the "was missing" flags of the columns that had missing values."""
-    stats = number_statistics(values)
+    then the "was missing" flags of the columns that had missing values
+    (`columns`: the training values, one (N,) array per feature)."""
+    stats = number_statistics(columns)
     absent = keras.ops.isnan(inputs)
     filled = keras.ops.where(absent, stats["median"].astype("float32"), inputs)
     normalized = keras.layers.Normalization(mean=stats["mean"], variance=stats["variance"], dtype="float32",
@@ -102,12 +109,14 @@ def _numbers(inputs, values):
 
 def encode(encoder: keras.Model, x) -> np.ndarray:
     """The float32 matrix of raw rows `x` (an array, or a dict of (N,) columns)."""
-    # Called eagerly, a large chunk at a time: `predict` would trace a function for each of the
-    # train, validation and test sets, and TensorFlow warns of retracing.
+    # Called eagerly, a large chunk at a time, into one array: `predict` would trace a function for
+    # each of the train, validation and test sets, and a list of chunks would be copied once more.
     rows = len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
-    chunks = [keras.ops.convert_to_numpy(encoder(_tensors(_rows(x, start, start + ENCODE_BATCH_SIZE))))
-              for start in range(0, rows, ENCODE_BATCH_SIZE)]
-    return np.concatenate(chunks).astype("float32") if chunks else np.zeros((0, *encoder.output.shape[1:]), "float32")
+    encoded = np.empty((rows, *encoder.output.shape[1:]), "float32")
+    for start in range(0, rows, ENCODE_BATCH_SIZE):
+        chunk = encoder(_tensors(_rows(x, start, start + ENCODE_BATCH_SIZE)))
+        encoded[start:start + ENCODE_BATCH_SIZE] = keras.ops.convert_to_numpy(chunk)
+    return encoded
 
 
 def _rows(x, start, stop):

@@ -219,7 +219,7 @@ def _kind(values):
 def _drop_reason(values):
     if missing(values).all():
         return "empty in every training row"
-    if values.dtype.kind == "O" and len(values) >= ID_MIN_ROWS and len(np.unique(values)) == len(values):
+    if values.dtype.kind == "O" and len(values) >= ID_MIN_ROWS and len(set(values.tolist())) == len(values):
         return "a distinct value on every training row (an id)"
     return None
 
@@ -281,10 +281,10 @@ def check_label_words(path: str, name: str, values: np.ndarray) -> None:
     """A `UsageError` for a label column of numbers mixed with words (read as strings)."""
     if values.dtype.kind != "O":
         return
-    given = values[values != ""]
-    numbers = np.array([_is_number(value) for value in given])
-    if numbers.any() and not numbers.all():
+    distinct = {value: _is_number(value) for value in set(values.tolist()) if value != ""}
+    if any(distinct.values()) and not all(distinct.values()):
         rows = np.flatnonzero(values != "")
+        numbers = np.array([distinct[value] for value in values[rows]])
         number, word = rows[np.argmax(numbers)], rows[np.argmin(numbers)]
         raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({values[number]!r} on line "
                          f"{number + 2}) and words ({values[word]!r} on line {word + 2}); a label column holds "
