@@ -42,7 +42,8 @@ Arms, each given the same train.csv / test.csv:
   hgb      scikit-learn `HistGradientBoostingClassifier/Regressor()` defaults: numbers as read, NaN
            passed natively, string columns as pandas categories by the training rows' values
            (`categorical_features="from_dtype"`; one with more than 255 training values, which HGB
-           refuses, is dropped), dates as days since 1970.
+           refuses, is dropped), dates as days since 1970; a column with no value in the training rows
+           (fertility's 2012, 2013), on which HGB's binning fails, is dropped.
 
 The task is the table's (above): a class table's labels are compared as values (1.0 == 1), a
 regression is scored by test MSE. Targets (issue 63): kadapt completes every table, >= careful - 1
@@ -271,6 +272,10 @@ def hgb_arm(folder, target, task, seed):
     x, y, xt, yt = read_pair(folder, target)
     dropped = []
     for name in list(x.columns):
+        if x[name].isna().all():  # HGB's binning fails on it ("window shape cannot be larger than input")
+            dropped.append(name)
+            x, xt = x.drop(columns=[name]), xt.drop(columns=[name])
+            continue
         days = dates(x[name])
         if days is not None:
             x[name], xt[name] = days, dates(xt[name])
@@ -366,9 +371,11 @@ def report(rows, arms):
         for arm in ARMS:
             scores = [row.get(arm, {}).get("score") for row in mine]
             mean[arm] = statistics.fmean(scores) if scores and None not in scores else None
-        kadapt_text = cell(task, mean["kadapt"])
-        if "kadapt" in arms and mean["kadapt"] is None:
-            kadapt_text = "stops: " + next(row["kadapt"]["outcome"] for row in mine if not row["kadapt"]["completed"])
+        texts = {}
+        for arm in ARMS:
+            texts[arm] = cell(task, mean[arm])
+            if arm in arms and mean[arm] is None:
+                texts[arm] = "stops: " + next(row[arm].get("outcome", "?") for row in mine if row[arm]["score"] is None)
         vs_careful, d_careful = versus(task, mean["kadapt"], mean["careful"])
         vs_hgb, d_hgb = versus(task, mean["kadapt"], mean["hgb"])
         ok_careful = None if d_careful is None else (d_careful <= MSE_RATIO if task == "regression"
@@ -378,8 +385,8 @@ def report(rows, arms):
             ok_careful = ok_hgb = False
         met = ", ".join(f"{what} {'-' if ok is None else 'yes' if ok else 'NO'}"
                         for what, ok in (("careful", ok_careful), ("hgb", ok_hgb)))
-        lines.append(f"| {name} | {task} | {mine[0]['rows']} | {kadapt_text} | {cell(task, mean['careful'])} | "
-                     f"{cell(task, mean['hgb'])} | {vs_careful} | {vs_hgb} | {met} |")
+        lines.append(f"| {name} | {task} | {mine[0]['rows']} | {texts['kadapt']} | {texts['careful']} | "
+                     f"{texts['hgb']} | {vs_careful} | {vs_hgb} | {met} |")
         per_table.append({"table": name, "task": task, "mean": mean, "vs_careful": d_careful, "vs_hgb": d_hgb,
                           "met_careful": ok_careful, "met_hgb": ok_hgb})
     lines.append("")
@@ -430,8 +437,12 @@ def main():
                 row = {"table": name, "seed": seed, "task": task, "rows": count}
                 for arm in args.arms:
                     started = time.perf_counter()
-                    row[arm] = {"careful": careful_arm, "hgb": hgb_arm, "kadapt": kadapt_arm}[arm](
-                        folder, target, task, seed)
+                    try:
+                        row[arm] = {"careful": careful_arm, "hgb": hgb_arm, "kadapt": kadapt_arm}[arm](
+                            folder, target, task, seed)
+                    except Exception as error:  # an arm that fails is a figure too, not the end of the run
+                        row[arm] = {"score": None, "completed": False,
+                                    "outcome": f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"}
                     row[arm].setdefault("seconds", round(time.perf_counter() - started, 1))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
