@@ -325,6 +325,7 @@ def kadapt_arm(folder, target, task, seed):
     code, output, seconds = kadapt(["train", "--data", str(folder / "train.csv"), "--target", target, "--test",
                                     str(folder / "test.csv"), "--out", str(run), "--seed", str(seed)], folder)
     (folder / "kadapt_train.log").write_text(output)
+    output = output.replace(f"{folder}{os.sep}", "")  # the error names train.csv, not the temporary folder
     result = {"seconds": round(seconds, 1), "completed": code == 0}
     if code != 0:
         return {**result, "score": None, "outcome": f"train exit {code}: {error_line(output)}"}
@@ -375,7 +376,11 @@ def report(rows, arms):
         for arm in ARMS:
             texts[arm] = cell(task, mean[arm])
             if arm in arms and mean[arm] is None:
-                texts[arm] = "stops: " + next(row[arm].get("outcome", "?") for row in mine if row[arm]["score"] is None)
+                outcome = next(row[arm].get("outcome", "?") for row in mine if row[arm]["score"] is None)
+                texts[arm] = "stops: " + outcome.split("kadapt: error: ")[-1].split("; ")[0]
+        taken = {row["kadapt"].get("task_taken") for row in mine if "kadapt" in row} - {None}
+        if taken and taken != {"classification" if task == "classes" else "regression"}:
+            texts["kadapt"] += f" (took it as {'/'.join(sorted(taken))})"
         vs_careful, d_careful = versus(task, mean["kadapt"], mean["careful"])
         vs_hgb, d_hgb = versus(task, mean["kadapt"], mean["hgb"])
         ok_careful = None if d_careful is None else (d_careful <= MSE_RATIO if task == "regression"
@@ -420,6 +425,8 @@ def main():
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", help="write the rows, the table and the summary to this JSON file")
     parser.add_argument("--describe", action="store_true", help="print each table's facts and stop")
+    parser.add_argument("--keep", help="write the splits, runs and predictions to this folder and keep them "
+                                       "(default: a temporary folder)")
     args = parser.parse_args()
     if args.describe:
         print("| table | package | rows | target | task | empty cells | string columns (distinct values) |")
@@ -430,6 +437,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows = []
     with tempfile.TemporaryDirectory() as temporary:
+        temporary = args.keep or temporary
         for name in args.tables:
             for seed in args.seeds:
                 folder = Path(temporary) / name / str(seed)
