@@ -109,7 +109,8 @@ def main():
         print(f"wrote {args.rows} rows, {big.stat().st_size / 1e6:.0f} MB, in {time.perf_counter() - started:.0f} s",
               flush=True)
         figures = {"rows": args.rows, "megabytes": round(big.stat().st_size / 1e6),
-                   "cpu": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                   "cpu": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "load_before": os.getloadavg()}
         for name in READERS:
             figures[name] = reader(name, big)
             print(name, json.dumps(figures[name]), flush=True)
@@ -117,6 +118,7 @@ def main():
         print("kadapt", SMALL_ROWS, "rows", json.dumps(figures["kadapt_small"]), flush=True)
         figures["kadapt"] = kadapt(big, folder / "run_big")
         print("kadapt", args.rows, "rows", json.dumps(figures["kadapt"]), flush=True)
+    figures["load_after"] = os.getloadavg()
     pandas, mine, base = figures["pandas"], figures["kadapt"], figures["kadapt_small"]
     lines = ["| reader | seconds | extra peak memory, MB | vs pandas: time | vs pandas: memory |", "|---|---|---|---|---|"]
     for name in READERS:
@@ -134,6 +136,8 @@ def main():
                      f"{mine['wall']:.0f} s, phases {mine['phases']}")
     else:
         lines.append(f"| kadapt train | stops: {mine.get('outcome')} | peak {mine['peak_mb']} | - | - |")
+    lines.append(f"load average (1/5/15 min) {'/'.join(f'{v:.1f}' for v in figures['load_before'])} before, "
+                 f"{'/'.join(f'{v:.1f}' for v in figures['load_after'])} after")
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:
