@@ -120,7 +120,8 @@ def main():
         print("kadapt", args.rows, "rows", json.dumps(figures["kadapt"]), flush=True)
     figures["load_after"] = os.getloadavg()
     pandas, mine, base = figures["pandas"], figures["kadapt"], figures["kadapt_small"]
-    lines = ["| reader | seconds | extra peak memory, MB | vs pandas: time | vs pandas: memory |", "|---|---|---|---|---|"]
+    lines = ["| reader | seconds | extra peak memory, MB | vs pandas: time | vs pandas: memory |",
+             "|---|---|---|---|---|"]
     for name in READERS:
         lines.append(f"| {name} read_csv | {figures[name]['seconds']:.1f} | {figures[name]['extra_mb']:.0f} | "
                      f"{ratio(figures[name]['seconds'], pandas['seconds']):.2f}x | "
@@ -130,7 +131,8 @@ def main():
         time_ratio, memory_ratio = ratio(mine["seconds"], pandas["seconds"]), ratio(extra, pandas["extra_mb"])
         lines.append(f"| kadapt train, data phase | {mine['seconds']:.1f} | {extra:.0f} (peak {mine['peak_mb']} less "
                      f"{base['peak_mb']} at {SMALL_ROWS} rows) | {time_ratio:.2f}x | {memory_ratio:.2f}x |")
-        lines.append(f"\ntargets: data phase <= {TIME_RATIO:g}x pandas' time: {'met' if time_ratio <= TIME_RATIO else 'NOT met'}; "
+        lines.append(f"\ntargets: data phase <= {TIME_RATIO:g}x pandas' time: "
+                     f"{'met' if time_ratio <= TIME_RATIO else 'NOT met'}; "
                      f"extra peak memory <= {MEMORY_RATIO:g}x pandas': "
                      f"{'met' if memory_ratio <= MEMORY_RATIO else 'NOT met'}; kadapt's whole command "
                      f"{mine['wall']:.0f} s, phases {mine['phases']}")
