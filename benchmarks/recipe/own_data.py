@@ -10,6 +10,11 @@ Tables (raw: nothing scaled; 25% test rows, stratified for classes, drawn by the
   diabetes          regression, scikit-learn's (target 25..346)
   housing_like      regression, generated: features scaled by 1e-1 ... 1e4, target around 2e5
 
+Public tables as their packages ship them (empty cells, names, dates; vega_datasets, statsmodels,
+palmerpenguins) live in `public_tables.py` beside this script, against scikit-learn's
+HistGradientBoosting as well (issue 63); this one keeps scikit-learn's bundled arrays and the
+generated tables.
+
 A column with one value in every training row (digits' corner pixels) is an error in `kadapt train`
 ("Drop the column"): the kadapt arm gets the rows with those columns dropped, as the error says.
 
