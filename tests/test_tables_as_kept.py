@@ -17,6 +17,7 @@ from kadapt.run import UsageError
 from kadapt.run import tables
 from kadapt.run.data import load_data
 from kadapt.run.encoding import categories
+from kadapt.run.encoding import indexed
 from kadapt.run.encoding import row_encoder
 from kadapt.run.labels import label_task
 
@@ -62,6 +63,10 @@ def sales_run(sales):
     return sales / "run"
 
 
+BOTH_BACKENDS = pytest.mark.backends("tensorflow", "jax")
+
+
+@BOTH_BACKENDS
 def test_a_messy_table_trains_with_every_choice_a_note_in_its_config(sales_run, capsys):
     data = json.loads((sales_run / "config.json").read_text())["resolved"]["data"]
     assert data["task"]["kind"] == "regression"
@@ -75,11 +80,15 @@ def test_a_messy_table_trains_with_every_choice_a_note_in_its_config(sales_run, 
                             "an input flags them", note) for note in notes)
     # size, its flag, 4 date parts; colour: red, green, "" (NA is missing too) + 1 out-of-vocabulary; new: 2 + 1
     assert data["input_shape"] == [2 + 4 + 4 + 3]
+    # Only TensorFlow's models take strings: elsewhere they reach the model as indices in these vocabularies.
+    expected = {} if keras.backend.backend() == "tensorflow" else {"colour": ["", "green", "red"], "new": ["no", "yes"]}
+    assert data.get("vocabularies", {}) == expected
     capsys.readouterr()
     assert cli.main(["report", str(sales_run)]) == 0
     assert "test error" in capsys.readouterr().out
 
 
+@BOTH_BACKENDS
 def test_predict_takes_rows_with_empty_cells_and_scores_only_labelled_rows(sales_run, sales, capsys, monkeypatch):
     monkeypatch.chdir(sales)
     assert cli.main(["predict", "run", "--data", "new.csv", "--output", "new_prices.csv"]) == 0
@@ -90,6 +99,7 @@ def test_predict_takes_rows_with_empty_cells_and_scores_only_labelled_rows(sales
     assert re.search(r"MAE [\d.e+]+, RMSE [\d.e+]+, R² -?\d\.\d{4} against the labels", capsys.readouterr().out)
 
 
+@BOTH_BACKENDS
 def test_the_model_fills_missing_numbers_with_the_training_median_and_flags_them():
     values = np.array([[1.0, 5.0], [np.nan, 7.0], [3.0, 9.0], [10.0, np.nan]], "float32")
     encoder = row_encoder(values)
@@ -104,6 +114,13 @@ def test_missing_is_one_thing_however_it_is_written(tmp_path):
     columns = tables.read_table(str(tmp_path / "t.csv")).columns
     assert np.isnan(columns["a"][:4]).all() and columns["a"][4] == 1.5
     assert columns["b"].tolist() == ["", "", "", "x", ""]
+
+
+@BOTH_BACKENDS
+def test_a_string_index_is_the_one_hot_position_of_string_lookup():
+    vocabulary = ["red", "", "blue"]
+    indices = indexed({"c": np.array(["blue", "red", "", "pink"], dtype=object)}, {"c": vocabulary})["c"]
+    assert indices.tolist() == [3, 1, 2, 0]  # 0: out of vocabulary, then the vocabulary's order
 
 
 def test_many_string_values_keep_the_most_frequent():

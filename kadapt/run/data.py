@@ -54,6 +54,7 @@ class TrainingData:
     target: str | None = None  # a table's label column
     dropped: dict | None = None  # a table's columns left out: {name: reason}
     notes: tuple = ()  # what was chosen about the data, one line each
+    vocabularies: dict | None = None  # a table's string columns given to the model as indices (not on TensorFlow)
 
     @property
     def num_classes(self):
@@ -100,6 +101,7 @@ class TrainingData:
             **({"target": self.target, "columns": self.columns, "dropped_columns": self.dropped or {}}
                if self.columns else {}),
             **({"classes": list(self.class_names)} if self.class_names else {}),
+            **({"vocabularies": self.vocabularies} if self.vocabularies else {}),
             "notes": list(self.notes),
         }
 
@@ -119,15 +121,17 @@ def load_data(config):
     labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test), config.task)
     notes = [*notes, f"task: {labels.task.kind} ({labels.reason})"]
     x_parts = [_take(x_train, slice(cut)), _take(x_train, slice(cut, None)), x_test]
-    encoder, encoder_notes = _encoder(config.data, x_parts[0], plan)
+    encoder, encoder_notes, vocabularies = _encoder(config.data, x_parts[0], plan)
     if encoder is not None:
         from kadapt.run.encoding import encode
+        from kadapt.run.encoding import indexed
 
-        x_parts = [encode(encoder, x) for x in x_parts]
+        x_parts = [encode(encoder, indexed(x, vocabularies) if vocabularies else x) for x in x_parts]
     y_parts = [labels.coded(y) for y in (y_train[:cut], y_train[cut:], y_test)]
     table = {"columns": plan.kinds, "target": config.target, "dropped": plan.dropped} if plan else {}
     return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
-                        labels.class_names, notes=tuple([*notes, *encoder_notes]), **table)
+                        labels.class_names, notes=tuple([*notes, *encoder_notes]), vocabularies=vocabularies or None,
+                        **table)
 
 
 def _raw_data(config):
@@ -181,21 +185,23 @@ def _labelled_rows(path, table, target, flag="--data"):
 
 
 def _encoder(spec, x_train, plan):
-    """`(encoder, notes)`: the encoder made from the training rows, of a
-    table's model columns or of array rows (N, features); `None` for images
-    (and other shapes), fed as they are."""
+    """`(encoder, notes, vocabularies)`: the encoder made from the training
+    rows, of a table's model columns or of array rows (N, features); `None`
+    for images (and other shapes), fed as they are. `vocabularies`:
+    `kadapt.run.encoding.column_encoder`'s."""
     from kadapt.run import encoding
 
     if plan is not None:
         kinds = {name: tables.STRING if values.dtype.kind in "OUS" else tables.NUMERIC
                  for name, values in x_train.items()}
         numeric = {name: values for name, values in x_train.items() if kinds[name] == tables.NUMERIC}
-        return encoding.column_encoder(x_train, kinds), _encoding_notes(numeric, {
-            name: values for name, values in x_train.items() if kinds[name] == tables.STRING}, "column {}")
+        encoder, vocabularies = encoding.column_encoder(x_train, kinds)
+        return encoder, _encoding_notes(numeric, {
+            name: values for name, values in x_train.items() if kinds[name] == tables.STRING}, "column {}"), vocabularies
     if x_train.ndim != 2:
-        return None, []
+        return None, [], {}
     return encoding.row_encoder(x_train), _encoding_notes(dict(enumerate(x_train.T)), {},
-                                                          "column {} (counted from 0) of the inputs")
+                                                          "column {} (counted from 0) of the inputs"), {}
 
 
 def _encoding_notes(numeric, strings, where):
@@ -417,7 +423,12 @@ def load_table_inputs(spec: str, data: dict) -> tuple[dict, np.ndarray | None]:
     labels = None
     if target in table.columns:
         labels = tables.label_array(spec, target, table.columns[target], target in table.integer)
-    return tables.model_columns(given, plan.kinds), labels
+    columns = tables.model_columns(given, plan.kinds)
+    if data.get("vocabularies"):
+        from kadapt.run.encoding import indexed
+
+        columns = indexed(columns, data["vocabularies"])
+    return columns, labels
 
 
 def _npz_keys(path):

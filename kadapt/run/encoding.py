@@ -43,23 +43,55 @@ def row_encoder(x_train: np.ndarray) -> keras.Model:
     return keras.Model(inputs, _numbers(inputs, np.asarray(x_train).T), name="encoder")
 
 
-def column_encoder(columns_train: dict, kinds: dict) -> keras.Model:
-    """A dict of raw (N, 1) columns (`{input name: "numeric" or "string"}`) ->
-    [numbers filled, flagged and standardized, one-hot categories]."""
-    inputs = {name: keras.Input((1,), dtype="string" if kind == STRING else "float32", name=name)
-              for name, kind in kinds.items()}
+def column_encoder(columns_train: dict, kinds: dict) -> tuple[keras.Model, dict]:
+    """`(encoder, vocabularies)`: the encoder of a dict of raw (N, 1) columns
+    (`{input name: "numeric" or "string"}`) -> [numbers filled, flagged and
+    standardized, one-hot categories].
+
+    On TensorFlow the strings go in as they are (`vocabularies` is empty). Only
+    TensorFlow has string tensors, so on another backend a string column goes
+    in as its index in its vocabulary (`indexed`: 0 for a value unseen in
+    training, as StringLookup's out-of-vocabulary slot), one-hot by
+    `keras.layers.CategoryEncoding`: the same matrix; `vocabularies` says how
+    rows reach the model, and a run keeps it in its config."""
+    vocabularies = {name: categories(columns_train[name]) for name, kind in kinds.items() if kind == STRING}
+    strings = strings_in_model()
+    inputs = {name: keras.Input((1,), dtype=("string" if strings else "int32") if kind == STRING else "float32",
+                                name=name) for name, kind in kinds.items()}
     numeric = [name for name, kind in kinds.items() if kind != STRING]
     parts = []
     if numeric:
         columns = [inputs[name] for name in numeric]
         joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name="numbers")(columns)
         parts.append(_numbers(joined, [columns_train[name] for name in numeric]))
-    for name in (name for name, kind in kinds.items() if kind == STRING):
-        lookup = keras.layers.StringLookup(vocabulary=categories(columns_train[name]), num_oov_indices=1,
-                                           output_mode="one_hot", name=f"lookup_{name}")
+    for name, vocabulary in vocabularies.items():
+        lookup = keras.layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1, output_mode="one_hot",
+                                           name=f"lookup_{name}") if strings else \
+            keras.layers.CategoryEncoding(len(vocabulary) + 1, output_mode="one_hot", name=f"lookup_{name}")
         parts.append(lookup(inputs[name]))
     features = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
-    return keras.Model(inputs, features, name="encoder")
+    return keras.Model(inputs, features, name="encoder"), ({} if strings else vocabularies)
+
+
+def strings_in_model() -> bool:
+    """Whether this backend's models take string inputs (TensorFlow's only)."""
+    return keras.backend.backend() == "tensorflow"
+
+
+def indexed(columns: dict, vocabularies: dict) -> dict:
+    """`columns` with each column of `vocabularies` as int32 indices: 0 for a
+    value not in its vocabulary, i + 1 for `vocabulary[i]` (StringLookup's layout)."""
+    return {name: _indices(values, vocabularies[name]) if name in vocabularies else values
+            for name, values in columns.items()}
+
+
+def _indices(values, vocabulary):
+    order = np.argsort(np.array(vocabulary, dtype=str))
+    known = np.array(vocabulary, dtype=str)[order]
+    values = np.asarray(values).astype(str)
+    position = np.minimum(np.searchsorted(known, values), max(len(known) - 1, 0))
+    found = known[position] == values if len(known) else np.zeros(len(values), bool)
+    return np.where(found, order[position] + 1, 0).astype("int32")
 
 
 def categories(values: np.ndarray) -> list:
