@@ -142,6 +142,8 @@ def test_date_parts_follow_the_calendar():
     (np.arange(300) % 7, "classification"),  # 7 values: classes
     (np.arange(3000) % 40, "classification"),  # 40 values, 1.3% of the rows: classes
     (1000 + np.arange(300) * 7, "regression"),  # a price: 300 values in 300 rows
+    (np.minimum(np.arange(3000) % 97, np.arange(3000) % 13), "classification"),  # 13 values
+    (np.concatenate([np.zeros(2000, int), np.arange(1000) % 60]), "regression"),  # a count: 0 in most rows
     (np.array([1.0, 2.0, 3.0] * 10), "classification"),  # whole floats (a column with empty cells) read alike
     (np.array([1.5, 2.0, 3.0] * 10), "regression"),
 ])

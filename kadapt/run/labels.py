@@ -4,10 +4,12 @@
 - Numbers with a fractional part are a target to regress.
 - Whole numbers (integers, or floats that are all whole, as a column with
   empty cells is stored) are classes while they take few values: at most
-  `CLASS_LIMIT` distinct values, or more while they number at most
-  `CLASS_SHARE` of the training rows (AutoGluon's rule for large tables); a
-  price or a count of thousands of distinct values is a regression
-  (scikit-learn's diabetes target, 214 values in 442 rows, is one).
+  `CLASS_LIMIT` distinct values; more only while they number at most
+  `CLASS_SHARE` of the training rows (AutoGluon's rule for large tables) and
+  the rarest is at least `CLASS_BALANCE` as frequent as the commonest, as the
+  classes of a many-class set are. A price, or a count with a long tail
+  (statsmodels' randhie doctor visits: 78 values, most rows 0-5), is a
+  regression; so is scikit-learn's diabetes target (214 values in 442 rows).
 
 `--task classification|regression` overrides the reading; the reason for it
 is printed and recorded.
@@ -25,6 +27,7 @@ from kadapt.run.errors import UsageError
 
 CLASS_LIMIT = 20
 CLASS_SHARE = 0.05
+CLASS_BALANCE = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +81,19 @@ def _reading(y_train):
         return CLASSIFICATION, "the labels are words: class names"
     if y.dtype.kind == "f" and not np.all(y == np.round(y)):
         return REGRESSION, "the labels are numbers with a fractional part: values to predict"
-    distinct, rows = len(np.unique(y)), len(y)
-    if distinct <= CLASS_LIMIT or distinct <= CLASS_SHARE * rows:
-        return CLASSIFICATION, (f"{distinct} distinct whole numbers in {rows} training rows: classes "
-                                f"(at most {CLASS_LIMIT}, or at most {CLASS_SHARE:.0%} of the rows)")
-    return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows: more than {CLASS_LIMIT} and "
-                        f"more than {CLASS_SHARE:.0%} of the rows, so values to predict, not classes")
+    counts = np.unique(y, return_counts=True)[1]
+    distinct, rows = len(counts), len(y)
+    if distinct <= CLASS_LIMIT:
+        return CLASSIFICATION, f"{distinct} distinct whole numbers in {rows} training rows: classes (at most {CLASS_LIMIT})"
+    if distinct > CLASS_SHARE * rows:
+        return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows: more than {CLASS_LIMIT} and "
+                            f"more than {CLASS_SHARE:.0%} of the rows, so values to predict, not classes")
+    if counts.min() < CLASS_BALANCE * counts.max():
+        return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows, the rarest {counts.min()} "
+                            f"times against the commonest's {counts.max()}: a count with a long tail, values to "
+                            "predict, not classes")
+    return CLASSIFICATION, (f"{distinct} distinct whole numbers in {rows} training rows, at most {CLASS_SHARE:.0%} "
+                            "of the rows and about as frequent as each other: classes")
 
 
 def _check_class_numbers(spec, every, task):
