@@ -26,7 +26,9 @@ that is the target in another form would be dropped (none of these tables has on
 (`python benchmarks/recipe/public_tables.py --describe` prints this from the packages.) user_ids: a
 user-id string unique per row (kadapt must drop it, not one-hot it), one number `amount` and a 0/1
 label drawn from a logistic of it; its training rows are cut to USER_IDS_TRAIN_ROWS (20,000) for every
-arm, so that the kadapt arm stays within a few minutes on 2 cores.
+arm, so that the kadapt arm stays within a few minutes on 2 cores (83 s at 20,000 on today's code).
+The packages, benchmark-only: `python -m pip install statsmodels vega_datasets pandas pyarrow
+palmerpenguins` (the data ship inside them; nothing is downloaded at run time).
 
 Arms, each given the same train.csv / test.csv:
   kadapt   `python -m kadapt train --data train.csv --target COL --test test.csv --out RUN --seed S`,
