@@ -47,8 +47,9 @@ Arms, each given the same train.csv / test.csv:
            refuses, is dropped), dates as days since 1970; a column with no value in the training rows
            (fertility's 2012, 2013), on which HGB's binning fails, is dropped.
 
-The task is the table's (above): a class table's labels are compared as values (1.0 == 1), a
-regression is scored by test MSE. Targets (issue 63): kadapt completes every table, >= careful - 1
+The task is the table's (above), the same for every arm: a class table's labels are compared as
+values (1.0 == 1); an integer target with more than 20 distinct values (randhie's count) is a
+regression, scored by test MSE. Targets (issue 63): kadapt completes every table, >= careful - 1
 point (classes) and MSE <= 1.05x careful's (regression) on every table; within 0.5 point / 1.05x of
 hgb on at least 80% of the tables, and ahead of hgb on the mean (accuracy points over the class
 tables, geometric mean of the MSE ratios over the regressions).
