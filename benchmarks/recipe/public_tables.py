@@ -422,7 +422,7 @@ def summary_line(per_table, arms):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--tables", nargs="+", choices=list(TABLES), default=list(TABLES), metavar="NAME")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
