@@ -20,6 +20,8 @@ from kadapt.recipes.task import Task
 from kadapt.run import tables
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
+from kadapt.run.image_folders import check_image_flags
+from kadapt.run.image_folders import is_image_folder
 from kadapt.run.labels import label_task
 from kadapt.run.tables import is_csv_spec
 
@@ -50,6 +52,7 @@ class TrainingData:
     class_names: tuple | None = None  # string labels, sorted
     columns: dict | None = None  # a CSV's feature columns: {name: "numeric" or "string"}
     target: str | None = None  # a CSV's label column
+    images: dict | None = None  # image folders: the training size, its reason, the files (`kadapt.run.image_folders`)
 
     @property
     def num_classes(self):
@@ -95,6 +98,7 @@ class TrainingData:
             "test_rows": len(self.x_test),
             **({"target": self.target, "columns": self.columns} if self.columns else {}),
             **({"classes": list(self.class_names)} if self.class_names else {}),
+            **({"images": self.images} if self.images else {}),
         }
 
 
@@ -102,7 +106,15 @@ def load_data(config):
     """The `TrainingData` of a `RunConfig`: its set, rows and validation split,
     the task its labels call for, table rows encoded by layers adapted on
     the training rows alone."""
-    (x_train, y_train), (x_test, y_test), columns = _raw_data(config)
+    if is_image_folder(config.data):
+        return _image_folder_data(config)
+    check_image_flags(config)
+    return _training_data(config, *_raw_data(config))
+
+
+def _training_data(config, train, test, columns):
+    """`load_data`'s rows, split and labelled: `train` and `test` as `(x, y)`."""
+    (x_train, y_train), (x_test, y_test) = train, test
     if config.train_rows is not None:
         x_train, y_train = _take(x_train, slice(config.train_rows)), y_train[: config.train_rows]
     # As Keras' `validation_split`: the last rows, before any shuffling.
@@ -120,6 +132,15 @@ def load_data(config):
     y_parts = [labels.coded(y) for y in (y_train[:cut], y_train[cut:], y_test)]
     return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
                         labels.class_names, columns, config.target if columns else None)
+
+
+def _image_folder_data(config):
+    """Class folders of image files, decoded (`kadapt.run.image_folders`), then
+    split and labelled as any rows: the training files come in a seeded order."""
+    from kadapt.run.image_folders import read_image_folders
+
+    images = read_image_folders(config)
+    return dataclasses.replace(_training_data(config, images.train, images.test, None), images=images.record)
 
 
 def _raw_data(config):
