@@ -243,9 +243,10 @@ def test_a_test_folder_with_other_classes(photos, tmp_path):
         load_data(RunConfig(data=str(photos), test=str(tmp_path / "t")))
 
 
-def test_a_test_folder_replaces_the_split(photos):
+def test_a_test_folder_replaces_the_split_and_the_training_files_are_in_a_seeded_order(photos):
     data = load_data(RunConfig(data=str(photos), test=str(photos), validation_split=0.25))
     assert (len(data.x_train), len(data.x_val), len(data.x_test)) == (27, 9, 36)
+    assert sorted(set(data.y_val.tolist())) == [1, 2]  # in the folders' order, the last 9 would be stripes only
 
 
 def test_image_flags_without_a_folder():

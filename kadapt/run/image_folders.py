@@ -80,8 +80,9 @@ def read_image_folders(config) -> FolderImages:
                          f"Drop --target. Received: --target={config.target}")
     if config.test is None:
         (train_files, train_labels), test = seeded_file_split(files, labels, config.seed)
-    else:
-        (train_files, train_labels), test = (files, labels), _test_files(config)
+    else:  # in a seeded order too: the validation rows are the last ones
+        (train_files, train_labels), _ = seeded_file_split(files, labels, config.seed, test_fraction=0)
+        test = _test_files(config)
     if config.train_rows is not None:
         train_files, train_labels = train_files[: config.train_rows], train_labels[: config.train_rows]
     size = choose_image_size(train_files, config.image_size, config.seed)
@@ -166,7 +167,7 @@ def seeded_file_split(files, labels, seed, test_fraction=0.2):
     the training files in a seeded order, so the validation rows (the last
     ones) hold every class."""
     order = np.random.default_rng(seed).permutation(len(files))
-    cut = len(files) - max(1, round(len(files) * test_fraction))
+    cut = len(files) - (max(1, round(len(files) * test_fraction)) if test_fraction else 0)
     train, test = order[:cut], order[cut:]
     return (files[train], labels[train]), (files[test], labels[test])
 
