@@ -21,6 +21,7 @@ from kadapt.run.image_folders import check_memory
 from kadapt.run.image_folders import choose_image_size
 from kadapt.run.image_folders import class_folder_files
 from kadapt.run.image_folders import decode_images
+from kadapt.run.image_folders import images_text
 from kadapt.run.image_folders import parse_image_size
 from kadapt.run.image_folders import seeded_file_split
 
@@ -68,6 +69,16 @@ def test_the_class_folders_are_the_labels_sorted(photos):
     files, labels = class_folder_files(photos)
     assert list(np.unique(labels)) == list(CLASSES)
     assert len(files) == 36 and files[0].endswith("circle/0.png") and labels[0] == "circle"
+
+
+def test_class_folders_are_read_with_their_subfolders_and_without_hidden_files(tmp_path):
+    write_photos(tmp_path / "p", classes=("cat", "dog"), files=1)
+    write_png(tmp_path / "p" / "cat" / "2024" / "a.png", np.zeros((4, 4, 1)))
+    write_png(tmp_path / "p" / "dog" / ".ipynb_checkpoints" / "b.png", np.zeros((4, 4, 1)))
+    (tmp_path / "p" / "dog" / ".DS_Store").write_bytes(b"\0")
+    files, labels = class_folder_files(tmp_path / "p")
+    assert [f[len(str(tmp_path)) + 3:] for f in files] == ["cat/0.png", "cat/2024/a.png", "dog/0.png"]
+    assert list(labels) == ["cat", "cat", "dog"]
 
 
 def test_the_split_of_the_files_is_seeded_and_holds_every_file_once(photos):
@@ -123,7 +134,8 @@ def test_a_folder_that_would_not_fit_in_memory_is_refused_with_the_bytes_and_the
 def test_a_run_trains_reports_and_records_the_size(run, capsys):
     config = __import__("json").loads((run / "config.json").read_text())
     images = config["resolved"]["data"]["images"]
-    assert (images["height"], images["width"], images["channels"], images["skipped"]) == (16, 16, 3, 0)  # of the 29 training files
+    # the median of the 29 training files
+    assert (images["height"], images["width"], images["channels"], images["skipped"]) == (16, 16, 3, 0)
     assert config["resolved"]["data"]["classes"] == list(CLASSES)
     assert cli.main(["report", str(run)]) == 0
     assert "27 train / 2 validation / 7 test rows of (16, 16, 3), 3 classes" in capsys.readouterr().out
@@ -234,6 +246,8 @@ def test_skip_bad_images_leaves_it_out_and_counts_it(tmp_path):
     data = load_data(RunConfig(data=str(photos), skip_bad_images=True))
     assert data.images["skipped"] == 1 and data.images["files"] == 12
     assert len(data.x_train) + len(data.x_val) + len(data.x_test) == 11
+    assert images_text(data.images) == (f"images: 12 files of {photos}, trained at 16x16x3 (the median of 9 files); "
+                                        "1 unreadable file(s) skipped (--skip-bad-images)")
 
 
 def test_a_test_folder_with_other_classes(photos, tmp_path):

@@ -79,8 +79,8 @@ def resolve_config(options, saved=None):
     given = {k: v for k, v in _by_field_name(options).items() if v is not None}
     if saved is None:
         if "data" not in given:
-            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, .npy files, a .csv table, or a folder "
-                             "of class folders of images.")
+            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, .npy files, a .csv table, "
+                             "or a folder of class folders of images.")
         return _run_config(given)
     saved = _flat_options(saved)
     recipe_defaults = FastFitConfig()

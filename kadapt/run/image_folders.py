@@ -74,17 +74,11 @@ def is_image_folder(spec) -> bool:
 def read_image_folders(config) -> FolderImages:
     """The decoded images of `config.data` (and of `config.test`, else a seeded
     split of the files), sized by `config.image_size` or by the data."""
-    files, labels = class_folder_files(config.data)
     if config.target is not None:
         raise UsageError(f"--target names a CSV's column; the classes of --data {config.data} are its folders. "
                          f"Drop --target. Received: --target={config.target}")
-    if config.test is None:
-        (train_files, train_labels), test = seeded_file_split(files, labels, config.seed)
-    else:  # in a seeded order too: the validation rows are the last ones
-        (train_files, train_labels), _ = seeded_file_split(files, labels, config.seed, test_fraction=0)
-        test = _test_files(config)
-    if config.train_rows is not None:
-        train_files, train_labels = train_files[: config.train_rows], train_labels[: config.train_rows]
+    files, labels = class_folder_files(config.data)
+    (train_files, train_labels), test = _split_files(config, files, labels)
     size = choose_image_size(train_files, config.image_size, config.seed)
     check_memory(config.data, len(train_files) + len(test[0]), size)
     skip = bool(config.skip_bad_images)
@@ -93,6 +87,19 @@ def read_image_folders(config) -> FolderImages:
     skipped = len(train_files) - len(kept_train) + len(test[0]) - len(kept_test)
     record = {**dataclasses.asdict(size), "folder": str(config.data), "files": len(files), "skipped": skipped}
     return FolderImages((x_train, train_labels[kept_train]), (x_test, test[1][kept_test]), record)
+
+
+def _split_files(config, files, labels):
+    """`(train files, labels), (test files, labels)` of a run: the test files
+    of `--test`, else a seeded split; the training files in a seeded order
+    (the validation rows are the last ones), at most `--train-rows` of them."""
+    if config.test is None:
+        (train_files, train_labels), test = seeded_file_split(files, labels, config.seed)
+    else:
+        (train_files, train_labels), _ = seeded_file_split(files, labels, config.seed, test_fraction=0)
+        test = _test_files(config)
+    rows = slice(config.train_rows)
+    return (train_files[rows], train_labels[rows]), test
 
 
 def images_text(record):
@@ -126,8 +133,8 @@ def _test_files(config):
 
 
 def class_folder_files(folder, flag="--data"):
-    """`(files, labels)`: every image file of `folder/CLASS/`, its class the
-    folder's name, sorted by class and then by name."""
+    """`(files, labels)`: every image file under `folder/CLASS/` (its subfolders
+    too, as Keras reads them), its class the folder's name, sorted by class and then by path."""
     root = Path(folder)
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(classes) < 2:
@@ -136,7 +143,7 @@ def class_folder_files(folder, flag="--data"):
                          f"classes (e.g. {folder}/cat/*.png and {folder}/dog/*.png).")
     files, labels = [], []
     for path in classes:
-        images = image_files_in(path, flag, recursive=False)
+        images = image_files_in(path, flag)
         if not images:
             raise UsageError(f"{flag} {folder}: the class folder {path} holds no image "
                              f"({', '.join(IMAGE_SUFFIXES)}). Add images of {path.name}, or remove the folder.")
@@ -145,11 +152,12 @@ def class_folder_files(folder, flag="--data"):
     return np.array(files), np.array(labels)
 
 
-def image_files_in(folder, flag="--data", recursive=True):
-    """The image files of `folder` (its subfolders too when `recursive`), sorted;
-    a file of another type is a `UsageError` naming it."""
-    paths = sorted(Path(folder).rglob("*") if recursive else Path(folder).iterdir())
-    files = [p for p in paths if p.is_file() and not p.name.startswith(".")]
+def image_files_in(folder, flag="--data"):
+    """The image files of `folder` and its subfolders, sorted; a file of
+    another type is a `UsageError` naming it."""
+    paths = sorted(Path(folder).rglob("*"))
+    # Hidden files and folders (.DS_Store, .ipynb_checkpoints/) are a tool's, not the user's images.
+    files = [p for p in paths if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
     for path in files:
         check_image_suffix(path, flag)
     return [str(p) for p in files]
@@ -193,7 +201,7 @@ def choose_image_size(files, given=None, seed=0) -> ImageSize:
     if given is not None:
         return ImageSize(*parse_image_size(given), channels, f"--image-size {given}")
     height, width = (int(np.median(shapes[:, axis])) for axis in (0, 1))
-    reason = f"the median of {len(sample)} files"
+    reason = f"the median of {len(shapes)} files"
     scale = MAX_SIDE / max(height, width)
     if scale < 1:
         reason += f" ({height}x{width}), scaled to a longer side of {MAX_SIDE}; --image-size sets another"
@@ -255,18 +263,18 @@ def image_dataset(files, size, scale=True):
 def decode_images(files, size, skip_bad=False, scale=True, flag="--data"):
     """`(images (N, H, W, C) float32, indices of the files decoded)`. A file
     that does not decode is a `UsageError` naming it, or with `skip_bad` is left out."""
-    indices, images = [], []
+    # Filled in place (the pipeline keeps the files' order): no second copy at the memory check's limit.
+    images, kept = np.empty((len(files), *size.shape), "float32"), []
     for index, batch in image_dataset(files, size, scale):
-        indices.append(index.numpy())
-        images.append(batch.numpy())
-    kept = np.concatenate(indices) if indices else np.zeros(0, int)
+        images[len(kept):len(kept) + len(batch)] = batch.numpy()
+        kept += index.numpy().tolist()
+    kept = np.array(kept, int)
     bad = np.setdiff1d(np.arange(len(files)), kept)
     if len(bad) and not skip_bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UsageError(f"{flag}: {files[bad[0]]}{more} is not a readable image (truncated or corrupt): replace or "
                          "remove it, or pass --skip-bad-images to train without it.")
-    empty = np.zeros((0, *size.shape), "float32")
-    return (np.concatenate(images) if images else empty), kept
+    return images[:len(kept)], kept
 
 
 def raw_image_model(network, size):

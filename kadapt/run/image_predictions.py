@@ -35,9 +35,9 @@ def image_inputs(spec, class_names):
         files = image_files_in(spec)
         if not files:
             raise UsageError(f"--data {spec} holds no image file ({', '.join(IMAGE_SUFFIXES)}).")
-        classes = [Path(file).relative_to(spec).parts[0] for file in files]
-        labelled = all(len(Path(f).relative_to(spec).parts) == 2 for f in files) and set(classes) <= set(class_names)
-        return files, (np.array(classes) if labelled else None)
+        parts = [Path(file).relative_to(spec).parts for file in files]
+        labelled = all(len(part) > 1 and part[0] in class_names for part in parts)
+        return files, (np.array([part[0] for part in parts]) if labelled else None)
     files = spec.split(",")
     for file in files:
         if not Path(file).is_file():
