@@ -238,7 +238,7 @@ def test_a_truncated_image_is_named(tmp_path):
     photos = truncated_photos(tmp_path / "p")
     message = usage_error("train", "--data", str(photos), "--seed", "0", *SHORT)
     assert message == (f"kadapt: error: --data: {photos / 'dog' / '3.png'} is not a readable image (truncated or "
-                       "corrupt): replace or remove it, or pass --skip-bad-images to train without it.")
+                       "corrupt): replace or remove it, or pass --skip-bad-images to leave such files out.")
 
 
 def test_skip_bad_images_leaves_it_out_and_counts_it(tmp_path):
@@ -248,6 +248,23 @@ def test_skip_bad_images_leaves_it_out_and_counts_it(tmp_path):
     assert len(data.x_train) + len(data.x_val) + len(data.x_test) == 11
     assert images_text(data.images) == (f"images: 12 files of {photos}, trained at 16x16x3 (the median of 9 files); "
                                         "1 unreadable file(s) skipped (--skip-bad-images)")
+
+
+def test_predict_names_a_truncated_file_or_skips_and_counts_it(run, tmp_path, capsys):
+    photos = truncated_photos(tmp_path / "p")
+    assert usage_error("predict", str(run), "--data", str(photos)) == (
+        f"kadapt: error: --data: {photos / 'dog' / '3.png'} is not a readable image (truncated or corrupt): replace "
+        "or remove it, or pass --skip-bad-images to leave such files out.")
+    capsys.readouterr()
+    assert cli.main(["predict", str(run), "--data", str(photos), "--skip-bad-images"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 unreadable image file(s) (--skip-bad-images)" in captured.err
+    assert len(captured.out.splitlines()) == 1 + 11 and "dog/3.png" not in captured.out
+
+
+def test_predict_writes_image_rows_to_a_csv_only(run, photos):
+    assert usage_error("predict", str(run), "--data", str(photos), "--output", "classes.npy") == (
+        "kadapt: error: --output of image predictions is a .csv of file,class rows. Received: --output=classes.npy")
 
 
 def test_a_test_folder_with_other_classes(photos, tmp_path):

@@ -273,7 +273,7 @@ def decode_images(files, size, skip_bad=False, scale=True, flag="--data"):
     if len(bad) and not skip_bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UsageError(f"{flag}: {files[bad[0]]}{more} is not a readable image (truncated or corrupt): replace or "
-                         "remove it, or pass --skip-bad-images to train without it.")
+                         "remove it, or pass --skip-bad-images to leave such files out.")
     return images[:len(kept)], kept
 
 

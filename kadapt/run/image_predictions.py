@@ -68,7 +68,7 @@ def write_image_rows(output, files, columns, rows):
         stream = sys.stdout if output is None else open(output, "w", newline="")
     except OSError as error:
         raise UsageError(f"--output {output} cannot be written: {error.strerror or error}.") from None
-    writer = csv.writer(stream)
+    writer = csv.writer(stream, lineterminator="\n")
     writer.writerow(["file", *columns])
     writer.writerows([file, *row] for file, row in zip(files, rows))
     if output is not None:
