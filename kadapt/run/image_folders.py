@@ -28,7 +28,8 @@ from kadapt.run.errors import UsageError
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")  # the files Keras' image_dataset_from_directory reads
 SIZE_SAMPLE = 100  # files decoded to choose the training size: a median is stable well before this
 MAX_SIDE = 64  # the longer side of a chosen size: a step's cost grows with the pixels, and CPUs train here
-# Decoded images may take this share of the memory available: the recipe copies batches besides.
+# Decoded images may take this share of the memory available: the recipe's shuffle holds a second copy
+# of the training images (`kadapt.recipes.training.shuffled_batches` gathers batches from a tensor of them).
 MEMORY_FRACTION = 0.5
 DECODE_BATCH_SIZE = 64
 SIZE_FORM = "HxW or N (pixels), e.g. 32x48 or 32"
