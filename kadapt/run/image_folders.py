@@ -8,8 +8,8 @@ longer side capped at `MAX_SIDE`; `--image-size` overrides) and decodes each
 file with a tf.data pipeline: file path -> `tf.io.decode_image` ->
 `keras.layers.Resizing` -> `keras.layers.Rescaling(1 / 255)`. The saved
 `model.keras` starts with the same two Keras layers (`raw_image_model`), so
-it takes images of any size with the file's pixel values (0-255) and loads
-in plain Keras.
+it takes images of any size with the file's pixel values (0-255); they add
+no kadapt object to the file.
 
 The decoded images are held in memory, as every other data set of
 `kadapt train` is; a folder whose images would not fit is refused before
@@ -281,7 +281,7 @@ def decode_images(files, size, skip_bad=False, scale=True, flag="--data"):
 def raw_image_model(network, size):
     """Images of any height and width, the file's pixel values (0-255) ->
     `preprocessing_layers` -> `network`: what `model.keras` holds. Keras'
-    own layers only, so it loads in plain Keras."""
+    own layers only: plain Keras loads it wherever it loads `network`."""
     import keras
 
     inputs = keras.Input((None, None, size.channels), name="images")
