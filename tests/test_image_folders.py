@@ -131,6 +131,14 @@ def test_a_folder_that_would_not_fit_in_memory_is_refused_with_the_bytes_and_the
         "available: pass a smaller --image-size, or fewer files (--train-rows).")
 
 
+def test_train_refuses_the_folder_before_decoding_where_memory_is_short(photos, monkeypatch):
+    monkeypatch.setattr("kadapt.run.image_folders.available_memory", lambda: 2**20)
+    monkeypatch.setattr("kadapt.run.image_folders.decode_images", None)  # never reached
+    assert usage_error("train", "--data", str(photos), "--image-size", "64", *SHORT) == (
+        f"kadapt: error: --data {photos}: its 36 images at 64x64x3 would need 1.7 MiB in memory, more than 50% of "
+        "the 1.0 MiB available: pass a smaller --image-size, or fewer files (--train-rows).")
+
+
 def test_a_run_trains_reports_and_records_the_size(run, capsys):
     config = __import__("json").loads((run / "config.json").read_text())
     images = config["resolved"]["data"]["images"]

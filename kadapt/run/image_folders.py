@@ -217,9 +217,13 @@ def check_memory(folder, files, size, available=None):
     needed = files * int(np.prod(size.shape)) * 4
     if needed > MEMORY_FRACTION * available:
         raise UsageError(f"--data {folder}: its {files} images at {size.height}x{size.width}x{size.channels} would "
-                         f"need {needed / 2**30:.1f} GiB in memory, more than {MEMORY_FRACTION:.0%} of the "
-                         f"{available / 2**30:.1f} GiB available: pass a smaller --image-size, or fewer files "
+                         f"need {_bytes_text(needed)} in memory, more than {MEMORY_FRACTION:.0%} of the "
+                         f"{_bytes_text(available)} available: pass a smaller --image-size, or fewer files "
                          "(--train-rows).")
+
+
+def _bytes_text(size):
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def available_memory():
