@@ -292,3 +292,17 @@ def test_image_flags_without_a_folder():
     with pytest.raises(UsageError, match=r"^--image-size apply to image folders \(--data photos/ with "
                                          r"photos/CLASS/\*.png\); --data digits is not a folder. Drop --image-size.$"):
         load_data(RunConfig(data="digits", image_size="8"))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA"])
+@pytest.mark.parametrize("suffix", [".bmp", ".gif", ".png", ".jpg"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_every_format_decodes_to_the_runs_channels(tmp_path, mode, suffix, channels):
+    pil = pytest.importorskip("PIL.Image")  # Keras' own image files need it; TensorFlow encodes no BMP or GIF
+    if (suffix, mode) == (".jpg", "RGBA"):
+        pytest.skip("JPEG holds no alpha")
+    pixels = np.full((3, 5, len(mode)), 200, "uint8")
+    pil.fromarray(pixels[..., 0] if mode == "L" else pixels, mode).save(tmp_path / f"a{suffix}")
+    images, kept = decode_images(np.array([str(tmp_path / f"a{suffix}")]), ImageSize(3, 5, channels, ""))
+    assert images.shape == (1, 3, 5, channels) and list(kept) == [0]
+    np.testing.assert_allclose(images, 200 / 255, atol=2 / 255)  # JPEG and GIF's palette round

@@ -254,7 +254,7 @@ def image_dataset(files, size, scale=True):
     layers = preprocessing_layers(size, scale)
 
     def decode(index, path):
-        image = tf.io.decode_image(tf.io.read_file(path), channels=size.channels, expand_animations=False)
+        image = with_channels(tf.io.decode_image(tf.io.read_file(path), expand_animations=False), size.channels)
         image = tf.cast(image, "float32")[None]
         for layer in layers:
             image = layer(image)
@@ -263,6 +263,17 @@ def image_dataset(files, size, scale=True):
     paths = tf.data.Dataset.from_tensor_slices((np.arange(len(files)), np.asarray(files, str)))
     decoded = paths.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors()
     return decoded.batch(DECODE_BATCH_SIZE).prefetch(tf.data.AUTOTUNE)
+
+
+def with_channels(image, channels):
+    """A decoded image (H, W, any channels) with `channels` (1 or 3): alpha
+    dropped, colour made grey or grey repeated. `decode_image(channels=1)`
+    refuses BMP and GIF files, so the conversion is done here, alike for every format."""
+    tf = require("tensorflow", extra="tensorflow")
+    image = image[..., : tf.where(tf.shape(image)[-1] >= 3, 3, 1)]
+    if channels == 1:
+        return tf.cond(tf.shape(image)[-1] == 3, lambda: tf.image.rgb_to_grayscale(image), lambda: image)
+    return tf.cond(tf.shape(image)[-1] == 1, lambda: tf.image.grayscale_to_rgb(image), lambda: image)
 
 
 def decode_images(files, size, skip_bad=False, scale=True, flag="--data"):
