@@ -32,7 +32,7 @@ def add_train_arguments(subparsers) -> None:
         help="the recipe: probe, plan, train with accumulation and the MetaAdjuster, evaluate, save",
     )
     add_data_arguments(parser)
-    add_image_arguments(parser)
+    _add_image_arguments(parser)
     _add_run_arguments(parser)
     add_recipe_arguments(parser.add_argument_group("the recipe (kadapt.recipes.FastFitConfig)"))
     _add_job_arguments(parser)
@@ -63,7 +63,7 @@ def add_data_arguments(parser):
     add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
 
 
-def add_image_arguments(parser):
+def _add_image_arguments(parser):
     """The flags of image folders (--data photos/ with photos/CLASS/*.png)."""
     add = parser.add_argument
     add("--image-size", help="image folders: the size images are resized to, HxW or N pixels (default: the median "

@@ -261,6 +261,8 @@ def image_dataset(files, size, scale=True):
         return index, image[0]
 
     paths = tf.data.Dataset.from_tensor_slices((np.arange(len(files)), np.asarray(files, str)))
+    # Plain TensorFlow ops, no Python control flow: AutoGraph has nothing to convert (and would warn on imports).
+    decode = tf.autograph.experimental.do_not_convert(decode)
     decoded = paths.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors()
     return decoded.batch(DECODE_BATCH_SIZE).prefetch(tf.data.AUTOTUNE)
 
