@@ -3,6 +3,7 @@ run's saved model, which takes the rows as they are kept: it standardizes and en
 
 import argparse
 import re
+import sys
 
 import numpy as np
 
@@ -29,11 +30,15 @@ def add_predict_arguments(subparsers):
                         help="fashion_mnist or digits (their test rows), a .npz with x_test[, y_test] or x[, y], "
                              "X.npy[,Y.npy] (every row), or X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy "
                              "(the test rows), or a .csv with the training table's columns (the --target column "
-                             "optional)")
+                             "optional); for a run on image folders, a folder of images (recursively; class "
+                             "folders give labels) or image files separated by commas: file,class rows are written")
     parser.add_argument("--output", help="write the predicted classes (names for string labels) or values to this "
                                          ".npy or .csv file (one per row)")
     parser.add_argument("--probabilities", action="store_true",
                         help="write each row's class probabilities (softmax of the logits) to --output instead")
+    parser.add_argument("--skip-bad-images", action="store_true",
+                        help="a run on image folders: leave out files that do not decode and print their count "
+                             "(default: such a file is an error naming it)")
     parser.set_defaults(run=run_predict)
 
 
@@ -47,6 +52,8 @@ def run_predict(args: argparse.Namespace) -> int:
     if regression and args.probabilities:
         raise UsageError(f"--probabilities are of classes; {directory.path} is a regression, which predicts "
                          "values. Drop --probabilities.")
+    if data.get("images"):  # a run on image folders: image files in, file,class rows out
+        return _predict_images(args, model, config, directory.read_json(files.CLASSES))
     x, y = _inputs(args.data, config, data)
     outputs = _outputs(model, x, config)
     print(f"predicted {len(outputs)} rows of {args.data} with {directory / files.MODEL}")
@@ -54,6 +61,28 @@ def run_predict(args: argparse.Namespace) -> int:
         _write_values(args.output, outputs.reshape(-1), y, data.get("target") or "value")
     else:
         _write_classes(args, outputs, y, directory.read_json(files.CLASSES))
+    return 0
+
+
+def _predict_images(args, model, config, names):
+    from kadapt.run import image_predictions as images
+
+    paths, labels = images.image_inputs(args.data, names)
+    record = config["resolved"]["data"]["images"]
+    kept, logits = images.image_logits(model, paths, record, _test_time_augmentation(config), args.skip_bad_images,
+                                       PREDICT_BATCH_SIZE)
+    decoded = [paths[i] for i in kept]
+    if len(decoded) < len(paths):
+        print(f"skipped {len(paths) - len(decoded)} unreadable image file(s) (--skip-bad-images)", file=sys.stderr)
+    predicted = np.array(names)[np.argmax(logits, axis=-1)] if len(decoded) else np.array([], str)
+    if labels is not None:
+        right = predicted == labels[kept]
+        print(f"accuracy {np.mean(right):.4f} ({int(np.sum(right))} of {len(right)} right)", file=sys.stderr)
+    probabilities = softmax(logits) if args.probabilities else None
+    rows = [[f"{p:.6g}" for p in row] for row in probabilities] if args.probabilities else [[c] for c in predicted]
+    images.write_image_rows(args.output, decoded, names if args.probabilities else ["class"], rows)
+    print(f"predicted {len(decoded)} images of {args.data}" + (f", written to {args.output}" if args.output else ""),
+          file=sys.stderr)
     return 0
 
 

@@ -33,6 +33,7 @@ def add_train_arguments(subparsers) -> None:
         help="the recipe: probe, plan, train with accumulation and the MetaAdjuster, evaluate, save",
     )
     add_data_arguments(parser)
+    _add_image_arguments(parser)
     _add_run_arguments(parser)
     add_recipe_arguments(parser.add_argument_group("the recipe (kadapt.recipes.FastFitConfig)"))
     _add_job_arguments(parser)
@@ -46,9 +47,11 @@ def add_data_arguments(parser):
                        "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
                        "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy, or a TABLE.csv or TABLE.parquet with --target "
                        "(empty cells are filled and flagged); string labels are class names, float labels a "
-                       "regression target, integer labels classes unless they take many values (--task)")
+                       "regression target, integer labels classes unless they take many values (--task); or a "
+                       "folder of class folders of images, photos/CLASS/*.png|jpg|jpeg|bmp|gif")
     add("--target", help="the column of --data TABLE.csv|.parquet to predict (its other columns are the inputs)")
-    add("--test", help="a table of test rows with --data TABLE's columns (default: a seeded 20%% of its rows)")
+    add("--test", help="a table of test rows with --data TABLE's columns, or a folder of the same class folders "
+                       "as --data photos/ (default: a seeded 20%% of its rows or files)")
     add("--task", choices=TASKS, help="classification or regression (default: read from the labels, the reason "
                                       "printed)")
     add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
@@ -62,6 +65,16 @@ def add_data_arguments(parser):
         help=f"fraction of training rows held out, the last ones (default: {DEFAULTS.validation_split})")
     add("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")
     add("--train-rows", type=int, help="use only the first N training rows (short runs, tests)")
+
+
+def _add_image_arguments(parser):
+    """The flags of image folders (--data photos/ with photos/CLASS/*.png)."""
+    add = parser.add_argument
+    add("--image-size", help="image folders: the size images are resized to, HxW or N pixels (default: the median "
+                             "height and width of a sample of the files, the longer side at most 64)")
+    add("--skip-bad-images", action="store_true", default=None,
+        help="image folders: leave out files that do not decode (truncated, corrupt) and print their count "
+             "(default: such a file is an error naming it)")
 
 
 def _add_run_arguments(parser):

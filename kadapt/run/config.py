@@ -47,6 +47,8 @@ class RunConfig:
     seed: int = 0
     max_steps: int | None = None
     train_rows: int | None = None
+    image_size: str | None = None  # image folders: HxW or N (else chosen from the files)
+    skip_bad_images: bool = False  # image folders: leave out a file that does not decode (else an error)
 
     def __post_init__(self):
         _optional_positive_int("batch_size", self.batch_size)
@@ -63,6 +65,8 @@ class RunConfig:
         _memory_budget(self.memory_budget)
         if self.target_accuracy is not None:
             _target(self.target_accuracy, self.validation_split)
+        if self.image_size is not None:
+            _image_size(self.image_size)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -79,7 +83,8 @@ def resolve_config(options, saved=None):
     given = {k: v for k, v in _by_field_name(options).items() if v is not None}
     if saved is None:
         if "data" not in given:
-            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, .npy files, or a .csv table.")
+            raise UsageError("--data is required: fashion_mnist, digits, a .npz file, .npy files, a .csv table, "
+                             "or a folder of class folders of images.")
         return _run_config(given)
     saved = _flat_options(saved)
     recipe_defaults = FastFitConfig()
@@ -232,6 +237,12 @@ def _target(value, validation_split):
         raise UsageError(
             "--target-accuracy is checked on the validation rows: use a --validation-split above 0."
         )
+
+
+def _image_size(value):
+    from kadapt.run.image_folders import parse_image_size  # loads Keras: not while parsing options
+
+    parse_image_size(value)
 
 
 def _flag(name):

@@ -22,6 +22,8 @@ from kadapt.recipes.task import Task
 from kadapt.run import tables
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
+from kadapt.run.image_folders import check_image_flags
+from kadapt.run.image_folders import is_image_folder
 from kadapt.run.labels import label_task
 from kadapt.run.tables import is_table_spec
 
@@ -55,6 +57,7 @@ class TrainingData:
     dropped: dict | None = None  # a table's columns left out: {name: reason}
     notes: tuple = ()  # what was chosen about the data, one line each
     vocabularies: dict | None = None  # a table's string columns given to the model as indices (not on TensorFlow)
+    images: dict | None = None  # image folders: the training size, its reason, the files (`kadapt.run.image_folders`)
 
     @property
     def num_classes(self):
@@ -102,6 +105,7 @@ class TrainingData:
                if self.columns else {}),
             **({"classes": list(self.class_names)} if self.class_names else {}),
             **({"vocabularies": self.vocabularies} if self.vocabularies else {}),
+            **({"images": self.images} if self.images else {}),
             "notes": list(self.notes),
         }
 
@@ -110,7 +114,15 @@ def load_data(config):
     """The `TrainingData` of a `RunConfig`: its set, rows and validation split,
     the task its labels call for, table rows encoded by layers adapted on
     the training rows alone."""
-    (x_train, y_train), (x_test, y_test), plan, notes = _raw_data(config)
+    if is_image_folder(config.data):
+        return _image_folder_data(config)
+    check_image_flags(config)
+    return _training_data(config, *_raw_data(config))
+
+
+def _training_data(config, train, test, plan, notes):
+    """`load_data`'s rows, split and labelled: `train` and `test` as `(x, y)`."""
+    (x_train, y_train), (x_test, y_test) = train, test
     if config.train_rows is not None:
         x_train, y_train = _take(x_train, slice(config.train_rows)), y_train[: config.train_rows]
     # As Keras' `validation_split`: the last rows, before any shuffling.
@@ -132,6 +144,15 @@ def load_data(config):
     return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
                         labels.class_names, notes=tuple([*notes, *encoder_notes]), vocabularies=vocabularies or None,
                         **table)
+
+
+def _image_folder_data(config):
+    """Class folders of image files, decoded (`kadapt.run.image_folders`), then
+    split and labelled as any rows: the training files come in a seeded order."""
+    from kadapt.run.image_folders import read_image_folders
+
+    images = read_image_folders(config)
+    return dataclasses.replace(_training_data(config, images.train, images.test, None, []), images=images.record)
 
 
 def _raw_data(config):

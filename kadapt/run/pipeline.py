@@ -37,6 +37,9 @@ from kadapt.run.config import schedule_steps
 from kadapt.run.config import with_batch_size
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
+from kadapt.run.image_folders import ImageSize
+from kadapt.run.image_folders import images_text
+from kadapt.run.image_folders import raw_image_model
 from kadapt.run.networks import build_network
 from kadapt.run.phases import FirstStepClock
 from kadapt.run.phases import PhaseClock
@@ -200,6 +203,8 @@ def train(run, echo=print, callbacks=(), verbose=1):
             recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
     for note in data.notes:
         echo(f"data: {note}")
+    if data.images:
+        echo(images_text(data.images))
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     choice = optimizer_choice(config, data)
     echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "
@@ -422,7 +427,10 @@ def _save_model(run):
 
     data = run.data
     with run.local():  # on JAX, Keras' saving makes variables: under the distribution with collectives
-        portable_model(inference_model(data.encoder, run.model, data.task)).save(run.directory / files.MODEL)
+        model = inference_model(data.encoder, run.model, data.task)
+        if data.images:  # files' pixels of any size -> resized, scaled (kadapt.run.image_folders)
+            model = raw_image_model(model, ImageSize.from_record(data.images))
+        portable_model(model).save(run.directory / files.MODEL)
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 
