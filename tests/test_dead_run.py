@@ -128,3 +128,12 @@ def test_rule_arguments_are_checked():
         DeadRunRule(1.0, jump=1.0)
     with pytest.raises(ValueError, match="Argument `tolerance`"):
         DeadRunRule(1.0, tolerance=1.0)
+
+
+def test_the_constant_predictor_scored_on_other_rows_follows_the_closed_form():
+    # q = (0.75, 0.25) from the training labels, scored on rows of frequencies (0.5, 0.5)
+    assert chance_loss([0, 0, 0, 1], 2, scored=[0, 1]) == pytest.approx(-0.5 * np.log(0.75) - 0.5 * np.log(0.25))
+    predicted, scored = 0.9 * np.array([0.75, 0.25]) + 0.05, 0.9 * np.array([0.0, 1.0]) + 0.05  # smoothing 0.1
+    assert chance_loss([0, 0, 0, 1], 2, 0.1, scored=[1]) == pytest.approx(-(scored * np.log(predicted)).sum())
+    # a heavy tail in the scored rows: the training mean 0, scored rows 0 and 4
+    assert regression_chance_loss([-1.0, 1.0], scored=[0.0, 4.0]) == pytest.approx(8.0)

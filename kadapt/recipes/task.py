@@ -105,9 +105,10 @@ class Task:
         return {"loss": float(np.mean(keras.ops.convert_to_numpy(loss))),
                 "accuracy": float(np.mean(np.asarray(outputs).argmax(-1) == labels))}
 
-    def chance_loss(self, y_train, label_smoothing=0.0):
-        """The training loss of the best constant predictor on `y_train`: what a
-        run that learned nothing sits at.
+    def chance_loss(self, y_train, label_smoothing=0.0, y_scored=None):
+        """The loss of the best constant predictor on `y_train`: what a run
+        that learned nothing sits at, on `y_train` or, given, on `y_scored`
+        (the labels of the rows a monitored loss is taken on).
 
         Classification: the entropy -sum_c q_c ln q_c of the smoothed label
         frequencies q = (1 - s) p + s / C (p the classes' frequencies, s the
@@ -119,9 +120,10 @@ class Task:
         from kadapt.meta.chance_loss import regression_chance_loss
 
         y = np.asarray(y_train)
+        scored = None if y_scored is None else np.asarray(y_scored)
         if self.is_regression:
-            return regression_chance_loss(self.targets(y))
-        return chance_loss(y, max(self.outputs or 0, int(y.max()) + 1, 2), label_smoothing)
+            return regression_chance_loss(self.targets(y), None if scored is None else self.targets(scored))
+        return chance_loss(y, max(self.outputs or 0, int(y.max()) + 1, 2), label_smoothing, scored)
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -60,15 +60,17 @@ def dead_run_rescue(run):
     without the MetaAdjuster (`--meta off` turns the meta-model off, not this rule);
     `None` in a multi-worker run.
 
-    Chance is the constant predictor's loss on the training targets
-    (`TrainingData.chance_loss`: the smoothed cross-entropy, or the standardized
-    target's variance for a regression); a rescue's new rate comes from a range test on the training rows
+    Chance is the loss of the constant predictor fit on the training targets,
+    on the rows the rescue monitors (`TrainingData.chance_loss`: the smoothed
+    cross-entropy, or the standardized target's mean squared distance from
+    the training mean; a heavy-tailed target's validation rows can sit well
+    above the training variance); a rescue's new rate comes from a range test on the training rows
     (after a divergence ten times its suggestion, at most a tenth of the rate that diverged; a rate / 10
     where the test reads none), as the schedule's peak."""
     if run.member is not None:
         return None  # each worker would range-test on its own rows, and could set another rate
     config, data = run.config, run.data
-    chance = data.chance_loss(run.recipe.label_smoothing)
+    chance = data.chance_loss(run.recipe.label_smoothing, on_validation=_monitor(data) == "val_loss")
     range_test = RangeTestStart(data.x_train, data.train_targets, batch_size=config.batch_size,
                                 seed=config.seed)
     return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,

@@ -87,11 +87,13 @@ class TrainingData:
         """`targets(y_val)`, made once and read-only (fit's validation and a judged restart's score)."""
         return _read_only(self.targets(self.y_val))
 
-    def chance_loss(self, label_smoothing=0.0):
-        """The training loss of the best constant predictor (`Task.chance_loss`
-        on `y_train`): the cross-entropy of the training label frequencies
-        (smoothed by `label_smoothing`), or the standardized target's variance."""
-        return self.task.chance_loss(self.y_train, label_smoothing)
+    def chance_loss(self, label_smoothing=0.0, on_validation=False):
+        """The loss of the best constant predictor (`Task.chance_loss`, fit on
+        `y_train`): the cross-entropy of the training label frequencies
+        (smoothed by `label_smoothing`), or the standardized target's mean
+        squared distance from the training mean; scored on the training rows,
+        or on the validation rows (`on_validation`)."""
+        return self.task.chance_loss(self.y_train, label_smoothing, self.y_val if on_validation else None)
 
     def summary(self):
         return {
@@ -234,10 +236,10 @@ def _encoding_notes(numeric, strings, where):
     notes = []
     for name, values in numeric.items():
         absent = int(np.isnan(values).sum())
-        stats = number_statistics([values])
         if absent:
+            median = number_statistics([values])["median"][0]
             notes.append(f"{where.format(name)}: {absent} of {len(values)} training values missing: filled with "
-                         f"the median {stats['median'][0]:g}, and an input flags them")
+                         f"the median {median:g}, and an input flags them")
         elif len(values) and np.nanmin(values) == np.nanmax(values):
             notes.append(f"{where.format(name)}: {values[0]:g} in every training row: kept (it adds nothing)")
     for name, values in strings.items():
