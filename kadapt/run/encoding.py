@@ -168,7 +168,7 @@ def _tensors(rows):
 def _string_tensor(values):
     import tensorflow as tf
 
-    return tf.constant(values.astype(str))
+    return tf.constant(values if values.dtype.kind == "O" else values.astype(str))  # Python strings as they are
 
 
 def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> keras.Model:
