@@ -183,3 +183,19 @@ def assert_trained_alike(run, one, atol):
     weights = [kadapt.load_model(path / "model.keras").get_weights() for path in (run, one)]
     for got, want in zip(*weights, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
+
+
+# The start of a script that runs as if kadapt were not installed: a finder ahead of every other
+# refuses it (the editable install's own finder would find it whatever sys.path holds).
+NO_KADAPT = """
+import sys
+
+
+class NoKadapt:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "kadapt":
+            raise ModuleNotFoundError(name)
+
+
+sys.meta_path.insert(0, NoKadapt())
+"""

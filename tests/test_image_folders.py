@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import NO_KADAPT
 from kadapt import cli
 from kadapt.run import RunConfig
 from kadapt.run import UsageError
@@ -164,17 +165,8 @@ def test_predict_single_files_to_standard_output(run, photos, capsys):
     assert lines[0] == "file,class" and [line.split(",")[0] for line in lines[1:]] == files.split(",")
 
 
-PLAIN_KERAS = """
-import json, sys
-
-
-class NoKadapt:  # as if kadapt were not installed: the editable install's finder would find it anywhere
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "kadapt":
-            raise ModuleNotFoundError(name)
-
-
-sys.meta_path.insert(0, NoKadapt())
+PLAIN_KERAS = NO_KADAPT + """
+import json
 import keras, numpy as np, tensorflow as tf
 
 run, files = sys.argv[1], sys.argv[2:]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import kadapt
+from helpers import NO_KADAPT
 from kadapt import cli
 from kadapt.recipes.task import Task
 from kadapt.run import RunConfig
@@ -154,20 +155,7 @@ def test_a_csv_trains_on_its_columns_and_predicts_raw_rows_with_an_unseen_catego
     assert lookup(np.array([["purple"]])).numpy().tolist() == [[1.0, 0.0, 0.0, 0.0]]  # the OOV slot
 
 
-# Predicts with a run's model.keras as someone without kadapt would: plain Keras, safe mode, a finder
-# ahead of every other that refuses kadapt (the editable install's finder would find it anywhere).
-NO_KADAPT = """
-import sys
-
-
-class NoKadapt:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "kadapt":
-            raise ModuleNotFoundError(name)
-
-
-sys.meta_path.insert(0, NoKadapt())
-"""
+# Predicts with a run's model.keras as someone without kadapt would: plain Keras, safe mode.
 WITHOUT_KADAPT = NO_KADAPT + """
 import keras, numpy as np, tensorflow as tf
 for model_path, rows, out in zip(*[iter(sys.argv[1:])] * 3):

@@ -10,22 +10,11 @@ import numpy as np
 import pytest
 
 import kadapt
+from helpers import NO_KADAPT
 from kadapt.models import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 
-# A fresh Python as if kadapt were not installed: a finder ahead of every other refuses it (the
-# editable install's own finder would find it whatever sys.path holds).
-PLAIN_KERAS = """
-import sys
-
-
-class NoKadapt:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "kadapt":
-            raise ModuleNotFoundError(name)
-
-
-sys.meta_path.insert(0, NoKadapt())
+PLAIN_KERAS = NO_KADAPT + """
 import keras, numpy as np
 model = keras.saving.load_model(sys.argv[1], safe_mode=True)
 x = np.load(sys.argv[2])
