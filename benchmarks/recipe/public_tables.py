@@ -62,6 +62,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,7 @@ HGB_MAX_CATEGORIES = 255  # HistGradientBoosting refuses a categorical column wi
 POINTS_VS_CAREFUL, POINTS_VS_HGB, MSE_RATIO, SHARE_WITHIN_HGB = 1.0, 0.5, 1.05, 0.8
 USER_IDS_ROWS, USER_IDS_TRAIN_ROWS = 60_000, 20_000
 KADAPT_TIMEOUT_S = 900
+KADAPT_FLAGS = []  # `--kadapt-flags`
 ARMS = ("kadapt", "careful", "hgb")
 
 
@@ -326,7 +328,8 @@ def error_line(output):
 def kadapt_arm(folder, target, task, seed):
     run = folder / "run"
     code, output, seconds = kadapt(["train", "--data", str(folder / "train.csv"), "--target", target, "--test",
-                                    str(folder / "test.csv"), "--out", str(run), "--seed", str(seed)], folder)
+                                    str(folder / "test.csv"), "--out", str(run), "--seed", str(seed),
+                                    *KADAPT_FLAGS], folder)
     (folder / "kadapt_train.log").write_text(output)
     output = output.replace(f"{folder}{os.sep}", "")  # the error names train.csv, not the temporary folder
     result = {"seconds": round(seconds, 1), "completed": code == 0}
@@ -428,6 +431,8 @@ def main():
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", help="write the rows, the table and the summary to this JSON file")
     parser.add_argument("--describe", action="store_true", help="print each table's facts and stop")
+    parser.add_argument("--kadapt-flags", default="", help="flags added to the kadapt arm's `kadapt train`, to "
+                                                          "measure a candidate default, e.g. \"--epochs 30\"")
     parser.add_argument("--keep", help="write the splits, runs and predictions to this folder and keep them "
                                        "(default: a temporary folder)")
     args = parser.parse_args()
@@ -438,6 +443,7 @@ def main():
             print(describe(name))
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    KADAPT_FLAGS.extend(shlex.split(args.kadapt_flags))
     rows = []
     with tempfile.TemporaryDirectory() as temporary:
         temporary = args.keep or temporary
