@@ -124,7 +124,8 @@ class FastFitConfig:
     expand_method: str = switch("mixup", "how --expand makes samples", choices=EXPAND_METHODS)
     ema_momentum: float | None = switch(None, "average the weights with this momentum, e.g. 0.99 "
                                               "(needs --restore-best off)", flag="ema")
-    restore_best_weights: bool = switch(True, "end with the weights of the epoch with the best val_loss",
+    restore_best_weights: bool = switch(True, "end with the weights of the epoch with the best val_loss "
+                                              "(kadapt train: images; off for tables and other rows)",
                                         flag="restore_best")
     precision: str = switch("float32", "float32, bfloat16 or float16 (Keras mixed precision), or auto: time a "
                                        "few steps under each the device has units for and keep the fastest "
