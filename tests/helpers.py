@@ -199,3 +199,17 @@ class NoKadapt:
 
 sys.meta_path.insert(0, NoKadapt())
 """
+
+
+def load_data_error(folder, monkeypatch, **options):
+    """The message of the `UsageError` that `load_data(RunConfig(**options))` raises, run from `folder`."""
+    import pytest
+
+    from kadapt.run import RunConfig
+    from kadapt.run import UsageError
+    from kadapt.run.data import load_data
+
+    monkeypatch.chdir(folder)
+    with pytest.raises(UsageError) as raised:
+        load_data(RunConfig(**options))
+    return str(raised.value)

@@ -289,13 +289,15 @@ def test_image_flags_without_a_folder():
         load_data(RunConfig(data="digits", image_size="8"))
 
 
-@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA"])
-@pytest.mark.parametrize("suffix", [".bmp", ".gif", ".png", ".jpg"])
+# Every file a user may have: each format in each pixel mode it holds (JPEG holds no alpha).
+FORMATS = [(suffix, mode) for suffix in (".bmp", ".gif", ".png", ".jpg") for mode in ("L", "RGB", "RGBA")
+           if (suffix, mode) != (".jpg", "RGBA")]
+
+
+@pytest.mark.parametrize("suffix, mode", FORMATS)
 @pytest.mark.parametrize("channels", [1, 3])
 def test_every_format_decodes_to_the_runs_channels(tmp_path, mode, suffix, channels):
-    pil = pytest.importorskip("PIL.Image")  # Keras' own image files need it; TensorFlow encodes no BMP or GIF
-    if (suffix, mode) == (".jpg", "RGBA"):
-        pytest.skip("JPEG holds no alpha")
+    from PIL import Image as pil  # Pillow comes with matplotlib; TensorFlow encodes no BMP or GIF
     pixels = np.full((3, 5, len(mode)), 200, "uint8")
     pil.fromarray(pixels[..., 0] if mode == "L" else pixels, mode).save(tmp_path / f"a{suffix}")
     images, kept = decode_images(np.array([str(tmp_path / f"a{suffix}")]), ImageSize(3, 5, channels, ""))

@@ -16,10 +16,10 @@ import pytest
 
 import kadapt
 from helpers import NO_KADAPT
+from helpers import load_data_error as bad
 from kadapt import cli
 from kadapt.recipes.task import Task
 from kadapt.run import RunConfig
-from kadapt.run import UsageError
 from kadapt.run.data import load_arrays
 from kadapt.run.data import load_data
 
@@ -219,13 +219,6 @@ def test_a_regression_plot_has_no_accuracy_panel():
 
     steps = [{"step": s, "epoch": 0, "loss": 1.0, "learning_rate": 0.1, "momentum": 0.9} for s in range(4)]
     assert len(training_figure(steps, [], {"epoch": [0], "loss": [1.0]}, accuracy=False).axes) == 3
-
-
-def bad(tables, monkeypatch, **options):
-    monkeypatch.chdir(tables)
-    with pytest.raises(UsageError) as raised:
-        load_data(RunConfig(**options))
-    return str(raised.value)
 
 
 def test_a_misspelled_target_lists_the_columns(tables, monkeypatch):

@@ -9,8 +9,11 @@ import re
 
 import keras
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from helpers import load_data_error as bad
 from kadapt import cli
 from kadapt.run import RunConfig
 from kadapt.run import UsageError
@@ -21,8 +24,6 @@ from kadapt.run.encoding import indexed
 from kadapt.run.encoding import row_encoder
 from kadapt.run.labels import label_task
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 SHORT = ["--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", "1", "--max-steps", "2",
          "--fit-verbose", "2"]
 HEADER = ["user", "size", "colour", "sold on", "new", "price"]
@@ -166,13 +167,6 @@ def test_parquet_trains_like_its_csv(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = load_data(RunConfig(data="t.parquet", target="label"))
     assert data.columns == {"size": "numeric", "colour": "string"} and data.class_names == ("no", "yes")
-
-
-def bad(folder, monkeypatch, **options):
-    monkeypatch.chdir(folder)
-    with pytest.raises(UsageError) as raised:
-        load_data(RunConfig(**options))
-    return str(raised.value)
 
 
 def test_two_columns_of_one_name(tmp_path, monkeypatch):
