@@ -15,6 +15,7 @@ from kadapt.recipes.task import REGRESSION
 from kadapt.recipes.task import regression_scores
 from kadapt.run.data import load_inputs
 from kadapt.run.data import load_table_inputs
+from kadapt.run.tables import is_strings
 from kadapt.run.tables import is_table_spec
 from kadapt.run.tables import labelled
 from kadapt.saving import load_model
@@ -97,7 +98,7 @@ def _inputs(spec, config, data):
 
 
 def _outputs(model, x, config):
-    if isinstance(x, dict) and any(values.dtype.kind in "OUS" for values in x.values()):
+    if isinstance(x, dict) and any(is_strings(values) for values in x.values()):
         from kadapt.run.encoding import columns_dataset
 
         return model.predict(columns_dataset(x, PREDICT_BATCH_SIZE), verbose=0)

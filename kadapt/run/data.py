@@ -135,7 +135,7 @@ def _training_data(config, train, test, plan, notes):
     labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test), config.task)
     notes = [*notes, f"task: {labels.task.kind} ({labels.reason})"]
     x_parts = [_take(x_train, slice(cut)), _take(x_train, slice(cut, None)), x_test]
-    encoder, encoder_notes, vocabularies = _encoder(config.data, x_parts[0], plan)
+    encoder, encoder_notes, vocabularies = _encoder(x_parts[0], plan)
     if encoder is not None:
         from kadapt.run.encoding import encode
         from kadapt.run.encoding import indexed
@@ -207,7 +207,7 @@ def _labelled_rows(path, table, target, flag="--data"):
     return (columns, tables.label_array(path, target, labels, target in table.integer)), notes
 
 
-def _encoder(spec, x_train, plan):
+def _encoder(x_train, plan):
     """`(encoder, notes, vocabularies)`: the encoder made from the training
     rows, of a table's model columns or of array rows (N, features); `None`
     for images (and other shapes), fed as they are. `vocabularies`:
@@ -215,12 +215,11 @@ def _encoder(spec, x_train, plan):
     from kadapt.run import encoding
 
     if plan is not None:
-        kinds = {name: tables.STRING if values.dtype.kind in "OUS" else tables.NUMERIC
-                 for name, values in x_train.items()}
-        numeric = {name: values for name, values in x_train.items() if kinds[name] == tables.NUMERIC}
+        strings = {name: values for name, values in x_train.items() if tables.is_strings(values)}
+        numeric = {name: values for name, values in x_train.items() if name not in strings}
+        kinds = {name: tables.STRING if name in strings else tables.NUMERIC for name in x_train}
         encoder, vocabularies = encoding.column_encoder(x_train, kinds)
-        return encoder, _encoding_notes(numeric, {
-            name: values for name, values in x_train.items() if kinds[name] == tables.STRING}, "column {}"), vocabularies
+        return encoder, _encoding_notes(numeric, strings, "column {}"), vocabularies
     if x_train.ndim != 2:
         return None, [], {}
     return encoding.row_encoder(x_train), _encoding_notes(dict(enumerate(x_train.T)), {},
@@ -347,9 +346,12 @@ def prepare_labels(spec: str, y: np.ndarray, rows: int) -> np.ndarray:
 
 def _check_finite(spec, x):
     """Inf is an error; NaN is missing, which only rows of features (N, features) may be."""
-    if x.dtype.kind != "f" or not np.any(np.isinf(x) if x.ndim == 2 else ~np.isfinite(x)):
+    if x.dtype.kind != "f":
         return
-    row, *position = (int(i) for i in np.argwhere(np.isinf(x) if x.ndim == 2 else ~np.isfinite(x))[0])
+    bad = np.isinf(x) if x.ndim == 2 else ~np.isfinite(x)
+    if not bad.any():
+        return
+    row, *position = (int(i) for i in np.argwhere(bad)[0])
     where = f"column {position[0]}" if len(position) == 1 else f"position {tuple(position)}"
     what = "a missing value (NaN), which only rows of features may hold" if np.isnan(x[(row, *position)]) \
         else f"{x[(row, *position)]}, not a number a network can learn from"

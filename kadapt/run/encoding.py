@@ -32,6 +32,7 @@ import keras
 import numpy as np
 
 from kadapt.run.tables import STRING
+from kadapt.run.tables import is_strings
 
 ENCODE_BATCH_SIZE = 262144
 MAX_CATEGORIES = 64
@@ -161,7 +162,7 @@ def _tensors(rows):
     """Rows as the backend's tensors; strings as `tf.string` (only TensorFlow has string tensors)."""
     if not isinstance(rows, dict):
         return keras.ops.convert_to_tensor(rows)
-    return {name: _string_tensor(values) if values.dtype.kind in "OUS" else keras.ops.convert_to_tensor(values)
+    return {name: _string_tensor(values) if is_strings(values) else keras.ops.convert_to_tensor(values)
             for name, values in rows.items()}
 
 

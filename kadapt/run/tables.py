@@ -169,6 +169,11 @@ def check_target(path: str, columns: dict, target: str | None, flag: str = "--da
                          "learn. Pass the column that holds the values to predict.")
 
 
+def is_strings(values: np.ndarray) -> bool:
+    """Whether a column holds strings (categories), not numbers."""
+    return values.dtype.kind in "OUS"
+
+
 def missing(values: np.ndarray) -> np.ndarray:
     """Which cells of a column (as `read_table` gives it) are missing."""
     if values.dtype.kind == "f":
