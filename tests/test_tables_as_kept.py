@@ -158,6 +158,24 @@ def test_task_overrides_the_reading():
     assert labels.task.kind == "classification" and labels.reason == "--task"
 
 
+def test_a_parquet_table_trains_and_predicts_from_the_command_line(tmp_path, monkeypatch, capsys):
+    rows = messy_rows(120)
+    table = pa.table({"size": pa.array([float(r[1]) if r[1] not in ("", "nan", "NaN") else None for r in rows]),
+                      "colour": pa.array([r[2] or None for r in rows]),
+                      "sold on": pa.array(np.array([r[3] for r in rows], "datetime64[D]")),
+                      "label": pa.array([r[4] for r in rows])})
+    pq.write_table(table, tmp_path / "t.parquet")
+    pq.write_table(table.slice(0, 5).drop_columns(["label"]), tmp_path / "new.parquet")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--data", "t.parquet", "--target", "label", "--out", "run", *SHORT]) == 0
+    data = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["data"]
+    assert data["columns"] == {"size": "numeric", "colour": "string", "sold on": "date"}
+    capsys.readouterr()
+    assert cli.main(["predict", "run", "--data", "new.parquet", "--output", "new.csv"]) == 0
+    lines = (tmp_path / "new.csv").read_text().splitlines()
+    assert lines[0] == "class" and len(lines) == 6 and set(lines[1:]) <= {"no", "yes"}
+
+
 def test_parquet_trains_like_its_csv(tmp_path, monkeypatch):
     rows = messy_rows(120)
     table = pa.table({"size": pa.array([float(r[1]) if r[1] not in ("", "nan", "NaN") else None for r in rows]),
