@@ -3,6 +3,7 @@ spelling, labels missing, ids, dates, whole-number targets of many values, Parqu
 fills and flags what is missing itself, so `kadapt predict` takes rows with empty cells.
 One short command-line run per module; the rest on the reader and encoder directly."""
 
+import collections
 import csv
 import json
 import re
@@ -22,6 +23,7 @@ from kadapt.run.data import load_data
 from kadapt.run.encoding import categories
 from kadapt.run.encoding import indexed
 from kadapt.run.encoding import row_encoder
+from kadapt.run.encoding import statistics
 from kadapt.run.labels import label_task
 
 SHORT = ["--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", "1", "--max-steps", "2",
@@ -103,7 +105,7 @@ def test_predict_takes_rows_with_empty_cells_and_scores_only_labelled_rows(sales
 @BOTH_BACKENDS
 def test_the_model_fills_missing_numbers_with_the_training_median_and_flags_them():
     values = np.array([[1.0, 5.0], [np.nan, 7.0], [3.0, 9.0], [10.0, np.nan]], "float32")
-    encoder = row_encoder(values)
+    encoder = row_encoder(statistics(dict(enumerate(values.T))), 2)
     median = np.array([3.0, 7.0])  # NumPy over the given values
     filled = np.where(np.isnan(values), median, values)
     expected = np.concatenate([(filled - filled.mean(0)) / filled.std(0), np.isnan(values)], axis=1)
@@ -126,7 +128,7 @@ def test_a_string_index_is_the_one_hot_position_of_string_lookup():
 
 def test_many_string_values_keep_the_most_frequent():
     values = np.array([f"v{i}" for i in range(100)] + ["v7"] * 3 + ["v42"] * 2)
-    vocabulary = categories(values)
+    vocabulary = categories(collections.Counter(values.tolist()))
     assert len(vocabulary) == 64 and vocabulary[:2] == ["v7", "v42"]
 
 

@@ -12,7 +12,7 @@ from kadapt.run import RunDirectory
 from kadapt.run import UsageError
 from kadapt.run import run_directory as files
 from kadapt.recipes.task import REGRESSION
-from kadapt.recipes.task import regression_scores
+from kadapt.recipes.task import RegressionSums
 from kadapt.run.data import load_inputs
 from kadapt.run.data import load_table_inputs
 from kadapt.run.tables import is_strings
@@ -55,13 +55,14 @@ def run_predict(args: argparse.Namespace) -> int:
                          "values. Drop --probabilities.")
     if data.get("images"):  # a run on image folders: image files in, file,class rows out
         return _predict_images(args, model, config, directory.read_json(files.CLASSES))
-    x, y = _inputs(args.data, config, data)
-    outputs = _outputs(model, x, config)
-    print(f"predicted {len(outputs)} rows of {args.data} with {directory / files.MODEL}")
-    if regression:
-        _write_values(args.output, outputs.reshape(-1), y, data.get("target") or "value")
-    else:
-        _write_classes(args, outputs, y, directory.read_json(files.CLASSES))
+    predictions = _Predictions(args, directory.read_json(files.CLASSES), regression, data.get("target"))
+    try:
+        for x, y in _input_batches(args.data, config, data):
+            predictions.add(_outputs(model, x, config), y)
+    finally:
+        predictions.close()
+    print(f"predicted {predictions.rows} rows of {args.data} with {directory / files.MODEL}")
+    predictions.report()
     return 0
 
 
@@ -87,14 +88,20 @@ def _predict_images(args, model, config, names):
     return 0
 
 
-def _inputs(spec, config, data):
-    """`(rows, labels or None)`: a table's columns for a run trained on one, else arrays."""
+def _input_batches(spec, config, data):
+    """`(rows, labels or None)` batches: a table's columns for a run trained on one (a table too large to
+    hold a batch at a time, `kadapt.run.table_stream`), else arrays, in one batch."""
     if data.get("columns"):
         if not is_table_spec(spec):
             raise UsageError(f"--data {spec}: this run was trained on a table; pass a .csv or .parquet file with "
                              f"its columns ({', '.join(data['columns'])}).")
-        return load_table_inputs(spec, data)
-    return load_inputs(spec, config.get("options", {}).get("seed", 0))
+        from kadapt.run.table_stream import prediction_batches
+        from kadapt.run.table_stream import too_large
+
+        if too_large([spec]):
+            return prediction_batches(spec, data)
+        return [load_table_inputs(spec, data)]
+    return [load_inputs(spec, config.get("options", {}).get("seed", 0))]
 
 
 def _outputs(model, x, config):
@@ -109,36 +116,90 @@ def _outputs(model, x, config):
     return predict_with_tta(model, x, batch_size=PREDICT_BATCH_SIZE, **_test_time_augmentation(config))
 
 
-def _write_values(output, values, y, name):
-    if y is not None:
-        known = labelled(y)  # rows with an empty target are predicted, not scored
-        scores = regression_scores(values[known], y[known])
-        print(f"MAE {scores['mae']:.4g}, RMSE {scores['rmse']:.4g}, R² {scores['r2']:.4f} against the labels")
-    if output is None:
-        print(f"predicted {name}: mean {values.mean():.4g}, from {values.min():.4g} to {values.max():.4g}")
-        return
-    _save(output, values, header=name)
-    print(f"predicted values written to {output}")
+class _Predictions:
+    """What `kadapt predict` writes (`--output`) and reports of rows predicted
+    a batch at a time: class names or indices (or their probabilities), or a
+    regression's values, scored against the labels where the rows have them."""
 
+    def __init__(self, args, names, regression, target):
+        self.args, self.names, self.regression, self.target = args, names, regression, target or "value"
+        self.rows, self.classes, self.handle, self.written = 0, None, None, []
+        self.right = self.scored = 0
+        self.errors = RegressionSums()
+        self.low, self.high, self.total = np.inf, -np.inf, 0.0
 
-def _write_classes(args, logits, y, names):
-    classes = np.argmax(logits, axis=-1)
-    predicted = np.array(names)[classes] if names else classes
-    if y is not None:
-        known = labelled(y)  # rows with an empty target are predicted, not scored
-        given, y = predicted[known], y[known]
-        right = given == (y if names or y.dtype.kind in "iu" else y.astype(int))
-        print(f"accuracy {np.mean(right):.4f} ({int(np.sum(right))} of {len(y)} right)")
-    if args.output is not None:
-        what = "class probabilities" if args.probabilities else "predicted classes"
-        labels = names or range(logits.shape[-1])
-        _save(args.output, softmax(logits) if args.probabilities else predicted,
-              header=",".join(f"class_{c}" for c in labels) if args.probabilities else "class")
-        print(f"{what} written to {args.output}")
-    else:
-        counts = np.bincount(classes, minlength=logits.shape[-1])
-        listed = ", ".join(f"{c}: {n}" for c, n in zip(names or range(len(counts)), counts))
-        print(f"rows per predicted class: {listed}")
+    def add(self, outputs, y):
+        self.rows += len(outputs)
+        if self.regression:
+            values = outputs.reshape(-1)
+            if y is not None:
+                known = labelled(y)  # rows with an empty target are predicted, not scored
+                self.errors.add(values[known], y[known])
+            self.low, self.high = min(self.low, float(values.min(initial=np.inf))), max(
+                self.high, float(values.max(initial=-np.inf)))
+            self.total += float(values.sum())
+            self._write(values, self.target)
+            return
+        classes = np.argmax(outputs, axis=-1)
+        predicted = np.array(self.names)[classes] if self.names else classes
+        counts = np.bincount(classes, minlength=outputs.shape[-1])
+        self.classes = counts if self.classes is None else self.classes + counts
+        if y is not None:
+            known = labelled(y)
+            given, y = predicted[known], y[known]
+            self.right += int(np.sum(given == (y if self.names or y.dtype.kind in "iu" else y.astype(int))))
+            self.scored += len(y)
+        labels = self.names or range(outputs.shape[-1])
+        if self.args.probabilities:
+            self._write(softmax(outputs), ",".join(f"class_{c}" for c in labels))
+        else:
+            self._write(predicted, "class")
+
+    def _write(self, rows, header):
+        output = self.args.output
+        if output is None:
+            return
+        if output.endswith(".npy"):
+            self.written.append(rows)  # one array at the end: a streamed table writes .csv (`_check_npy`)
+            return
+        fmt = "%s" if rows.dtype.kind == "U" else "%d" if rows.dtype.kind in "iu" else "%.6g"
+        try:
+            if self.handle is None:
+                self.handle = open(output, "w")
+                self.handle.write(header + "\n")
+            np.savetxt(self.handle, rows, fmt=fmt, delimiter=",")
+        except OSError as error:
+            raise UsageError(f"--output {output} cannot be written: {error.strerror or error}.") from None
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.close()
+        if self.written:
+            try:
+                np.save(self.args.output, np.concatenate(self.written))
+            except OSError as error:
+                raise UsageError(f"--output {self.args.output} cannot be written: {error.strerror or error}.") \
+                    from None
+
+    def report(self):
+        output = self.args.output
+        if self.regression:
+            if self.errors.rows:
+                scores = self.errors.scores()
+                print(f"MAE {scores['mae']:.4g}, RMSE {scores['rmse']:.4g}, R² {scores['r2']:.4f} against the labels")
+            if output is None:
+                print(f"predicted {self.target}: mean {self.total / max(self.rows, 1):.4g}, from {self.low:.4g} to "
+                      f"{self.high:.4g}")
+            else:
+                print(f"predicted values written to {output}")
+            return
+        if self.scored:
+            print(f"accuracy {self.right / self.scored:.4f} ({self.right} of {self.scored} right)")
+        if output is not None:
+            print(f"{'class probabilities' if self.args.probabilities else 'predicted classes'} written to {output}")
+        elif self.classes is not None:
+            listed = ", ".join(f"{c}: {n}" for c, n in zip(self.names or range(len(self.classes)), self.classes))
+            print(f"rows per predicted class: {listed}")
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -193,15 +254,3 @@ def _check_shape(model, x, config):
         spec = config.get("options", {}).get("data")
         raise UsageError(f"--data has rows of shape {tuple(x.shape[1:])}; the model takes {expected} "
                          f"(it was trained on --data {spec}).")
-
-
-def _save(path, rows, header):
-    """`.npy`, or `.csv` with a `header` line: classes (numbers or names), values or probabilities."""
-    fmt = "%s" if rows.dtype.kind == "U" else "%d" if rows.dtype.kind in "iu" else "%.6g"
-    try:
-        if path.endswith(".npy"):
-            np.save(path, rows)
-        else:
-            np.savetxt(path, rows, fmt=fmt, delimiter=",", header=header, comments="")
-    except OSError as error:
-        raise UsageError(f"--output {path} cannot be written: {error.strerror or error}.") from None

@@ -18,6 +18,7 @@ from kadapt.run.config import AUGMENT_SETTINGS
 from kadapt.run.config import MODEL_NAMES
 from kadapt.run.config import TASKS
 from kadapt.run.config import RunConfig
+from kadapt.run.config import STREAM_SETTINGS
 from kadapt.run.errors import UsageError
 from kadapt.run.run_directory import RunDirectory
 
@@ -54,6 +55,9 @@ def add_data_arguments(parser):
                        "as --data photos/ (default: a seeded 20%% of its rows or files)")
     add("--task", choices=TASKS, help="classification or regression (default: read from the labels, the reason "
                                       "printed)")
+    add("--stream", choices=STREAM_SETTINGS, help="a table: read it in batches and train from its encoded rows on "
+                                                 "disk (on), hold it in memory (off), or auto = stream a table that "
+                                                 "would take more than half the free memory (default: auto)")
     add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
                         "(input_shape, num_classes) -> uncompiled keras.Model of num_classes logits (1 output for a "
                         "regression), imported from the current "

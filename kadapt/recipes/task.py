@@ -132,8 +132,35 @@ class Task:
 def regression_scores(predicted, y):
     """`{"loss", "mse", "mae", "rmse", "r2"}` of `predicted` against `y` (both (N,));
     R² = 1 - sum (y - predicted)² / sum (y - mean y)²."""
-    y, error = np.asarray(y, "float64"), np.asarray(predicted, "float64") - np.asarray(y, "float64")
-    mse = float(np.mean(error**2))
-    total = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(error**2)) / total if total > 0 else float("nan")
-    return {"loss": mse, "mse": mse, "mae": float(np.mean(np.abs(error))), "rmse": mse**0.5, "r2": r2}
+    sums = RegressionSums()
+    sums.add(predicted, y)
+    return sums.scores()
+
+
+class RegressionSums:
+    """`regression_scores` of predictions given a batch at a time: the errors'
+    sums and the labels' mean and squared deviations, merged batch by batch
+    (Chan et al.'s parallel variance)."""
+
+    def __init__(self):
+        self.rows, self.squared, self.absolute, self.mean, self.deviations = 0, 0.0, 0.0, 0.0, 0.0
+
+    def add(self, predicted, y):
+        y = np.asarray(y, "float64").reshape(-1)
+        error = np.asarray(predicted, "float64").reshape(-1) - y
+        if not len(y):
+            return
+        rows, mean = len(y), float(y.mean())
+        deviations = float(np.sum((y - mean) ** 2))
+        total = self.rows + rows
+        self.deviations += deviations + (mean - self.mean) ** 2 * self.rows * rows / total
+        self.mean += (mean - self.mean) * rows / total
+        self.rows, self.squared, self.absolute = total, self.squared + float(np.sum(error**2)), \
+            self.absolute + float(np.sum(np.abs(error)))
+
+    def scores(self):
+        if not self.rows:
+            return dict.fromkeys(("loss", "mse", "mae", "rmse", "r2"), float("nan"))
+        mse = self.squared / self.rows
+        r2 = 1.0 - self.squared / self.deviations if self.deviations > 0 else float("nan")
+        return {"loss": mse, "mse": mse, "mae": self.absolute / self.rows, "rmse": mse**0.5, "r2": r2}

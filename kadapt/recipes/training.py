@@ -31,7 +31,9 @@ from kadapt.precision import policy_name
 from kadapt.range_test import find_learning_rate
 from kadapt.recipes.config import AUTO
 from kadapt.recipes.config import SCHEDULE_FREE
+from kadapt.recipes.disk_rows import is_on_disk
 from kadapt.recipes.inference import predict_with_tta
+from kadapt.recipes.task import RegressionSums
 from kadapt.recipes.task import Task
 from kadapt.schedules import CosineAnnealing
 from kadapt.schedules import CosineMomentum
@@ -47,6 +49,9 @@ COSINE_MOMENTUM = (0.95, 0.85)  # max, min: low momentum at the peak rate
 # The peak a `learning_rate="auto"` recipe compiles with until the range test
 # replaces it; the test itself swaps the schedule out (`kadapt.find_learning_rate`).
 PLACEHOLDER_PEAK = 1.0
+
+# Rows on disk are scored this many at a time (their outputs are not held all at once).
+EVALUATION_ROWS = 65536
 
 
 def recipe_network(config, images, num_classes):
@@ -197,6 +202,8 @@ def one_hot(labels, num_classes):
 def expanded(x, y, config, num_classes, seed=None):
     """`(x, one-hot or soft y)`: the training rows with `config.expand x N`
     generated samples appended when `config.expand` is on."""
+    if is_on_disk(x):  # a streamed table: nothing to expand, its targets made a batch at a time
+        return x, y
     if not config.expand:
         return x, one_hot(y, num_classes)
     return expand(x, y, method=config.expand_method, factor=config.expand, num_classes=num_classes, seed=seed)
@@ -214,8 +221,11 @@ def shuffled_batches(x, y, batch_size, num_classes, seed=None, epochs=1, first_e
 
     With a `seed`, epoch e's order is a function of `(seed, e)` alone, so a
     run resumed at epoch e (`first_epoch=e`) sees the batches the
-    uninterrupted run saw from there on."""
+    uninterrupted run saw from there on. Rows on disk (`DiskRows`, with
+    their `LabelTargets`) are read a window of blocks at a time."""
     check_range("first_epoch", first_epoch, low=0, high=epochs, integer=True)
+    if is_on_disk(x):
+        return x.shuffled_batches(y, batch_size, seed, epochs, first_epoch)
     x, labels = np.asarray(x, "float32"), one_hot(y, num_classes)
     steps = steps_per_epoch(len(x), batch_size)
     if seed is None:
@@ -337,5 +347,22 @@ def evaluate_recipe(model, x, y, config, task=Task(), batch_size=512):
     the outputs under the config's test-time augmentation
     (`FastFitConfig.test_time_augmentation`); MSE, MAE, RMSE and R² in the
     target's units for regression."""
+    if is_on_disk(x):  # a streamed table's rows: no test-time augmentation for rows that are not images
+        return _scores_on_disk(model, x, y, task, batch_size)
     outputs = predict_with_tta(model, x, batch_size=batch_size, **config.test_time_augmentation)
     return task.scores(outputs, y)
+
+
+def _scores_on_disk(model, x, y, task, batch_size):
+    """`Task.scores` of rows on disk, `EVALUATION_ROWS` at a time: the classes' mean loss and
+    accuracy weighted by the rows of each chunk, a regression's sums merged (`RegressionSums`)."""
+    sums, totals = RegressionSums(), dict.fromkeys(("loss", "accuracy"), 0.0)
+    for start in range(0, len(x), EVALUATION_ROWS):
+        stop = min(start + EVALUATION_ROWS, len(x))
+        outputs = model.predict(x.read(start, stop), batch_size=batch_size, verbose=0)
+        if task.is_regression:
+            sums.add(task.values(outputs), y[start:stop])
+            continue
+        for name, value in task.scores(outputs, y[start:stop]).items():
+            totals[name] += value * (stop - start) / len(x)
+    return sums.scores() if task.is_regression else totals

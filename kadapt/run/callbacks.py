@@ -15,6 +15,9 @@ from kadapt.run.step_logger import StepLogger
 from kadapt.run.stopping import StopAtStep
 from kadapt.run.stopping import StopAtTarget
 
+# The training rows a rescue's range test and a judged restart read of a streamed table (spread over it).
+IN_MEMORY_ROWS = 65536
+
 
 def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch):
     """Backup first (it restores weights before the others look at them) and
@@ -71,8 +74,8 @@ def dead_run_rescue(run):
         return None  # each worker would range-test on its own rows, and could set another rate
     config, data = run.config, run.data
     chance = data.chance_loss(run.recipe.label_smoothing, on_validation=_monitor(data) == "val_loss")
-    range_test = RangeTestStart(data.x_train, data.train_targets, batch_size=config.batch_size,
-                                seed=config.seed)
+    x, y, *_ = data.in_memory(IN_MEMORY_ROWS)
+    range_test = RangeTestStart(x, y, batch_size=config.batch_size, seed=config.seed)
     return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
                          peak_learning_rate=run.recipe.learning_rate, log_dir=run.directory.path,
                          backup_dir=run.directory / files.BACKUP)
@@ -105,6 +108,6 @@ def meta_adjuster(config, directory, data, member=None):
 
 
 def _restart_trial(config, data):
-    validation = (data.x_val, data.val_targets) if len(data.x_val) else None
-    return RestartTrial(data.x_train, data.train_targets, validation_data=validation,
-                        batch_size=config.batch_size, seed=config.seed)
+    x, y, x_val, y_val = data.in_memory(IN_MEMORY_ROWS)
+    validation = (x_val, y_val) if len(x_val) else None
+    return RestartTrial(x, y, validation_data=validation, batch_size=config.batch_size, seed=config.seed)

@@ -22,6 +22,7 @@ DATA_NAMES = ("fashion_mnist", "digits")
 META_SETTINGS = ("default", "off")
 AUGMENT_SETTINGS = ("auto", "on", "off")
 TASKS = ("classification", "regression")
+STREAM_SETTINGS = ("auto", "on", "off")
 RECIPE_FLAGS = {field.name: switch_flag(field) for field in command_line_switches()}
 
 
@@ -33,6 +34,7 @@ class RunConfig:
     target: str | None = None  # a table's column to predict
     test: str | None = None  # a table of test rows (else a seeded fifth of --data's)
     task: str | None = None  # "classification" or "regression"; None: read from the labels (kadapt.run.labels)
+    stream: str = "auto"  # a table: on, off, or auto = where it would not fit in memory (kadapt.run.table_stream)
     # auto: fast_resnet for images of at least 16x16 pixels, mlp for the rest; or package.module:function
     model: str = "auto"
     batch_size: int | None = None  # None: the recipe's for the training rows (kadapt.recipes.batch_size)
@@ -59,6 +61,7 @@ class RunConfig:
         _choice("augment", self.augment, AUGMENT_SETTINGS)
         if self.task is not None:
             _choice("task", self.task, TASKS)
+        _choice("stream", self.stream, STREAM_SETTINGS)
         _check_recipe(self.recipe)
         _meta(self.meta)
         _fraction("validation_split", self.validation_split, high=0.5)

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.recipes.disk_rows import LabelTargets
+from kadapt.recipes.disk_rows import is_on_disk
 from kadapt.recipes.task import Task
 from kadapt.run import tables
 from kadapt.run.config import DATA_NAMES
@@ -76,16 +78,36 @@ class TrainingData:
         """What the network is trained to output for labels `y` (`Task.targets`)."""
         return self.task.targets(y)
 
+    @property
+    def streamed(self):
+        """Whether the rows are on disk (a streamed table, `kadapt.recipes.disk_rows`), not arrays."""
+        return is_on_disk(self.x_train)
+
     @functools.cached_property
     def train_targets(self):
         """`targets(y_train)`, made once and read-only: the training stream, a rescue's range test
-        and a judged restart's branch share it (one-hot rows of many classes are large)."""
+        and a judged restart's branch share it (one-hot rows of many classes are large); for rows
+        on disk, made a batch at a time (`LabelTargets`)."""
+        if self.streamed:
+            return LabelTargets(self.y_train, self.task)
         return _read_only(self.targets(self.y_train))
 
     @functools.cached_property
     def val_targets(self):
         """`targets(y_val)`, made once and read-only (fit's validation and a judged restart's score)."""
+        if self.streamed:
+            return LabelTargets(self.y_val, self.task)
         return _read_only(self.targets(self.y_val))
+
+    def in_memory(self, rows):
+        """`(x_train, train_targets, x_val, val_targets)` as arrays: all of them, or for rows on
+        disk about `rows` training and `rows // 4` validation rows spread over the files (what a
+        range test and a judged restart read)."""
+        if not self.streamed:
+            return self.x_train, self.train_targets, self.x_val, self.val_targets
+        train, x_train = self.x_train.sample(rows)
+        val, x_val = self.x_val.sample(rows // 4)
+        return x_train, self.train_targets[train], x_val, self.val_targets[val]
 
     def chance_loss(self, label_smoothing=0.0, on_validation=False):
         """The loss of the best constant predictor (`Task.chance_loss`, fit on
@@ -103,6 +125,7 @@ class TrainingData:
             "train_rows": len(self.x_train),
             "validation_rows": len(self.x_val),
             "test_rows": len(self.x_test),
+            **({"streamed": True} if self.streamed else {}),
             **({"target": self.target, "columns": self.columns, "dropped_columns": self.dropped or {}}
                if self.columns else {}),
             **({"classes": list(self.class_names)} if self.class_names else {}),
@@ -119,7 +142,24 @@ def load_data(config):
     if is_image_folder(config.data):
         return _image_folder_data(config)
     check_image_flags(config)
+    if is_table_spec(config.data):
+        from kadapt.run.table_stream import stream_reason
+
+        reason = stream_reason(config)
+        if reason is not None:
+            return _streamed_data(config, reason)
     return _training_data(config, *_raw_data(config))
+
+
+def _streamed_data(config, reason):
+    """A table too large to hold (`kadapt.run.table_stream`): its encoded rows on disk, its labels in memory."""
+    from kadapt.run.table_stream import stream_table
+
+    table = stream_table(config, reason, TEST_FRACTION)
+    (x_train, x_val, x_test), (y_train, y_val, y_test) = table.x, table.y
+    return TrainingData(x_train, y_train, x_val, y_val, x_test, y_test, table.labels.task, table.encoder,
+                        table.labels.class_names, columns=table.plan.kinds, target=config.target,
+                        dropped=table.plan.dropped, notes=tuple(table.notes), vocabularies=table.vocabularies or None)
 
 
 def _training_data(config, train, test, plan, notes):
@@ -215,38 +255,15 @@ def _encoder(x_train, plan):
     from kadapt.run import encoding
 
     if plan is not None:
-        strings = {name: values for name, values in x_train.items() if tables.is_strings(values)}
-        numeric = {name: values for name, values in x_train.items() if name not in strings}
-        kinds = {name: tables.STRING if name in strings else tables.NUMERIC for name in x_train}
-        encoder, vocabularies = encoding.column_encoder(x_train, kinds)
-        return encoder, _encoding_notes(numeric, strings, "column {}"), vocabularies
+        stats = encoding.statistics(x_train)
+        kinds = {name: tables.STRING if name in stats.vocabularies else tables.NUMERIC for name in x_train}
+        encoder, vocabularies = encoding.column_encoder(stats, kinds)
+        return encoder, encoding.notes(stats, "column {}"), vocabularies
     if x_train.ndim != 2:
         return None, [], {}
-    return encoding.row_encoder(x_train), _encoding_notes(dict(enumerate(x_train.T)), {},
-                                                          "column {} (counted from 0) of the inputs"), {}
-
-
-def _encoding_notes(numeric, strings, where):
-    """One line per choice the encoder makes about a column: missing values filled and flagged, a
-    column of one value kept, the rarer values of a many-valued string column pooled."""
-    from kadapt.run.encoding import MAX_CATEGORIES
-    from kadapt.run.encoding import number_statistics
-
-    notes = []
-    for name, values in numeric.items():
-        absent = int(np.isnan(values).sum())
-        if absent:
-            median = number_statistics([values])["median"][0]
-            notes.append(f"{where.format(name)}: {absent} of {len(values)} training values missing: filled with "
-                         f"the median {median:g}, and an input flags them")
-        elif len(values) and np.nanmin(values) == np.nanmax(values):
-            notes.append(f"{where.format(name)}: {values[0]:g} in every training row: kept (it adds nothing)")
-    for name, values in strings.items():
-        distinct = len(set(values.tolist()))
-        if distinct > MAX_CATEGORIES:
-            notes.append(f"{where.format(name)}: {distinct} distinct values: one input for each of the "
-                         f"{MAX_CATEGORIES} most frequent, one for all the others")
-    return notes
+    stats = encoding.statistics(dict(enumerate(x_train.T)))
+    return (encoding.row_encoder(stats, x_train.shape[1]),
+            encoding.notes(stats, "column {} (counted from 0) of the inputs"), {})
 
 
 def input_file(spec):
@@ -440,14 +457,20 @@ def load_table_inputs(spec: str, data: dict) -> tuple[dict, np.ndarray | None]:
     """The model columns of every row of the table file `spec`, read as the
     run's config `data` says (its columns' kinds, those dropped, its target),
     and the target's labels (`None` without that column)."""
+    table = tables.read_table(spec, kinds=data["columns"])
+    return table_inputs(spec, table.columns, table.integer, data)
+
+
+def table_inputs(spec: str, columns: dict, integer, data: dict) -> tuple[dict, np.ndarray | None]:
+    """`load_table_inputs` of a table's columns as read (all of them, or a streamed file's batch);
+    `integer`: the names of the columns stored as whole numbers."""
     target = data.get("target")
     plan = tables.ColumnPlan(data["columns"], data.get("dropped_columns", {}))
-    table = tables.read_table(spec, kinds=plan.kinds)
-    given = {name: values for name, values in table.columns.items() if name != target}
+    given = {name: values for name, values in columns.items() if name != target}
     tables.check_same_columns(spec, given, plan, flag="--data")
     labels = None
-    if target in table.columns:
-        labels = tables.label_array(spec, target, table.columns[target], target in table.integer)
+    if target in columns:
+        labels = tables.label_array(spec, target, columns[target], target in integer)
     columns = tables.model_columns(given, plan.kinds)
     if data.get("vocabularies"):
         from kadapt.run.encoding import indexed

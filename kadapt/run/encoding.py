@@ -27,6 +27,7 @@ loads in safe mode without kadapt. The statistics are computed on arrays
 """
 
 import collections
+import dataclasses
 
 import keras
 import numpy as np
@@ -38,16 +39,60 @@ ENCODE_BATCH_SIZE = 262144
 MAX_CATEGORIES = 64
 
 
-def row_encoder(x_train: np.ndarray) -> keras.Model:
-    """Raw rows (N, features), NaN where missing -> rows filled, flagged and standardized."""
-    inputs = keras.Input(x_train.shape[1:], name="rows")
-    return keras.Model(inputs, _numbers(inputs, np.asarray(x_train).T), name="encoder")
+@dataclasses.dataclass(frozen=True)
+class Statistics:
+    """What an encoder is made from, of the training rows: for the numeric
+    inputs (in order, `numbers`) each one's `median` (0 for a column empty in
+    every row), the `mean` and `variance` (1 for a column of one value) of the
+    column filled with its median, its `missing` count and its smallest and
+    largest given value; for the string inputs their one-hot `vocabularies`
+    (`categories`) and `distinct` value counts. `rows`: the training rows.
+    Made from arrays (`statistics`) or, for a streamed table, a pass over
+    the file (`kadapt.run.table_stream`)."""
+
+    numbers: tuple
+    median: np.ndarray
+    mean: np.ndarray
+    variance: np.ndarray
+    missing: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    rows: int
+    vocabularies: dict = dataclasses.field(default_factory=dict)
+    distinct: dict = dataclasses.field(default_factory=dict)
+    median_rows: int | None = None  # the sample the medians are of, where not every row
+
+    @property
+    def flagged(self):
+        """The positions of the numeric inputs with a missing training value: each gets a "was missing" input."""
+        return np.flatnonzero(self.missing)
 
 
-def column_encoder(columns_train: dict, kinds: dict) -> tuple[keras.Model, dict]:
+def statistics(columns: dict) -> Statistics:
+    """The `Statistics` of training columns `{name: (N,) array}`: float numbers
+    (NaN where missing) or strings (categories)."""
+    strings = {name: values for name, values in columns.items() if is_strings(values)}
+    numbers = {name: np.asarray(values) for name, values in columns.items() if name not in strings}
+    rows = len(next(iter(columns.values()))) if columns else 0
+    stats = [_column_statistics(values) for values in numbers.values()]
+    median, mean, variance, missing, low, high = (np.array(values, "float64").reshape(-1) for values in
+                                                  zip(*stats)) if stats else (np.zeros(0),) * 6
+    counts = {name: collections.Counter(values.tolist()) for name, values in strings.items()}
+    return Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
+                      {name: categories(count) for name, count in counts.items()},
+                      {name: len(count) for name, count in counts.items()})
+
+
+def row_encoder(stats: Statistics, width: int) -> keras.Model:
+    """Raw rows (N, width), NaN where missing -> rows filled, flagged and standardized."""
+    inputs = keras.Input((width,), name="rows")
+    return keras.Model(inputs, _numbers(inputs, stats), name="encoder")
+
+
+def column_encoder(stats: Statistics, kinds: dict) -> tuple[keras.Model, dict]:
     """`(encoder, vocabularies)`: the encoder of a dict of raw (N, 1) columns
     (`{input name: "numeric" or "string"}`) -> [numbers filled, flagged and
-    standardized, one-hot categories].
+    standardized, one-hot categories], made from the training rows' `stats`.
 
     On TensorFlow the strings go in as they are (`vocabularies` is empty). Only
     TensorFlow has string tensors, so on another backend a string column goes
@@ -55,23 +100,40 @@ def column_encoder(columns_train: dict, kinds: dict) -> tuple[keras.Model, dict]
     training, as StringLookup's out-of-vocabulary slot), one-hot by
     `keras.layers.CategoryEncoding`: the same matrix; `vocabularies` says how
     rows reach the model, and a run keeps it in its config."""
-    vocabularies = {name: categories(columns_train[name]) for name, kind in kinds.items() if kind == STRING}
     strings = strings_in_model()
     inputs = {name: keras.Input((1,), dtype=("string" if strings else "int32") if kind == STRING else "float32",
                                 name=name) for name, kind in kinds.items()}
-    numeric = [name for name, kind in kinds.items() if kind != STRING]
     parts = []
-    if numeric:
-        columns = [inputs[name] for name in numeric]
+    if stats.numbers:
+        columns = [inputs[name] for name in stats.numbers]
         joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name="numbers")(columns)
-        parts.append(_numbers(joined, [columns_train[name] for name in numeric]))
-    for name, vocabulary in vocabularies.items():
+        parts.append(_numbers(joined, stats))
+    for name, vocabulary in stats.vocabularies.items():
         lookup = keras.layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1, output_mode="one_hot",
                                            name=f"lookup_{name}") if strings else \
             keras.layers.CategoryEncoding(len(vocabulary) + 1, output_mode="one_hot", name=f"lookup_{name}")
         parts.append(lookup(inputs[name]))
     features = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
-    return keras.Model(inputs, features, name="encoder"), ({} if strings else vocabularies)
+    return keras.Model(inputs, features, name="encoder"), ({} if strings else dict(stats.vocabularies))
+
+
+def notes(stats: Statistics, where: str) -> list:
+    """One line per choice the encoder makes about a column (`where` formats
+    its name): missing values filled and flagged, a column of one value kept,
+    the rarer values of a many-valued string column pooled."""
+    lines = []
+    sampled = f" (of a {stats.median_rows}-row sample)" if stats.median_rows else ""
+    for i, name in enumerate(stats.numbers):
+        if stats.missing[i]:
+            lines.append(f"{where.format(name)}: {stats.missing[i]} of {stats.rows} training values missing: filled "
+                         f"with the median{sampled} {stats.median[i]:g}, and an input flags them")
+        elif stats.rows and stats.low[i] == stats.high[i]:
+            lines.append(f"{where.format(name)}: {stats.low[i]:g} in every training row: kept (it adds nothing)")
+    for name, distinct in stats.distinct.items():
+        if distinct > MAX_CATEGORIES:
+            lines.append(f"{where.format(name)}: {distinct} distinct values: one input for each of the "
+                         f"{MAX_CATEGORIES} most frequent, one for all the others")
+    return lines
 
 
 def strings_in_model() -> bool:
@@ -95,48 +157,47 @@ def _indices(values, vocabulary):
     return np.where(found, order[position] + 1, 0).astype("int32")
 
 
-def categories(values: np.ndarray) -> list:
-    """The one-hot vocabulary of a string column: its values, or its
-    `MAX_CATEGORIES` most frequent (ties by value), most frequent first."""
-    counts = collections.Counter(values.tolist())  # hashing: sorting millions of Python strings takes seconds
+def categories(counts: collections.Counter) -> list:
+    """The one-hot vocabulary of a string column from its value counts: its
+    values, or its `MAX_CATEGORIES` most frequent (ties by value), most frequent first."""
     return [str(name) for name, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_CATEGORIES]]
 
 
-def number_statistics(columns) -> dict:
-    """The statistics `_numbers` uses, of training columns (each (N,) float,
-    NaN where missing): `median` (0 for a column empty in every row), `mean`,
-    `variance` (1 for a column of one value) of the column filled with its
-    median, and `flagged`, the columns with a missing training value."""
-    stats = [_column_statistics(np.asarray(values)) for values in columns]
-    median, mean, variance, absent = (np.array(values) for values in zip(*stats))
-    return {"median": median, "mean": mean, "variance": variance, "flagged": np.flatnonzero(absent)}
+def filled_moments(median, shift, given, given_sum, given_squares, rows):
+    """`(mean, variance)` of a column of `rows` rows filled with `median`: its
+    `given` values (their sum and sum of squares taken about `shift`, for
+    precision) and the median in the other rows; variance 1 where it is 0 (a
+    column of one value). A streamed table's statistics, a batch at a time."""
+    absent = rows - given
+    centre = median - shift
+    mean = (given_sum + absent * centre) / rows
+    variance = (given_squares + absent * centre**2) / rows - mean**2
+    return mean + shift, variance if variance > 0 else 1.0
 
 
 def _column_statistics(values):
-    """`(median, mean, variance, any missing)` of one column filled with its median; from the
+    """`(median, mean, variance, missing, low, high)` of one column filled with its median; from the
     given values' sums, so that no filled copy of a long column is made."""
     given = values[~np.isnan(values)].astype("float64")
     rows, absent = len(values), len(values) - len(given)
     if not len(given):
-        return 0.0, 0.0, 1.0, absent > 0
+        return 0.0, 0.0, 1.0, absent, np.nan, np.nan
     median = float(np.median(given))
     mean = (given.sum() + absent * median) / rows
     variance = (np.square(given - mean).sum() + absent * (median - mean) ** 2) / rows
-    return median, mean, variance if variance > 0 else 1.0, absent > 0
+    return median, mean, variance if variance > 0 else 1.0, absent, given.min(), given.max()
 
 
-def _numbers(inputs, columns):
+def _numbers(inputs, stats):
     """`inputs` (N, features) filled with the training medians, standardized,
-    then the "was missing" flags of the columns that had missing values
-    (`columns`: the training values, one (N,) array per feature)."""
-    stats = number_statistics(columns)
+    then the "was missing" flags of the columns that had missing values."""
     absent = keras.ops.isnan(inputs)
-    filled = keras.ops.where(absent, stats["median"].astype("float32"), inputs)
-    normalized = keras.layers.Normalization(mean=stats["mean"], variance=stats["variance"], dtype="float32",
+    filled = keras.ops.where(absent, stats.median.astype("float32"), inputs)
+    normalized = keras.layers.Normalization(mean=stats.mean, variance=stats.variance, dtype="float32",
                                             name="normalization")(filled)
-    if not len(stats["flagged"]):
+    if not len(stats.flagged):
         return normalized
-    flags = keras.ops.cast(keras.ops.take(absent, stats["flagged"].astype("int32"), axis=1), "float32")
+    flags = keras.ops.cast(keras.ops.take(absent, stats.flagged.astype("int32"), axis=1), "float32")
     return keras.layers.Concatenate(name="numbers_and_missing")([normalized, flags])
 
 

@@ -21,7 +21,7 @@ from kadapt.run.networks import build_network
 from kadapt.run.recipe_options import network_name
 from kadapt.run.recipe_options import recipe_config
 
-OPTIONS = ("data", "target", "test", "model", "batch_size", "augment", "validation_split", "seed",
+OPTIONS = ("data", "target", "test", "task", "stream", "model", "batch_size", "augment", "validation_split", "seed",
            "train_rows") + tuple(field.name for field in command_line_switches())
 RESULT_FILE, PLOT_FILE = "range_test.json", "range_test.png"
 

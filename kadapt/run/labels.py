@@ -48,36 +48,41 @@ class Labels:
         return np.asarray(y).astype("int32")
 
 
-def label_task(spec, y_train, others=(), task=None):
+def label_task(spec, y_train, others=(), task=None, names=None):
     """The `Labels` of training labels `y_train` (N,); `others` (validation,
     test labels) must be of the same kind and join the class names. `task`
     (`"classification"`, `"regression"` or `None`) overrides the reading.
+    With `names` (sorted class names: a streamed table's), the labels are
+    already their indices in `names`.
 
     Regression standardizes with `y_train` alone. One class only, fewer
     training rows than classes, negative classes and non-finite targets are
     `UsageError`s."""
-    kind = np.asarray(y_train).dtype.kind
+    kind = "U" if names is not None else np.asarray(y_train).dtype.kind
     if kind == "U" and task == REGRESSION:
         raise UsageError(f"--task regression: the labels of {spec} are words, not numbers. Drop --task, or "
                          "pass a column of numbers as the target.")
-    chosen, reason = (task, "--task") if task else _reading(y_train)
+    chosen, reason = (task, "--task") if task else _reading(y_train, kind)
     if chosen == REGRESSION:
         return Labels(_regression(spec, y_train), reason=reason)
     if kind == "U":
-        names = tuple(str(name) for name in np.unique(np.concatenate([y_train, *others])))
+        given = names is not None
+        names = tuple(str(name) for name in (names if given else np.unique(np.concatenate([y_train, *others]))))
         labels = Labels(Task(CLASSIFICATION, len(names)), names, reason)
+        coded = np.asarray(y_train) if given else labels.coded(y_train)
     else:
         every = np.concatenate([np.asarray(y_train).reshape(-1), *(np.asarray(y).reshape(-1) for y in others)])
         _check_class_numbers(spec, every, task)
         labels = Labels(Task(CLASSIFICATION, int(every.max()) + 1 if every.size else 0), reason=reason)
-    _check_classes(spec, labels.coded(y_train), labels)
+        coded = labels.coded(y_train)
+    _check_classes(spec, coded, labels)
     return labels
 
 
-def _reading(y_train):
+def _reading(y_train, kind):
     """`(task, reason)` of labels with no `--task`."""
     y = np.asarray(y_train)
-    if y.dtype.kind == "U":
+    if kind == "U":
         return CLASSIFICATION, "the labels are words: class names"
     if y.dtype.kind == "f" and not np.all(y == np.round(y)):
         return REGRESSION, "the labels are numbers with a fractional part: values to predict"

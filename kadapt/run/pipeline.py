@@ -106,6 +106,9 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
     config = with_batch_size(config, len(data.x_train))
     if member is not None:
         _check_split(config.batch_size, member.workers)
+        if data.streamed:
+            raise UsageError(f"--data {config.data} is streamed from disk, which --workers does not do yet: train "
+                             "it in one process, or pass --stream off where it fits in memory.")
     settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
     if member is not None and member.process_share is not None:
         _check_last_batch(config, settings, data, member.workers)
@@ -360,8 +363,10 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
     epoch or batch index; a resumed run's stream starts at the checkpointed
     epoch, so it trains the batches the uninterrupted run would have."""
     config, data = run.config, run.data
-    validation = None
-    if len(data.x_val):
+    validation, validation_batch_size = None, micro
+    if data.streamed and len(data.x_val):  # rows on disk, read in order a micro-batch at a time
+        validation, validation_batch_size = data.x_val.dataset(micro, data.val_targets), None
+    elif len(data.x_val):
         validation = (data.x_val, data.val_targets)
     backup = run.directory / files.BACKUP
     first_epoch = InterruptSafeBackup.checkpointed_epoch(backup) if run.resume else 0
@@ -379,7 +384,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
             trainer, batches, run.recipe, epochs=config.epochs, steps_per_epoch=steps["steps_per_epoch"],
             total_steps=steps["total_steps"], arrange_callbacks=arrange, validation_data=validation,
             seed=config.seed, first_epoch=first_epoch, backup_dir=backup, verbose=verbose,
-            share=run.member.process_share if run.member else None, validation_batch_size=micro)
+            share=run.member.process_share if run.member else None, validation_batch_size=validation_batch_size)
     finally:
         for callback in arranged:
             if hasattr(callback, "close"):

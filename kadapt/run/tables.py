@@ -71,20 +71,23 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None) -> Ta
     pa = require("pyarrow", extra="tables")
     table = _arrow_table(pa, path, flag, kinds)
     names = table.column_names
-    duplicated = sorted({name for name in names if names.count(name) > 1})
-    if duplicated:
-        raise UsageError(f"{flag} {path}: the column name {duplicated[0]!r} appears {names.count(duplicated[0])} "
-                         "times; the second would silently replace the first. Rename one of them.")
-    if not names or table.num_rows == 0:
-        raise UsageError(f"{flag} {path} is empty: it needs a header line of column names and at least one "
-                         "row of values.")
-    columns = {name: _numpy_column(pa, path, flag, name, table.column(name)) for name in names}
+    check_names(path, flag, names, table.num_rows)
+    columns = numpy_columns(path, flag, table, kinds)
+    return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)))
+
+
+def numpy_columns(path, flag, table, kinds=None, first_row=0):
+    """`{name: (N,) array}` of a pyarrow table or record batch (`read_table`'s
+    kinds of array), checked; `first_row`: the file row of its first (a
+    streamed file's batch), for the errors."""
+    pa = require("pyarrow", extra="tables")
+    columns = {name: _numpy_column(pa, path, flag, name, table.column(name)) for name in table.column_names}
     for name, values in columns.items():
-        _check_no_infinity(path, flag, name, values)
+        _check_no_infinity(path, flag, name, values, first_row)
     for name, kind in (kinds or {}).items():
         if name in columns:
             columns[name] = _as_kind(path, flag, name, columns[name], kind)
-    return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)))
+    return columns
 
 
 def _arrow_table(pa, path, flag, kinds):
@@ -100,12 +103,33 @@ def _arrow_table(pa, path, flag, kinds):
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
         types = {name: pa.string() for name, kind in (kinds or {}).items() if kind == STRING}
-        convert = csv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True, column_types=types,
-                                     true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"])
-        return csv.read_csv(path, convert_options=convert)
+        return csv.read_csv(path, convert_options=csv_options(types))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
-        raise UsageError(f"{flag} {path} is not a readable {'Parquet' if suffix in PARQUET_SUFFIXES else 'CSV'} "
-                         f"table ({_one_line(error)}). Fix the file.") from None
+        raise unreadable(path, flag, error) from None
+
+
+def csv_options(types):
+    """pyarrow's CSV conversion as kadapt reads every CSV: `NULL_VALUES` missing, true/false words as booleans."""
+    csv = require("pyarrow.csv", extra="tables")
+    return csv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True, column_types=types,
+                              true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"])
+
+
+def unreadable(path, flag, error):
+    """The `UsageError` of a file pyarrow cannot read as a table."""
+    kind = "Parquet" if Path(path).suffix.lower() in PARQUET_SUFFIXES else "CSV"
+    return UsageError(f"{flag} {path} is not a readable {kind} table ({_one_line(error)}). Fix the file.")
+
+
+def check_names(path, flag, names, rows):
+    """A `UsageError` for a table with two columns of one name, or without rows."""
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise UsageError(f"{flag} {path}: the column name {duplicated[0]!r} appears {names.count(duplicated[0])} "
+                         "times; the second would silently replace the first. Rename one of them.")
+    if not names or rows == 0:
+        raise UsageError(f"{flag} {path} is empty: it needs a header line of column names and at least one "
+                         "row of values.")
 
 
 def _numpy_column(pa, path, flag, name, column):
@@ -124,11 +148,12 @@ def _numpy_column(pa, path, flag, name, column):
                      "numbers, strings, true/false and dates). Flatten or drop the column.")
 
 
-def _check_no_infinity(path, flag, name, values):
+def _check_no_infinity(path, flag, name, values, first_row=0):
     if values.dtype.kind == "f" and np.isinf(values).any():
         row = int(np.flatnonzero(np.isinf(values))[0])
+        values, row = values[row:], row + first_row
         where = f"line {row + 2}" if Path(path).suffix.lower() in CSV_SUFFIXES else f"row {row} (counted from 0)"
-        raise UsageError(f"{flag} {path}: {where}, column {name} holds {values[row]}, not a number a network can "
+        raise UsageError(f"{flag} {path}: {where}, column {name} holds {values[0]}, not a number a network can "
                          "learn from (an empty cell is a missing value). Fix the cell.")
 
 
@@ -155,6 +180,19 @@ def _as_kind(path, flag, name, values, kind):
 
 def check_target(path: str, columns: dict, target: str | None, flag: str = "--data") -> None:
     """A `UsageError` unless `target` names a column of the table at `path` that holds values."""
+    check_target_name(path, list(columns), target, flag)
+    if missing(columns[target]).all():
+        raise empty_target(path, target)
+
+
+def empty_target(path, target):
+    """The `UsageError` of a target column without a value."""
+    return UsageError(f"--target {target}: column {target} of {path} is empty in every row: there is nothing to "
+                      "learn. Pass the column that holds the values to predict.")
+
+
+def check_target_name(path: str, columns: list, target: str | None, flag: str = "--data") -> None:
+    """A `UsageError` unless `target` names one of the table's `columns`, beside others."""
     listed = ", ".join(columns)
     if target is None:
         raise UsageError(f"{flag} {path} is a table: add --target COLUMN, the column to predict "
@@ -164,9 +202,6 @@ def check_target(path: str, columns: dict, target: str | None, flag: str = "--da
                          f"Pass one of them. Received: --target={target}")
     if len(columns) < 2:
         raise UsageError(f"{flag} {path} holds only the --target column {target}: add the columns to learn from.")
-    if missing(columns[target]).all():
-        raise UsageError(f"--target {target}: column {target} of {path} is empty in every row: there is nothing to "
-                         "learn. Pass the column that holds the values to predict.")
 
 
 def is_strings(values: np.ndarray) -> bool:
@@ -241,6 +276,21 @@ def check_same_columns(path: str, columns: dict, plan: ColumnPlan, flag: str) ->
                          f"({', '.join(plan.kinds)}).")
 
 
+def model_inputs(kinds: dict) -> dict:
+    """`{input name: "numeric" or "string"}` of the model columns of `kinds` (`model_columns`' names)."""
+    inputs = {}
+    for name, kind in kinds.items():
+        if kind in (DATE, DATETIME):
+            inputs.update({f"{input_name(name)}.{part}": NUMERIC for part in _parts(kind)})
+        else:
+            inputs[input_name(name)] = kind
+    return inputs
+
+
+def _parts(kind):
+    return DATE_PARTS + (("hour",) if kind == DATETIME else ())
+
+
 def model_columns(columns: dict, kinds: dict) -> dict:
     """`{input name: (N,) array}` the model takes: numbers as float32 (NaN
     where missing), strings as they are, each date as its parts (`date_parts`)."""
@@ -248,8 +298,7 @@ def model_columns(columns: dict, kinds: dict) -> dict:
     for name, kind in kinds.items():
         if kind in (DATE, DATETIME):
             parts = date_parts(columns[name])
-            inputs.update({f"{input_name(name)}.{part}": parts[part] for part in DATE_PARTS + (("hour",) if kind ==
-                                                                                             DATETIME else ())})
+            inputs.update({f"{input_name(name)}.{part}": parts[part] for part in _parts(kind)})
         else:
             inputs[input_name(name)] = columns[name].astype("float32") if kind == NUMERIC else columns[name]
     return inputs
@@ -282,7 +331,7 @@ def label_array(path: str, name: str, values: np.ndarray, integer: bool) -> np.n
     return values.astype(str)
 
 
-def check_label_words(path: str, name: str, values: np.ndarray) -> None:
+def check_label_words(path: str, name: str, values: np.ndarray, first_row: int = 0) -> None:
     """A `UsageError` for a label column of numbers mixed with words (read as strings)."""
     if values.dtype.kind != "O":
         return
@@ -292,8 +341,9 @@ def check_label_words(path: str, name: str, values: np.ndarray) -> None:
         numbers = np.array([distinct[value] for value in values[rows]])
         number, word = rows[np.argmax(numbers)], rows[np.argmin(numbers)]
         raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({values[number]!r} on line "
-                         f"{number + 2}) and words ({values[word]!r} on line {word + 2}); a label column holds "
-                         "numbers (classes or values) or words (class names), not both. Fix the file.")
+                         f"{number + first_row + 2}) and words ({values[word]!r} on line {word + first_row + 2}); a "
+                         "label column holds numbers (classes or values) or words (class names), not both. Fix "
+                         "the file.")
 
 
 def _is_number(value):

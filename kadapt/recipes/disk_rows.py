@@ -1,0 +1,176 @@
+"""Rows kept on disk: a table larger than memory, encoded once, read a block at a time.
+
+A streamed table (`kadapt.run.table_stream`) is encoded into float32 rows in
+a scratch directory (`RowStore`), one file per split. `DiskRows` stands where
+an array of rows (N, features) stands in a run: its length, shape and slices
+(`rows[a:b]` reads those rows) serve the probe, the network's build and the
+samples the callbacks draw; the training stream (`shuffled_batches`) reads
+blocks in a seeded order, shuffled within a window of blocks, so memory holds
+a window, not the table. `LabelTargets` are the labels' training targets,
+made a batch at a time (one-hot rows of every row would be as large as the rows).
+"""
+
+import dataclasses
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+BLOCK_ROWS = 16384  # rows read at once by the shuffled stream
+WINDOW_BLOCKS = 8  # blocks shuffled together: a window of 131,072 rows in memory
+SAMPLE_RUN = 256  # a sample of the rows is read in runs of this many consecutive rows
+
+
+class RowStore:
+    """A scratch directory of row files, removed when the store is collected or the process ends."""
+
+    def __init__(self, parent=None):
+        self.path = Path(tempfile.mkdtemp(prefix="kadapt-rows-", dir=parent))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
+
+    def writer(self, name, width):
+        return RowWriter(self, self.path / f"{name}.f32", width)
+
+
+class RowWriter:
+    """Appends float32 rows of `width` features to a file; `close()` gives its `DiskRows`."""
+
+    def __init__(self, store, path, width):
+        self.store, self.path, self.width, self.rows = store, path, int(width), 0
+        self._file = open(path, "wb")
+
+    def write(self, rows):
+        rows = np.ascontiguousarray(rows, "float32")
+        if rows.ndim != 2 or rows.shape[1] != self.width:
+            raise ValueError(f"Argument `rows` must be (N, {self.width}) rows. Received shape {rows.shape}")
+        self._file.write(rows.tobytes())
+        self.rows += len(rows)
+
+    def close(self):
+        self._file.close()
+        return DiskRows(self.path, self.rows, self.width, self.store)
+
+
+class DiskRows:
+    """Float32 rows (N, width) in a file, read on demand; slices are arrays."""
+
+    ndim = 2
+    dtype = np.dtype("float32")
+
+    def __init__(self, path, rows, width, store=None):
+        self.path, self.rows, self.width = Path(path), int(rows), int(width)
+        self._store = store  # keeps the scratch directory while the rows are in use
+
+    @property
+    def shape(self):
+        return self.rows, self.width
+
+    def __len__(self):
+        return self.rows
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            raise TypeError("DiskRows take slices (rows[a:b]); a sample of rows comes from `sample`. "
+                            f"Received: {type(index).__name__}")
+        start, stop, step = index.indices(self.rows)
+        return self.read(start, max(start, stop))[::step]
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(f"{self.rows} rows on disk are not read into memory whole: read slices, a `sample`, or "
+                        "stream them with `dataset` or `shuffled_batches`.")
+
+    def read(self, start, stop):
+        """Rows `start` to `stop` as an array."""
+        count = (stop - start) * self.width
+        values = np.fromfile(self.path, "float32", count=count, offset=start * self.width * 4)
+        return values.reshape(-1, self.width)
+
+    def sample(self, rows):
+        """`(index, rows)`: about `rows` rows spread evenly over the file, in runs
+        of `SAMPLE_RUN` consecutive rows (a few reads, not one per row)."""
+        if rows >= self.rows:
+            return np.arange(self.rows), self.read(0, self.rows)
+        starts = np.linspace(0, self.rows - SAMPLE_RUN, max(1, rows // SAMPLE_RUN)).astype(int)
+        index = np.concatenate([np.arange(s, s + SAMPLE_RUN) for s in starts])
+        return index, np.concatenate([self.read(s, s + SAMPLE_RUN) for s in starts])
+
+    def dataset(self, batch_size, targets=None):
+        """A `tf.data.Dataset` of the rows in order, `batch_size` at a time, with `targets[a:b]` given them."""
+        import tensorflow as tf
+
+        def batches():
+            for start in range(0, self.rows, batch_size):
+                stop = min(start + batch_size, self.rows)
+                yield self.read(start, stop) if targets is None else (self.read(start, stop), targets[start:stop])
+
+        rows = tf.TensorSpec((None, self.width), "float32")
+        signature = rows if targets is None else (rows, _target_spec(targets))
+        count = -(-self.rows // batch_size)
+        return tf.data.Dataset.from_generator(batches, output_signature=signature).apply(
+            tf.data.experimental.assert_cardinality(count))
+
+    def shuffled_batches(self, targets, batch_size, seed=None, epochs=1, first_epoch=0):
+        """`kadapt.recipes.training.shuffled_batches` of rows on disk: each
+        epoch reads the blocks in an order of its own and shuffles the rows
+        within windows of `WINDOW_BLOCKS` blocks; epoch e's batches are a
+        function of `(seed, e)` alone, so a resumed run sees the uninterrupted run's."""
+        import tensorflow as tf
+
+        def epoch_batches(epoch):
+            rng = np.random.default_rng(None if seed is None else [seed, epoch])
+            order = rng.permutation(-(-self.rows // BLOCK_ROWS))
+            rows, index = np.empty((0, self.width), "float32"), np.empty(0, int)
+            for start in range(0, len(order), WINDOW_BLOCKS):
+                blocks = [(b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, self.rows)) for b in order[start:start +
+                                                                                             WINDOW_BLOCKS]]
+                window = np.concatenate([self.read(a, b) for a, b in blocks])
+                positions = np.concatenate([np.arange(a, b) for a, b in blocks])
+                mixed = rng.permutation(len(positions))
+                rows = np.concatenate([rows, window[mixed]])
+                index = np.concatenate([index, positions[mixed]])
+                while len(index) >= batch_size:
+                    yield rows[:batch_size], targets[index[:batch_size]]
+                    rows, index = rows[batch_size:], index[batch_size:]
+            if len(index):
+                yield rows, targets[index]
+
+        def every_epoch():
+            for epoch in range(first_epoch, epochs):
+                yield from epoch_batches(epoch)
+
+        signature = (tf.TensorSpec((None, self.width), "float32"), _target_spec(targets))
+        steps = -(-self.rows // batch_size)
+        return tf.data.Dataset.from_generator(every_epoch, output_signature=signature).apply(
+            tf.data.experimental.assert_cardinality((epochs - first_epoch) * steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelTargets:
+    """The training targets of `labels` (`Task.targets`), made for the rows asked for."""
+
+    labels: np.ndarray
+    task: object
+    ndim = 2
+
+    @property
+    def shape(self):
+        return len(self.labels), self.task.outputs
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.task.targets(self.labels[index])
+
+
+def _target_spec(targets):
+    import tensorflow as tf
+
+    return tf.TensorSpec((None, *targets.shape[1:]), "float32")
+
+
+def is_on_disk(rows):
+    """Whether `rows` are `DiskRows` (streamed), not an array."""
+    return isinstance(rows, DiskRows)
