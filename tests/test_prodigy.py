@@ -32,7 +32,8 @@ def _reference(steps, lr=1.0, beta_1=0.9, beta_2=0.999, beta_3=None, epsilon=1e-
                decouple=True, use_bias_correction=False, safeguard_warmup=False, d0=1e-6,
                d_coef=1.0, growth_rate=float("inf"), multipliers=None):
     """`Prodigy.step()` of prodigyopt 1.1.2 (one group, slice_p=1); returns (params, d).
-    `multipliers[k]`: the group's lr set to lr * multipliers[k] before step k."""
+    `multipliers[k]`: the group's lr set to lr * multipliers[k] before step k. With beta_1 = 0 it
+    keeps no `exp_avg` and steps with `p.grad` (coupled decay added in place) times the new d."""
     params = [np.zeros((FEATURES, 1)), np.zeros(1)]
     p0 = [p.copy() for p in params]
     exp_avg, exp_avg_sq, s = ([np.zeros_like(p) for p in params] for _ in range(3))
@@ -47,9 +48,10 @@ def _reference(steps, lr=1.0, beta_1=0.9, beta_2=0.999, beta_3=None, epsilon=1e-
         dlr = d * lr_k * bias_correction
         d_numerator *= beta3
         delta_numerator, d_denom = 0.0, 0.0
-        for i, grad in enumerate(grads):
+        for i in range(len(grads)):
             if weight_decay != 0 and not decouple:
-                grad = grad + weight_decay * params[i]
+                grads[i] = grads[i] + weight_decay * params[i]
+            grad = grads[i]
             delta_numerator += (d / d0) * dlr * np.dot(grad.ravel(), (p0[i] - params[i]).ravel())
             exp_avg[i] = exp_avg[i] * beta_1 + d * (1 - beta_1) * grad
             exp_avg_sq[i] = exp_avg_sq[i] * beta_2 + d * d * (1 - beta_2) * grad * grad
@@ -65,7 +67,10 @@ def _reference(steps, lr=1.0, beta_1=0.9, beta_2=0.999, beta_3=None, epsilon=1e-
             denom = np.sqrt(exp_avg_sq[i]) + d * epsilon
             if weight_decay != 0 and decouple:
                 params[i] = params[i] - weight_decay * dlr * params[i]
-            params[i] = params[i] - dlr * exp_avg[i] / denom
+            if beta_1 > 0:
+                params[i] = params[i] - dlr * exp_avg[i] / denom
+            else:
+                params[i] = params[i] - dlr * d * grads[i] / denom
         k += 1
     return params, d
 
@@ -76,6 +81,8 @@ CASES = {
         weight_decay=0.1, decouple=False, use_bias_correction=True, safeguard_warmup=True,
         d0=1e-3, d_coef=2.0, beta_3=0.95),
     "decoupled_decay_growth_rate": dict(weight_decay=0.05, d0=1e-3, growth_rate=1.1, beta_1=0.0),
+    "no_momentum": dict(beta_1=0.0),
+    "no_momentum_coupled_decay": dict(beta_1=0.0, weight_decay=0.1, decouple=False, d0=1e-3),
 }
 
 

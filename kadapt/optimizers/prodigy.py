@@ -31,10 +31,12 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
         s = beta_3 * s + (d / d0) * dlr * g           (d, not dlr, with safeguard_warmup)
         numerator = beta_3 * numerator + (d / d0) * dlr * sum(g * (w0 - w))
         d_hat = d_coef * numerator / sum(|s|)
-        d = min(max(d_max, d_hat), d * growth_rate)    (max(d, d_hat) while d == d0)
-        w -= dlr * m / (sqrt(v) + d * epsilon)
+        d' = min(max(d_max, d_hat), d * growth_rate)   (max(d, d_hat) while d == d0)
+        w -= dlr * m / (sqrt(v) + d' * epsilon)
 
-    the sums over every variable, w0 the weights at the first step. Weight
+    the sums over every variable, w0 the weights at the first step. With
+    beta_1 = 0 no m is kept and the step is w -= dlr * d' * g / (sqrt(v) + d' * epsilon),
+    with the d' just estimated, as prodigyopt's branch for beta1 = 0 steps. Weight
     decay is AdamW's (w -= weight_decay * dlr * w) if `decouple`, else L2
     added to g. A step whose sum(|s|) is 0 changes no weight and no d.
 
@@ -142,6 +144,8 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
         for (_, variable), (m, v) in zip(pending, moments):
             w = ops.convert_to_tensor(variable)
             rate = ops.cast(dlr, w.dtype)
+            if not self.beta_1:  # m is g (see `_accumulate`)
+                m = ops.cast(d_next, w.dtype) * m
             if self.prodigy_weight_decay and self.decouple:
                 w = w - self.prodigy_weight_decay * rate * w
             w = w - rate * m / (ops.sqrt(v) + ops.cast(d_next * self.epsilon, w.dtype))
@@ -159,7 +163,9 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
         """Updates m, v, s of every variable; returns the numerator, sum(|s|) and (m, v).
 
         Each variable's terms are computed in its own dtype: w0 - w is a
-        difference of nearly equal numbers while d is small.
+        difference of nearly equal numbers while d is small. With beta_1 = 0
+        m is not kept and g is returned in its place: prodigyopt's branch for
+        beta1 = 0 steps with g times the d this step estimates, not the d before it.
         """
         beta_3 = math.sqrt(self.beta_2) if self.beta_3 is None else self.beta_3
         numerator = ops.convert_to_tensor(self._d_numerator) * beta_3
@@ -177,13 +183,14 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
                 gradient = gradient + self.prodigy_weight_decay * w
             d_v, dlr_v, scale = (ops.cast(value, w.dtype) for value in (d, dlr, d / self.d0))
             numerator = numerator + ops.cast(scale * dlr_v * ops.sum(gradient * (initial - w)), "float32")
-            m_new = self.beta_1 * m + d_v * (1 - self.beta_1) * gradient
+            if self.beta_1:
+                m = self.beta_1 * m + d_v * (1 - self.beta_1) * gradient
             v_new = self.beta_2 * v + d_v * d_v * (1 - self.beta_2) * ops.square(gradient)
             s_new = beta_3 * s + scale * (d_v if self.safeguard_warmup else dlr_v) * gradient
             denominator = denominator + ops.cast(ops.sum(ops.abs(s_new)), "float32")
-            for slot, value in zip(slots, (initial, m_new, v_new, s_new)):
+            for slot, value in zip(slots, (initial, m, v_new, s_new)):
                 self.assign(slot, value)
-            moments.append((m_new, v_new))
+            moments.append((m if self.beta_1 else gradient, v_new))
         return numerator, denominator, moments
 
     def _next_d(self, d, numerator, denominator):
