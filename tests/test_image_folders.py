@@ -17,7 +17,6 @@ from kadapt.run import RunConfig
 from kadapt.run import UsageError
 from kadapt.run.data import load_data
 from kadapt.run.image_folders import ImageSize
-from kadapt.run.image_folders import check_memory
 from kadapt.run.image_folders import choose_image_size
 from kadapt.run.image_folders import class_folder_files
 from kadapt.run.image_folders import decode_images
@@ -123,20 +122,23 @@ def test_a_bad_image_size():
         parse_image_size("0x8")
 
 
-def test_a_folder_that_would_not_fit_in_memory_is_refused_with_the_bytes_and_the_fix():
-    with pytest.raises(UsageError) as raised:
-        check_memory("photos", 100_000, ImageSize(224, 224, 3, ""), available=16 * 2**30)
-    assert str(raised.value) == (
-        "--data photos: its 100000 images at 224x224x3 would need 56.1 GiB in memory, more than 50% of the 16.0 GiB "
-        "available: pass a smaller --image-size, or fewer files (--train-rows).")
-
-
-def test_train_refuses_the_folder_before_decoding_where_memory_is_short(photos, monkeypatch):
-    monkeypatch.setattr("kadapt.run.image_folders.available_memory", lambda: 2**20)
-    monkeypatch.setattr("kadapt.run.image_folders.decode_images", None)  # never reached
-    assert usage_error("train", "--data", str(photos), "--image-size", "64", *SHORT) == (
-        f"kadapt: error: --data {photos}: its 36 images at 64x64x3 would need 1.7 MiB in memory, more than 50% of "
-        "the 1.0 MiB available: pass a smaller --image-size, or fewer files (--train-rows).")
+def test_a_folder_that_would_not_fit_in_memory_trains_from_its_images_decoded_to_disk(photos, monkeypatch,
+                                                                                     capsys, tmp_path):
+    held = load_data(RunConfig(str(photos), seed=3))
+    monkeypatch.setattr("kadapt.run.image_folders.available_memory", lambda: 2**17)
+    streamed = load_data(RunConfig(str(photos), seed=3))
+    assert streamed.streamed and not held.streamed
+    assert streamed.images["streamed"] == ("its 36 images at 16x16x3 would take 0.1 MiB in memory, more than "
+                                           "50% of the 0.1 MiB available (--stream off holds them anyway)")
+    for name in ("x_train", "x_val", "x_test"):  # the same pixels, read back from the scratch file
+        rows = getattr(held, name)
+        np.testing.assert_array_equal(getattr(streamed, name)[0:len(rows)], rows)
+        assert len(getattr(streamed, name)) == len(rows)
+    np.testing.assert_array_equal(streamed.y_train, held.y_train)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", str(photos), "--out", str(out), *SHORT]) == 0
+    assert "trained at 16x16x3 (the median of 29 files); decoded to disk: its 36 images" in capsys.readouterr().out
+    assert __import__("json").loads((out / "run.json").read_text())["status"] == "completed"
 
 
 def test_a_run_trains_reports_and_records_the_size(run, capsys):

@@ -96,10 +96,10 @@ def test_the_split_is_the_seeds_whatever_the_batches(tmp_path, monkeypatch):
 
 
 def test_disk_rows_stream_every_row_once_an_epoch_in_a_seeded_order(monkeypatch):
-    monkeypatch.setattr("kadapt.recipes.disk_rows.BLOCK_ROWS", 64)
+    monkeypatch.setattr("kadapt.recipes.disk_rows.BLOCK_BYTES", 64 * 2 * 4)  # 64 rows of 2 features
     monkeypatch.setattr("kadapt.recipes.disk_rows.WINDOW_BLOCKS", 3)
     rows = 1000
-    writer = RowStore().writer("train", 2)
+    writer = RowStore().writer("train", (2,))
     writer.write(np.stack([np.arange(rows), -np.arange(rows)], axis=1))
     x = writer.close()
     labels = np.arange(rows) % 3

@@ -55,9 +55,10 @@ def add_data_arguments(parser):
                        "as --data photos/ (default: a seeded 20%% of its rows or files)")
     add("--task", choices=TASKS, help="classification or regression (default: read from the labels, the reason "
                                       "printed)")
-    add("--stream", choices=STREAM_SETTINGS, help="a table: read it in batches and train from its encoded rows on "
-                                                 "disk (on), hold it in memory (off), or auto = stream a table that "
-                                                 "would take more than half the free memory (default: auto)")
+    add("--stream", choices=STREAM_SETTINGS, help="a table or an image folder: train from its encoded rows or "
+                                                 "decoded images written to disk, read a block at a time (on), hold "
+                                                 "them in memory (off), or auto = stream what would take more than "
+                                                 "half the free memory (default: auto)")
     add("--model", help=f"the network: {', '.join(MODEL_NAMES)}, or package.module:function, a function "
                         "(input_shape, num_classes) -> uncompiled keras.Model of num_classes logits (1 output for a "
                         "regression), imported from the current "

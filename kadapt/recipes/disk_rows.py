@@ -1,12 +1,13 @@
-"""Rows kept on disk: a table larger than memory, encoded once, read a block at a time.
+"""Rows kept on disk: a table or an image folder larger than memory, prepared once, read a block at a time.
 
-A streamed table (`kadapt.run.table_stream`) is encoded into float32 rows in
-a scratch directory (`RowStore`), one file per split. `DiskRows` stands where
-an array of rows (N, features) stands in a run: its length, shape and slices
-(`rows[a:b]` reads those rows) serve the probe, the network's build and the
-samples the callbacks draw; the training stream (`shuffled_batches`) reads
-blocks in a seeded order, shuffled within a window of blocks, so memory holds
-a window, not the table. `LabelTargets` are the labels' training targets,
+A streamed table (`kadapt.run.table_stream`) is encoded, and a large image
+folder (`kadapt.run.image_folders`) decoded, into float32 rows in a scratch
+directory (`RowStore`), one file per part. `DiskRows` stands where an array
+of rows (N, ...) stands in a run: its length, shape and slices (`rows[a:b]`
+reads those rows) serve the probe, the network's build and the samples the
+callbacks draw; the training stream (`shuffled_batches`) reads blocks in a
+seeded order, shuffled within a window of blocks, so memory holds a window,
+not the data. `LabelTargets` are the labels' training targets,
 made a batch at a time (one-hot rows of every row would be as large as the rows).
 """
 
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-BLOCK_ROWS = 16384  # rows read at once by the shuffled stream
-WINDOW_BLOCKS = 8  # blocks shuffled together: a window of 131,072 rows in memory
+BLOCK_BYTES = 1 << 22  # read at once by the shuffled stream (16,384 rows of 64 features; 1,337 28x28 images)
+WINDOW_BLOCKS = 8  # blocks shuffled together: a window of 32 MiB in memory
 SAMPLE_RUN = 256  # a sample of the rows is read in runs of this many consecutive rows
 
 
@@ -30,42 +31,48 @@ class RowStore:
         self.path = Path(tempfile.mkdtemp(prefix="kadapt-rows-", dir=parent))
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
 
-    def writer(self, name, width):
-        return RowWriter(self, self.path / f"{name}.f32", width)
+    def writer(self, name, row_shape):
+        return RowWriter(self, self.path / f"{name}.f32", row_shape)
 
 
 class RowWriter:
-    """Appends float32 rows of `width` features to a file; `close()` gives its `DiskRows`."""
+    """Appends float32 rows of `row_shape` (features, or height x width x channels) to a file;
+    `close()` gives its `DiskRows`."""
 
-    def __init__(self, store, path, width):
-        self.store, self.path, self.width, self.rows = store, path, int(width), 0
+    def __init__(self, store, path, row_shape):
+        self.store, self.path, self.row_shape, self.rows = store, path, tuple(int(d) for d in row_shape), 0
         self._file = open(path, "wb")
 
     def write(self, rows):
         rows = np.ascontiguousarray(rows, "float32")
-        if rows.ndim != 2 or rows.shape[1] != self.width:
-            raise ValueError(f"Argument `rows` must be (N, {self.width}) rows. Received shape {rows.shape}")
+        if rows.shape[1:] != self.row_shape:
+            raise ValueError(f"Argument `rows` must be (N, {', '.join(map(str, self.row_shape))}) rows. Received "
+                             f"shape {rows.shape}")
         self._file.write(rows.tobytes())
         self.rows += len(rows)
 
     def close(self):
         self._file.close()
-        return DiskRows(self.path, self.rows, self.width, self.store)
+        return DiskRows(self.path, self.rows, self.row_shape, store=self.store)
 
 
 class DiskRows:
-    """Float32 rows (N, width) in a file, read on demand; slices are arrays."""
+    """Float32 rows (N, *row_shape) in a file, from its row `first` on, read on demand; slices are arrays."""
 
-    ndim = 2
     dtype = np.dtype("float32")
 
-    def __init__(self, path, rows, width, store=None):
-        self.path, self.rows, self.width = Path(path), int(rows), int(width)
+    def __init__(self, path, rows, row_shape, first=0, store=None):
+        self.path, self.rows, self.row_shape, self.first = Path(path), int(rows), tuple(row_shape), int(first)
         self._store = store  # keeps the scratch directory while the rows are in use
+        self.block_rows = max(1, BLOCK_BYTES // (4 * int(np.prod(self.row_shape))))
 
     @property
     def shape(self):
-        return self.rows, self.width
+        return (self.rows, *self.row_shape)
+
+    @property
+    def ndim(self):
+        return 1 + len(self.row_shape)
 
     def __len__(self):
         return self.rows
@@ -81,20 +88,27 @@ class DiskRows:
         raise TypeError(f"{self.rows} rows on disk are not read into memory whole: read slices, a `sample`, or "
                         "stream them with `dataset` or `shuffled_batches`.")
 
+    def part(self, start, stop=None):
+        """The rows `start` to `stop` as `DiskRows` of the same file (nothing read)."""
+        start, stop, _ = slice(start, stop).indices(self.rows)
+        return DiskRows(self.path, max(0, stop - start), self.row_shape, self.first + start, self._store)
+
     def read(self, start, stop):
         """Rows `start` to `stop` as an array."""
-        count = (stop - start) * self.width
-        values = np.fromfile(self.path, "float32", count=count, offset=start * self.width * 4)
-        return values.reshape(-1, self.width)
+        size = int(np.prod(self.row_shape))
+        values = np.fromfile(self.path, "float32", count=(stop - start) * size,
+                             offset=(self.first + start) * size * 4)
+        return values.reshape(-1, *self.row_shape)
 
     def sample(self, rows):
         """`(index, rows)`: about `rows` rows spread evenly over the file, in runs
         of `SAMPLE_RUN` consecutive rows (a few reads, not one per row)."""
         if rows >= self.rows:
             return np.arange(self.rows), self.read(0, self.rows)
-        starts = np.linspace(0, self.rows - SAMPLE_RUN, max(1, rows // SAMPLE_RUN)).astype(int)
-        index = np.concatenate([np.arange(s, s + SAMPLE_RUN) for s in starts])
-        return index, np.concatenate([self.read(s, s + SAMPLE_RUN) for s in starts])
+        run = min(SAMPLE_RUN, rows)
+        starts = np.linspace(0, self.rows - run, max(1, rows // run)).astype(int)
+        index = np.concatenate([np.arange(s, s + run) for s in starts])
+        return index, np.concatenate([self.read(s, s + run) for s in starts])
 
     def dataset(self, batch_size, targets=None):
         """A `tf.data.Dataset` of the rows in order, `batch_size` at a time, with `targets[a:b]` given them."""
@@ -105,7 +119,7 @@ class DiskRows:
                 stop = min(start + batch_size, self.rows)
                 yield self.read(start, stop) if targets is None else (self.read(start, stop), targets[start:stop])
 
-        rows = tf.TensorSpec((None, self.width), "float32")
+        rows = tf.TensorSpec((None, *self.row_shape), "float32")
         signature = rows if targets is None else (rows, _target_spec(targets))
         count = -(-self.rows // batch_size)
         return tf.data.Dataset.from_generator(batches, output_signature=signature).apply(
@@ -118,13 +132,14 @@ class DiskRows:
         function of `(seed, e)` alone, so a resumed run sees the uninterrupted run's."""
         import tensorflow as tf
 
+        block = self.block_rows
+
         def epoch_batches(epoch):
             rng = np.random.default_rng(None if seed is None else [seed, epoch])
-            order = rng.permutation(-(-self.rows // BLOCK_ROWS))
-            rows, index = np.empty((0, self.width), "float32"), np.empty(0, int)
+            order = rng.permutation(-(-self.rows // block))
+            rows, index = np.empty((0, *self.row_shape), "float32"), np.empty(0, int)
             for start in range(0, len(order), WINDOW_BLOCKS):
-                blocks = [(b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, self.rows)) for b in order[start:start +
-                                                                                             WINDOW_BLOCKS]]
+                blocks = [(b * block, min((b + 1) * block, self.rows)) for b in order[start:start + WINDOW_BLOCKS]]
                 window = np.concatenate([self.read(a, b) for a, b in blocks])
                 positions = np.concatenate([np.arange(a, b) for a, b in blocks])
                 mixed = rng.permutation(len(positions))
@@ -140,7 +155,7 @@ class DiskRows:
             for epoch in range(first_epoch, epochs):
                 yield from epoch_batches(epoch)
 
-        signature = (tf.TensorSpec((None, self.width), "float32"), _target_spec(targets))
+        signature = (tf.TensorSpec((None, *self.row_shape), "float32"), _target_spec(targets))
         steps = -(-self.rows // batch_size)
         return tf.data.Dataset.from_generator(every_epoch, output_signature=signature).apply(
             tf.data.experimental.assert_cardinality((epochs - first_epoch) * steps))

@@ -347,19 +347,20 @@ def evaluate_recipe(model, x, y, config, task=Task(), batch_size=512):
     the outputs under the config's test-time augmentation
     (`FastFitConfig.test_time_augmentation`); MSE, MAE, RMSE and R² in the
     target's units for regression."""
-    if is_on_disk(x):  # a streamed table's rows: no test-time augmentation for rows that are not images
-        return _scores_on_disk(model, x, y, task, batch_size)
+    if is_on_disk(x):
+        return _scores_on_disk(model, x, y, config, task, batch_size)
     outputs = predict_with_tta(model, x, batch_size=batch_size, **config.test_time_augmentation)
     return task.scores(outputs, y)
 
 
-def _scores_on_disk(model, x, y, task, batch_size):
+def _scores_on_disk(model, x, y, config, task, batch_size):
     """`Task.scores` of rows on disk, `EVALUATION_ROWS` at a time: the classes' mean loss and
     accuracy weighted by the rows of each chunk, a regression's sums merged (`RegressionSums`)."""
     sums, totals = RegressionSums(), dict.fromkeys(("loss", "accuracy"), 0.0)
     for start in range(0, len(x), EVALUATION_ROWS):
         stop = min(start + EVALUATION_ROWS, len(x))
-        outputs = model.predict(x.read(start, stop), batch_size=batch_size, verbose=0)
+        outputs = predict_with_tta(model, x.read(start, stop), batch_size=batch_size,
+                                   **config.test_time_augmentation)
         if task.is_regression:
             sums.add(task.values(outputs), y[start:stop])
             continue

@@ -208,6 +208,9 @@ def _raw_data(config):
         value = config.target if config.target is not None else config.test
         raise UsageError(f"{flag} goes with a table (--data TABLE.csv or TABLE.parquet); --data {config.data} is "
                          f"not one. Drop {flag}. Received: {flag}={value}")
+    if config.stream == "on":
+        raise UsageError(f"--stream on reads a table or an image folder from disk; --data {config.data} is arrays, "
+                         "held in memory. Drop --stream.")
     train, test = load_arrays(config.data, config.seed)
     return train, test, None, []
 
@@ -272,6 +275,8 @@ def input_file(spec):
 
 
 def _take(x, index):
+    if is_on_disk(x):  # a range of the rows on disk, nothing read
+        return x.part(index.start, index.stop)
     return {name: values[index] for name, values in x.items()} if isinstance(x, dict) else x[index]
 
 

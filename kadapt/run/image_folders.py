@@ -11,13 +11,15 @@ file with a tf.data pipeline: file path -> `tf.io.decode_image` ->
 it takes images of any size with the file's pixel values (0-255); they add
 no kadapt object to the file.
 
-The decoded images are held in memory, as every other data set of
-`kadapt train` is; a folder whose images would not fit is refused before
-decoding (`check_memory`), with the fix.
+The decoded images are held in memory where they fit (`MEMORY_FRACTION` of
+the memory available); a larger folder, or any with `--stream on`, is
+decoded once into a scratch file (`kadapt.recipes.disk_rows`) that training
+reads a window of blocks at a time, so a folder larger than memory trains.
 """
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -81,13 +83,43 @@ def read_image_folders(config) -> FolderImages:
     files, labels = class_folder_files(config.data)
     (train_files, train_labels), test = _split_files(config, files, labels)
     size = choose_image_size(train_files, config.image_size, config.seed)
-    check_memory(config.data, len(train_files) + len(test[0]), size)
+    streamed = _stream_reason(config, len(train_files) + len(test[0]), size)
+    store = None
+    if streamed:
+        from kadapt.recipes.disk_rows import RowStore
+
+        store = RowStore()
+        _check_disk(config.data, len(train_files) + len(test[0]), size, store.path)
     skip = bool(config.skip_bad_images)
-    x_train, kept_train = decode_images(train_files, size, skip)
-    x_test, kept_test = decode_images(test[0], size, skip, flag="--test" if config.test else "--data")
+    x_train, kept_train = decode_images(train_files, size, skip, store=store and store.writer("train", size.shape))
+    x_test, kept_test = decode_images(test[0], size, skip, flag="--test" if config.test else "--data",
+                                      store=store and store.writer("test", size.shape))
     skipped = len(train_files) - len(kept_train) + len(test[0]) - len(kept_test)
-    record = {**dataclasses.asdict(size), "folder": str(config.data), "files": len(files), "skipped": skipped}
+    record = {**dataclasses.asdict(size), "folder": str(config.data), "files": len(files), "skipped": skipped,
+              **({"streamed": streamed} if streamed else {})}
     return FolderImages((x_train, train_labels[kept_train]), (x_test, test[1][kept_test]), record)
+
+
+def _stream_reason(config, files, size):
+    """Why the decoded images go to disk, or `None`: `--stream on`, or more than
+    `MEMORY_FRACTION` of the memory available (`--stream off` holds them anyway)."""
+    if config.stream != "auto":
+        return "--stream on" if config.stream == "on" else None
+    needed, available = files * int(np.prod(size.shape)) * 4, available_memory()
+    if needed <= MEMORY_FRACTION * available:
+        return None
+    return (f"its {files} images at {size.height}x{size.width}x{size.channels} would take {_bytes_text(needed)} "
+            f"in memory, more than {MEMORY_FRACTION:.0%} of the {_bytes_text(available)} available (--stream off "
+            "holds them anyway)")
+
+
+def _check_disk(folder, files, size, where):
+    """A `UsageError` where the decoded images would not fit on the scratch file's disk."""
+    needed, free = files * int(np.prod(size.shape)) * 4, shutil.disk_usage(where).free
+    if needed > 0.9 * free:
+        raise UsageError(f"--data {folder}: its {files} images at {size.height}x{size.width}x{size.channels} take "
+                         f"{_bytes_text(needed)} decoded, and {where.parent} has {_bytes_text(free)} free: free space "
+                         "there, set TMPDIR to a larger disk, or pass a smaller --image-size.")
 
 
 def _split_files(config, files, labels):
@@ -107,7 +139,8 @@ def images_text(record):
     """The line `kadapt train` prints of image folders: the size and why, the files skipped."""
     size = ImageSize.from_record(record)
     skipped = f"; {record['skipped']} unreadable file(s) skipped (--skip-bad-images)" if record["skipped"] else ""
-    return f"images: {record['files']} files of {record['folder']}, trained at {size.text()}{skipped}"
+    streamed = f"; decoded to disk: {record['streamed']}" if record.get("streamed") else ""
+    return f"images: {record['files']} files of {record['folder']}, trained at {size.text()}{skipped}{streamed}"
 
 
 def check_image_flags(config):
@@ -210,18 +243,6 @@ def choose_image_size(files, given=None, seed=0) -> ImageSize:
     return ImageSize(height, width, channels, reason)
 
 
-def check_memory(folder, files, size, available=None):
-    """A `UsageError` when `files` images of `size` (float32) would take more
-    than `MEMORY_FRACTION` of the memory available."""
-    available = available_memory() if available is None else available
-    needed = files * int(np.prod(size.shape)) * 4
-    if needed > MEMORY_FRACTION * available:
-        raise UsageError(f"--data {folder}: its {files} images at {size.height}x{size.width}x{size.channels} would "
-                         f"need {_bytes_text(needed)} in memory, more than {MEMORY_FRACTION:.0%} of the "
-                         f"{_bytes_text(available)} available: pass a smaller --image-size, or fewer files "
-                         "(--train-rows).")
-
-
 def _bytes_text(size):
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
@@ -278,21 +299,29 @@ def with_channels(image, channels):
     return tf.cond(tf.shape(image)[-1] == 1, lambda: tf.image.grayscale_to_rgb(image), lambda: image)
 
 
-def decode_images(files, size, skip_bad=False, scale=True, flag="--data"):
+def decode_images(files, size, skip_bad=False, scale=True, flag="--data", store=None):
     """`(images (N, H, W, C) float32, indices of the files decoded)`. A file
-    that does not decode is a `UsageError` naming it, or with `skip_bad` is left out."""
-    # Filled in place (the pipeline keeps the files' order): no second copy at the memory check's limit.
-    images, kept = np.empty((len(files), *size.shape), "float32"), []
+    that does not decode is a `UsageError` naming it, or with `skip_bad` is
+    left out. With `store` (a `kadapt.recipes.disk_rows.RowWriter`) the images
+    are written to its file, and are `DiskRows`."""
+    # Filled in place (the pipeline keeps the files' order): no second copy at the memory limit.
+    images = np.empty((0 if store else len(files), *size.shape), "float32")
+    kept = []
     for index, batch in image_dataset(files, size, scale):
-        images[len(kept):len(kept) + len(batch)] = batch.numpy()
+        if store:
+            store.write(batch.numpy())
+        else:
+            images[len(kept):len(kept) + len(batch)] = batch.numpy()
         kept += index.numpy().tolist()
     kept = np.array(kept, int)
+    if store:
+        images = store.close()
     bad = np.setdiff1d(np.arange(len(files)), kept)
     if len(bad) and not skip_bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UsageError(f"{flag}: {files[bad[0]]}{more} is not a readable image (truncated or corrupt): replace or "
                          "remove it, or pass --skip-bad-images to leave such files out.")
-    return images[:len(kept)], kept
+    return (images if store else images[:len(kept)]), kept
 
 
 def raw_image_model(network, size):

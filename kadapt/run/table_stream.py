@@ -458,7 +458,7 @@ def _second_pass(config, scan, encoder, vocabularies, test_fraction):
         raise UsageError(f"--data {config.data}: its encoded rows take {need / 2**30:.1f} GiB on disk, and "
                          f"{store.path.parent} has {free / 2**30:.1f} GiB free. Free space there, or set TMPDIR to "
                          "a larger disk.")
-    writers = [store.writer(name, width) for name in ("train", "validation", "test")]
+    writers = [store.writer(name, (width,)) for name in ("train", "validation", "test")]
     for path, flag in ((config.data, "--data"), (config.test, "--test")):
         if not path:
             continue
