@@ -93,6 +93,10 @@ def test_the_split_is_the_seeds_whatever_the_batches(tmp_path, monkeypatch):
     assert abs(len(whole.x_test) / labelled - TEST_FRACTION) < 3 * (TEST_FRACTION * 0.8 / labelled) ** 0.5
     other = load_data(RunConfig(str(path), target="label", stream="on", seed=4))
     assert len(other.x_test) != len(whole.x_test) or not np.array_equal(other.y_test, whole.y_test)
+    first = load_data(RunConfig(str(path), target="label", stream="on", seed=3, train_rows=1000))
+    assert len(first.x_train) == 1000  # the first 1,000 training rows of the file, read no further
+    np.testing.assert_array_equal(first.y_train, whole.y_train[:1000])
+    assert len(first.x_test) < len(whole.x_test) / 3
 
 
 def test_disk_rows_stream_every_row_once_an_epoch_in_a_seeded_order(monkeypatch):
@@ -144,6 +148,7 @@ def test_regression_sums_batch_by_batch_equal_the_closed_form():
     np.testing.assert_allclose(scores["r2"], 1 - np.sum(error**2) / np.sum((y - y.mean()) ** 2), rtol=1e-9)
 
 
+@pytest.mark.backends("tensorflow", "jax")
 def test_a_table_too_large_for_memory_trains_reports_and_predicts_streamed(tmp_path, monkeypatch, capsys,
                                                                               small_blocks):
     monkeypatch.chdir(tmp_path)

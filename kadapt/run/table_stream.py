@@ -216,15 +216,18 @@ def prediction_batches(spec, data):
 
 
 def _batch_parts(labels, first, config, test_fraction, test_file, trained):
-    """`(positions, parts, trained, done)` of a batch: each row's file position and part (`UNUSED`:
-    no label, or past `--train-rows`), the training rows read so far, and whether that ends the file."""
+    """`(positions, parts, trained, end)` of a batch: each row's file position and part (`UNUSED`:
+    no label, or past `--train-rows`), the training rows read so far, and the rows of the batch
+    read (fewer where `--train-rows` ends the file there, else `None`)."""
     positions = np.arange(first, first + len(labels))
     parts = np.where(tables.labelled(labels), _parts(positions, config, test_fraction, test_file), UNUSED)
     if config.train_rows is None or test_file:
-        return positions, parts, trained + int((parts == TRAIN).sum()), False
+        return positions, parts, trained + int((parts == TRAIN).sum()), None
     seen = trained + np.cumsum(parts == TRAIN)
     parts[(seen > config.train_rows) | ((seen == config.train_rows) & (parts != TRAIN))] = UNUSED
-    return positions, parts, int(min(seen[-1], config.train_rows)), bool(seen[-1] >= config.train_rows)
+    if seen[-1] < config.train_rows:
+        return positions, parts, int(seen[-1]), None
+    return positions, parts, config.train_rows, int(np.searchsorted(seen, config.train_rows)) + 1
 
 
 def _widened(types, change):
@@ -428,9 +431,9 @@ def _scan_file(scan, path, flag, config, test_fraction, types):
     unlabelled = rows = trained = 0
     for first, columns, labels, integer in _read(path, flag, types, config.target,
                                                  scan.plan.kinds if test_file else None):
-        positions, parts, trained, done = _batch_parts(labels, first, config, test_fraction, test_file, trained)
-        rows, keep = first + len(labels), parts != UNUSED
-        unlabelled += int((~tables.labelled(labels)).sum())
+        positions, parts, trained, end = _batch_parts(labels, first, config, test_fraction, test_file, trained)
+        rows, keep = first + (len(labels) if end is None else end), parts != UNUSED
+        unlabelled += int((~tables.labelled(labels[:end])).sum())
         scan.labels.add(tables.label_array(path, config.target, labels[keep], integer), parts[keep])
         scan.read.update({part: int((parts == part).sum()) for part in (TRAIN, VALIDATION, TEST)})
         if test_file:
@@ -438,7 +441,7 @@ def _scan_file(scan, path, flag, config, test_fraction, types):
         else:
             train = parts == TRAIN
             scan.add_training({name: values[train] for name, values in columns.items()}, positions[train])
-        if done:
+        if end is not None:
             break
     if unlabelled:
         scan.label_notes.append(f"{flag} {path}: {unlabelled} of {rows} rows have no {config.target} (an empty "
@@ -464,11 +467,11 @@ def _second_pass(config, scan, encoder, vocabularies, test_fraction):
             continue
         trained = 0
         for first, columns, labels, _ in _read(path, flag, scan.types[flag], config.target, scan.plan.kinds):
-            _, parts, trained, done = _batch_parts(labels, first, config, test_fraction, flag == "--test", trained)
+            _, parts, trained, end = _batch_parts(labels, first, config, test_fraction, flag == "--test", trained)
             inputs = tables.model_columns(columns, scan.plan.kinds)
             encoded = encode(encoder, indexed(inputs, vocabularies) if vocabularies else inputs)
             for part, writer in enumerate(writers):
                 writer.write(encoded[parts == part])
-            if done:
+            if end is not None:
                 break
     return tuple(writer.close() for writer in writers)
