@@ -33,13 +33,14 @@ def write_csv(path, rows, seed=0):
     rng = np.random.default_rng(seed)
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(["size", "code", "colour", "label"])
+        writer.writerow(["size", "code", "colour", "new", "label"])
         for i in range(rows):
             size = rng.normal(10, 3)
             code = str(i % 7) if i < rows // 2 else (f"{i % 7}.5" if i < 3 * rows // 4 else f"c{i % 5}")
             colour = COLOURS[int(rng.integers(0, len(COLOURS)))]
+            new = ["yes", "No", "", "YES", "no", "no"][i % 6]
             label = int(size + (2 if colour == "red" else 0) + rng.normal() > 11)
-            writer.writerow(["" if i % 9 == 0 else f"{size:.3f}", code, colour, "" if i % 31 == 0 else label])
+            writer.writerow(["" if i % 9 == 0 else f"{size:.3f}", code, colour, new, "" if i % 31 == 0 else label])
     return path
 
 
@@ -61,6 +62,8 @@ def test_streamed_rows_encode_as_numpy_encodes_the_whole_file(tmp_path, small_bl
     assert len(data.x_train) == len(rows)
     size = np.array([float(row["size"]) if row["size"] else np.nan for row in rows])
     filled = np.where(np.isnan(size), np.median(size[~np.isnan(size)]), size)
+    new = np.array([{"yes": 1.0, "no": 0.0}.get(row["new"].lower(), np.nan) for row in rows])
+    new_filled = np.where(np.isnan(new), np.median(new[~np.isnan(new)]), new)
     code = np.array([row["code"] for row in rows])  # widened to strings: 7 + 7 + 5 values
     colour = np.array([row["colour"] for row in rows])
 
@@ -69,11 +72,13 @@ def test_streamed_rows_encode_as_numpy_encodes_the_whole_file(tmp_path, small_bl
         order = sorted(counts, key=lambda value: (-counts[value], value))
         return (values[:, None] == np.array(order)[None, :]).astype("float32")
 
-    expected = np.concatenate([((filled - filled.mean()) / filled.std())[:, None], np.isnan(size)[:, None],
+    expected = np.concatenate([((filled - filled.mean()) / filled.std())[:, None],
+                               ((new_filled - new_filled.mean()) / new_filled.std())[:, None],
+                               np.isnan(size)[:, None], np.isnan(new)[:, None],
                                np.zeros((len(rows), 1)), one_hot(code), np.zeros((len(rows), 1)), one_hot(colour)],
                               axis=1)
     # StringLookup's one-hot puts the out-of-vocabulary slot first
-    assert data.columns == {"size": "numeric", "code": "string", "colour": "string"}
+    assert data.columns == {"size": "numeric", "code": "string", "colour": "string", "new": "yes/no"}
     np.testing.assert_allclose(data.x_train[0:len(rows)], expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(data.y_train, [int(row["label"]) for row in rows])
 

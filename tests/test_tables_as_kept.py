@@ -20,6 +20,7 @@ from kadapt.run import RunConfig
 from kadapt.run import UsageError
 from kadapt.run import tables
 from kadapt.run.data import load_data
+from kadapt.run.data import load_table_inputs
 from kadapt.run.encoding import categories
 from kadapt.run.encoding import indexed
 from kadapt.run.encoding import row_encoder
@@ -73,18 +74,19 @@ BOTH_BACKENDS = pytest.mark.backends("tensorflow", "jax")
 def test_a_messy_table_trains_with_every_choice_a_note_in_its_config(sales_run, capsys):
     data = json.loads((sales_run / "config.json").read_text())["resolved"]["data"]
     assert data["task"]["kind"] == "regression"
-    assert data["columns"] == {"size": "numeric", "colour": "string", "sold on": "date", "new": "string"}
+    assert data["columns"] == {"size": "numeric", "colour": "string", "sold on": "date", "new": "yes/no"}
     assert data["dropped_columns"] == {"user": "a distinct value on every training row (an id)"}
     notes = data["notes"]
     assert notes[0] == "--data sales.csv: 8 of 200 rows have no price (an empty cell): left out"
+    assert notes[2] == "column new: the words yes and no: one input, 1 for yes and 0 for no"
     assert re.fullmatch(r"task: regression \(\d+ distinct whole numbers in \d+ training rows: more than 20 and more "
-                        r"than 5% of the rows, so values to predict, not classes\)", notes[2])
+                        r"than 5% of the rows, so values to predict, not classes\)", notes[3])
     assert any(re.fullmatch(r"column size: \d+ of \d+ training values missing: filled with the median [\d.]+, and "
                             "an input flags them", note) for note in notes)
-    # size, its flag, 4 date parts; colour: red, green, "" (NA is missing too) + 1 out-of-vocabulary; new: 2 + 1
-    assert data["input_shape"] == [2 + 4 + 4 + 3]
+    # size, its flag, 4 date parts, new (1/0); colour: red, green, "" (NA is missing too) + 1 out-of-vocabulary
+    assert data["input_shape"] == [2 + 4 + 1 + 4]
     # Only TensorFlow's models take strings: elsewhere they reach the model as indices in these vocabularies.
-    expected = {} if keras.backend.backend() == "tensorflow" else {"colour": ["", "green", "red"], "new": ["no", "yes"]}
+    expected = {} if keras.backend.backend() == "tensorflow" else {"colour": ["", "green", "red"]}
     assert data.get("vocabularies", {}) == expected
     capsys.readouterr()
     assert cli.main(["report", str(sales_run)]) == 0
@@ -224,3 +226,14 @@ def test_a_predict_file_with_words_in_a_column_of_numbers(sales_run, sales, monk
     with pytest.raises(SystemExit, match=r"kadapt: error: --data words.csv: column size holds 'big' on line 2; in "
                                          r"the training file it holds numbers. Fix the cell."):
         cli.main(["predict", "run", "--data", "words.csv"])
+
+
+def test_a_yes_no_column_is_one_input_and_a_later_word_is_named(tmp_path):
+    write_csv(tmp_path / "t.csv", ["new", "y"], [[word, i % 2] for i, word in
+                                                 enumerate(["yes", "No", "", "YES", "no"] * 8)])
+    data = load_data(RunConfig(str(tmp_path / "t.csv"), target="y", validation_split=0.0, seed=0))
+    assert data.columns == {"new": "yes/no"} and data.input_shape == (2,)  # 1/0 and its "was missing" flag
+    write_csv(tmp_path / "later.csv", ["new", "y"], [["yes", 1], ["maybe", 0]])
+    with pytest.raises(UsageError, match=r"^--data .*later.csv: column new holds 'maybe' on line 3; in the training "
+                                         r"file it holds the words yes and no. Fix the cell.$"):
+        load_table_inputs(str(tmp_path / "later.csv"), {"columns": data.columns, "target": "y"})

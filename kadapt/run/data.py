@@ -221,7 +221,7 @@ def _table_data(config):
     (x, y), notes = _labelled_rows(config.data, table, config.target)
     tables.check_input_names(config.data, x)
     plan = tables.column_plan(x)
-    notes += [f"column {name}: {reason}: dropped" for name, reason in plan.dropped.items()]
+    notes += tables.plan_notes(plan)
     x = tables.model_columns(x, plan.kinds)
     if config.test is None:
         train, test = _seeded_split(x, y, config.seed)

@@ -104,7 +104,7 @@ def stream_table(config, reason, test_fraction):
     labels = label_task(config.data, labels_train, (labels_val, labels_test), config.task, scan.labels.names)
     notes = [f"streamed from disk ({reason}): statistics from a first pass, the encoded rows written to a "
              "scratch file", scan.split_note(config, test_fraction), *scan.label_notes,
-             *(f"column {name}: {why}: dropped" for name, why in scan.plan.dropped.items()),
+             *tables.plan_notes(scan.plan),
              f"task: {labels.task.kind} ({labels.reason})"]
     stats = scan.statistics()
     from kadapt.run import encoding
@@ -202,8 +202,8 @@ def prediction_batches(spec, data):
 
     pa = require("pyarrow", extra="tables")
     kinds, target = data["columns"], data.get("target")
-    types = {name: {tables.NUMERIC: pa.float64(), tables.STRING: pa.string()}.get(kind, pa.timestamp("s"))
-             for name, kind in kinds.items()}
+    types = {name: {tables.NUMERIC: pa.float64(), tables.STRING: pa.string(), tables.YES_NO: pa.string()}.get(
+        kind, pa.timestamp("s")) for name, kind in kinds.items()}
     types.update({name: pa.string() for name in data.get("dropped_columns", {})})
     if target:  # class names are strings; classes given as numbers and values are read as numbers
         types[target] = pa.string() if data.get("classes") else pa.float64()
@@ -358,6 +358,9 @@ class _Scan:
             else:
                 kinds[name] = {"f": tables.NUMERIC, "O": tables.STRING}.get(
                     kind, tables.DATETIME if name in self.has_time else tables.DATE)
+                counts = self.counts[tables.input_name(name)]
+                if kind == "O" and counts.exact and tables.yes_no(counts.counts):
+                    kinds[name] = tables.YES_NO
         if not kinds:
             raise UsageError(f"--data {path}: no column besides the target holds values in the training rows. "
                              "Add the columns to learn from.")
@@ -382,6 +385,8 @@ class _Scan:
         columns = []
         for name in numbers:
             moments, sample = self.moments[name], self.sample[name]
+            if tables.is_strings(sample):  # a yes/no column: its statistics from its exact counts
+                moments, sample = self._yes_no_moments(name)
             given = sample[~np.isnan(sample)]
             median = float(np.median(given.astype("float64"))) if len(given) else 0.0
             mean, variance = encoding.filled_moments(median, moments.shift or 0.0, moments.given, moments.sum,
@@ -394,6 +399,20 @@ class _Scan:
                                    {name: encoding.categories(self.counts[name].counts) for name in strings},
                                    {name: len(self.counts[name].counts) for name in strings},
                                    median_rows=len(self.keys) if rows > SAMPLE_ROWS else None)
+
+    def _yes_no_moments(self, name):
+        """`(_Moments, values)` of a yes/no column from its counts: the moments exact, and values
+        whose median is the column's."""
+        counts = collections.Counter()
+        for word, count in self.counts[name].counts.items():
+            counts[tables.YES_NO_WORDS.get(str(word).lower(), np.nan)] += count
+        moments = _Moments()
+        moments.missing, moments.given = sum(n for value, n in counts.items() if value != value), counts[1.0] + \
+            counts[0.0]
+        moments.shift, moments.sum, moments.squares = 0.0, float(counts[1.0]), float(counts[1.0])
+        moments.low, moments.high = (0.0 if counts[0.0] else 1.0), (1.0 if counts[1.0] else 0.0)
+        ones, zeros = counts[1.0], counts[0.0]  # the median of the 1s and 0s: the commoner, 0.5 on a tie
+        return moments, np.array([1.0] if ones > zeros else [0.0] if zeros > ones else [0.0, 1.0])
 
     def split_note(self, config, test_fraction):
         parts = f"{self.read[TRAIN]} training, {self.read[VALIDATION]} validation and {self.read[TEST]} test rows"

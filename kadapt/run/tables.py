@@ -9,6 +9,8 @@ kind from the training file, and the kinds bind the test file and the rows
 - `numeric`: numbers, whole or not, and true/false columns (as 1/0); a
   missing cell is NaN, which the model fills and flags (`kadapt.run.encoding`);
 - `string`: categories, a missing cell the category `""`;
+- `yes/no`: a column of the words yes and no (any case), one input of 1 and 0,
+  NaN where missing (true/false columns are read as 1/0 numbers already);
 - `date` (or `datetime` where a time of day is given): given to the model as
   numbers, one input per part (`COLUMN.year`, `.month`, `.day`, `.weekday`,
   and `.hour` for a `datetime`).
@@ -31,6 +33,8 @@ NUMERIC = "numeric"
 STRING = "string"
 DATE = "date"
 DATETIME = "datetime"  # dates with a time of day: the hour is a part too
+YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for no
+YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # What pandas reads as missing, as pyarrow's CSV reader takes it.
@@ -102,7 +106,7 @@ def _arrow_table(pa, path, flag, kinds):
                              "table as one of them.")
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
-        types = {name: pa.string() for name, kind in (kinds or {}).items() if kind == STRING}
+        types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO)}
         return csv.read_csv(path, convert_options=csv_options(types))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise unreadable(path, flag, error) from None
@@ -166,7 +170,12 @@ def _iso_dates(pa, strings):
 
 def _as_kind(path, flag, name, values, kind):
     """A column read from a later file as the training file's kind says, or a `UsageError`."""
-    wanted = {NUMERIC: "f", STRING: "O", DATE: "M", DATETIME: "M"}[kind]
+    wanted = {NUMERIC: "f", STRING: "O", YES_NO: "O", DATE: "M", DATETIME: "M"}[kind]
+    if kind == YES_NO and values.dtype.kind == "O":
+        other = np.flatnonzero((values != "") & ~is_yes_no_word(values))
+        if len(other):
+            raise UsageError(f"{flag} {path}: column {name} holds {values[other[0]]!r} on line {other[0] + 2}; in "
+                             "the training file it holds the words yes and no. Fix the cell.")
     if values.dtype.kind == wanted or (values.dtype.kind == "f" and np.isnan(values).all()):
         return np.full(len(values), np.datetime64("NaT"), "datetime64[s]") if wanted == "M" and \
             values.dtype.kind == "f" else values
@@ -249,11 +258,39 @@ def column_plan(columns: dict) -> ColumnPlan:
     return ColumnPlan(kinds, dropped)
 
 
+def plan_notes(plan: ColumnPlan) -> list:
+    """The lines a run prints of its `ColumnPlan`: each column dropped, each yes/no column made 1/0."""
+    return [*(f"column {name}: {reason}: dropped" for name, reason in plan.dropped.items()),
+            *(f"column {name}: the words yes and no: one input, 1 for yes and 0 for no" for name, kind in
+              plan.kinds.items() if kind == YES_NO)]
+
+
 def _kind(values):
     if values.dtype.kind == "M":
         given = values[~np.isnat(values)].astype("datetime64[s]")
         return DATETIME if np.any(given != given.astype("datetime64[D]")) else DATE
-    return NUMERIC if values.dtype.kind == "f" else STRING
+    if values.dtype.kind == "f":
+        return NUMERIC
+    return YES_NO if yes_no(set(values.tolist())) else STRING
+
+
+def yes_no(distinct) -> bool:
+    """Whether a string column's distinct values are the words yes and no (any case), and missing cells."""
+    words = {str(value).lower() for value in distinct if value != ""}
+    return bool(words) and words <= set(YES_NO_WORDS)
+
+
+def is_yes_no_word(values):
+    """Which cells of a string column are yes or no (any case)."""
+    return np.isin(np.char.lower(values.astype(str)), list(YES_NO_WORDS))
+
+
+def yes_no_numbers(values):
+    """A yes/no column as float32: 1 for yes, 0 for no, NaN where missing."""
+    if values.dtype.kind == "f":  # a later file's column empty everywhere, read as numbers
+        return values.astype("float32")
+    lower = np.char.lower(values.astype(str))
+    return np.where(lower == "yes", 1.0, np.where(lower == "no", 0.0, np.nan)).astype("float32")
 
 
 def _drop_reason(values):
@@ -283,7 +320,7 @@ def model_inputs(kinds: dict) -> dict:
         if kind in (DATE, DATETIME):
             inputs.update({f"{input_name(name)}.{part}": NUMERIC for part in _parts(kind)})
         else:
-            inputs[input_name(name)] = kind
+            inputs[input_name(name)] = NUMERIC if kind == YES_NO else kind
     return inputs
 
 
@@ -300,7 +337,9 @@ def model_columns(columns: dict, kinds: dict) -> dict:
             parts = date_parts(columns[name])
             inputs.update({f"{input_name(name)}.{part}": parts[part] for part in _parts(kind)})
         else:
-            inputs[input_name(name)] = columns[name].astype("float32") if kind == NUMERIC else columns[name]
+            values = columns[name]
+            inputs[input_name(name)] = values.astype("float32") if kind == NUMERIC else \
+                yes_no_numbers(values) if kind == YES_NO else values
     return inputs
 
 
