@@ -53,6 +53,7 @@ from kadapt.run.recipe_options import optimizer_choice
 from kadapt.run.recipe_options import recipe_config
 from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
+from kadapt.run.run_directory import whole_file
 
 
 @dataclasses.dataclass
@@ -430,7 +431,8 @@ def _save_model(run):
         model = inference_model(data.encoder, run.model, data.task)
         if data.images:  # files' pixels of any size -> resized, scaled (kadapt.run.image_folders)
             model = raw_image_model(model, ImageSize.from_record(data.images))
-        portable_model(model).save(run.directory / files.MODEL)
+        with whole_file(run.directory / files.MODEL) as temporary:
+            portable_model(model).save(temporary)
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 

@@ -9,8 +9,13 @@ names), `training.png`, `probe.png`, `tensorboard/` and
 
 `run.json`'s `status` goes probing -> training -> completed, or ends at
 interrupted (Ctrl-C; `--resume` continues) or failed (with the `error`).
+
+Every file but the `.jsonl` logs is written whole (`whole_file`): a reader
+sees the last version or the one before, never half of one, and a killed run
+leaves the last whole version behind. The logs grow a whole line at a time.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +35,7 @@ TRAINING_PLOT = "training.png"
 PROBE_PLOT = "probe.png"
 TENSORBOARD = "tensorboard"
 BACKUP = "backup"
+TEMPORARY = ".kadapt-tmp."  # the prefix of a file being written (`whole_file`)
 
 
 class RunDirectory:
@@ -100,10 +106,9 @@ class RunDirectory:
             raise UsageError(f"{path} is not valid JSON.") from None
 
     def write_json(self, name, value):
-        """Writes `name` atomically: an interrupted run never leaves half a file."""
-        temporary = self / f".{name}.{os.getpid()}.tmp"
-        temporary.write_text(json.dumps(value, indent=1, default=_plain) + "\n")
-        os.replace(temporary, self / name)
+        """Writes `name` whole (`whole_file`)."""
+        with whole_file(self / name) as temporary:
+            temporary.write_text(json.dumps(value, indent=1, default=_plain) + "\n")
 
     def update_run(self, **fields):
         """Merges `fields` into `run.json`."""
@@ -139,6 +144,32 @@ class RunDirectory:
             ancestor = ancestor.parent
         if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
             raise UsageError(f"--out {self.path} cannot be created: {ancestor} is not a writable directory.")
+
+
+@contextlib.contextmanager
+def whole_file(path):
+    """Yields a temporary path beside `path` to write; renames it onto `path`
+    (`os.replace`) once the block ends without error, else removes it.
+
+    A reader of `path` opens the last whole version or the new one, never half
+    of one; a process killed while writing leaves the last whole version (and
+    a temporary file). The temporary name
+    keeps the suffix: Keras and matplotlib read the format from it.
+
+    Example:
+
+    ```python
+    with whole_file(run / "model.keras") as temporary:
+        model.save(temporary)
+    ```
+    """
+    path = Path(path)
+    temporary = path.with_name(f"{TEMPORARY}{os.getpid()}.{path.name}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _plain(value):
