@@ -74,6 +74,18 @@ class Run:
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
     range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
     clock: PhaseClock = dataclasses.field(default_factory=PhaseClock)  # the seconds of each phase
+    lock: object = None  # the `kadapt.run.run_lock.RunLock` on the directory (None in a worker that is not the chief)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.release()
+
+    def release(self):
+        """Gives the run directory up: another `kadapt train` may take it."""
+        if self.lock is not None:
+            self.lock.release()
 
     def scope(self):
         """Where the network that trains is built: the strategy's scope in a
@@ -87,17 +99,38 @@ class Run:
 
 
 def start_run(options, out, overwrite=False, resume=False, member=None, clock=None):
-    """Validates the options, data, network and output directory, then
-    creates the directory. Raises `UsageError` before writing anything.
+    """Takes the output directory, validates the options, data, network and
+    directory, then creates it. Raises `UsageError` before writing anything
+    (and leaves no directory it made).
+
+    The returned `Run` holds the directory (`RunDirectory.claim`): until
+    `Run.release` (or the end of a `with` block on it, or of the process),
+    another `kadapt train` on it is refused.
 
     With `member` (a multi-worker run), the network is built under its
     strategy (on JAX: the distribution), and a worker that is not the chief
     writes into a scratch directory instead of `out`. `clock` (a
     `kadapt.run.phases.PhaseClock`, a new one by default) times the phases
     from here on."""
-    clock = PhaseClock() if clock is None else clock
     directory = RunDirectory(out)
-    replace = directory.check_new_run(overwrite, resume)
+    if member is not None and not member.is_chief:
+        lock, replace = None, directory.check_new_run(overwrite, resume)  # the chief holds `out`
+    else:
+        lock, replace = directory.claim(overwrite, resume)
+    try:
+        run = _prepare(options, directory, replace, resume, member, clock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _prepare(options, directory, replace, resume, member, clock):
+    """`start_run`'s `Run`, in `directory`, which this process holds."""
+    out = directory.path
+    clock = PhaseClock() if clock is None else clock
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
     if member is not None and not member.is_chief:
