@@ -5,10 +5,12 @@ tests/test_run_processes.py drives the same with real `kadapt train` processes."
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import types
 
 import pytest
 
@@ -132,4 +134,26 @@ def test_a_directory_holding_only_a_dead_runs_lock_and_temporary_files_starts_af
 def test_a_refused_run_leaves_no_directory_behind(tmp_path):
     with pytest.raises(SystemExit, match="--model must be one of"):
         cli.main(["train", "--data", "digits", "--model", "no_such_net", "--out", str(tmp_path / "runs" / "a")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_on_a_read_only_file_system_ends_in_one_line(tmp_path, monkeypatch):
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(f_flag=real(path).f_flag | os.ST_RDONLY))
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", "digits", "--model", "mlp", "--out", str(tmp_path / "run")])
+    assert str(raised.value) == (f"kadapt: error: --out {tmp_path / 'run'} cannot be written: {tmp_path} is on a "
+                                 "read-only file system. Pick another --out.")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_on_a_full_file_system_ends_in_one_line_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: types.SimpleNamespace(free=2**19))
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", "digits", "--model", "mlp", "--train-rows", "64", "--out", str(tmp_path / "run")])
+    weights = 64 * 128 + 128 + 128 * 10 + 10  # digits' 64 pixels -> the mlp's 128 units -> 10 classes
+    assert str(raised.value) == (
+        f"kadapt: error: --out {tmp_path / 'run'} is on a file system with 0.5 MiB free, and the run writes about "
+        f"{(9 * 4 * weights + 2**20) / 2**20:.1f} MiB (model.keras, checkpoints, logs): free some space, or pick "
+        "another --out.")
     assert list(tmp_path.iterdir()) == []

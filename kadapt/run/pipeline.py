@@ -55,6 +55,11 @@ from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
 from kadapt.run.run_directory import whole_file
 
+# model.keras and its temporary copy, the backup's checkpoint and its previous one, each with the
+# optimizer's slots (Adam: two per weight), and the best epoch's weights.
+RUN_COPIES = 9
+LOG_BYTES = 2**20
+
 
 @dataclasses.dataclass
 class Run:
@@ -151,6 +156,7 @@ def _prepare(options, directory, replace, resume, member, clock):
         keras.utils.set_random_seed(config.seed)
         with run.local(), global_policy(precision.policy):
             run.model = build_network(name, data, settings)
+    directory.check_space(_run_bytes(run.model))
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -164,6 +170,11 @@ def _prepare(options, directory, replace, resume, member, clock):
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
     return run
+
+
+def _run_bytes(model):
+    """About the bytes a run of `model` writes: `RUN_COPIES` float32 copies of its weights, and the logs and plots."""
+    return RUN_COPIES * 4 * model.count_params() + LOG_BYTES
 
 
 def _precision(config, settings, name, data, resumed, member):

@@ -180,6 +180,18 @@ class RunDirectory:
             ancestor = ancestor.parent
         if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
             raise UsageError(f"--out {self.path} cannot be created: {ancestor} is not a writable directory.")
+        if os.statvfs(ancestor).f_flag & os.ST_RDONLY:
+            raise UsageError(f"--out {self.path} cannot be written: {ancestor} is on a read-only file system. "
+                             "Pick another --out.")
+
+    def check_space(self, needed):
+        """Raises `UsageError` where the directory's file system has less than `needed` bytes free."""
+        free = shutil.disk_usage(self.path).free
+        if free < needed:
+            raise UsageError(f"--out {self.path} is on a file system with {free / 2**20:.1f} MiB free, and the run "
+                             f"writes about {needed / 2**20:.1f} MiB (model.keras, checkpoints, logs): free some "
+                             "space, or pick another --out.")
+
 
 @contextlib.contextmanager
 def whole_file(path):
