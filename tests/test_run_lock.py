@@ -12,6 +12,8 @@ import sys
 import tempfile
 import types
 
+import keras
+import numpy as np
 import pytest
 
 from kadapt import cli
@@ -157,3 +159,44 @@ def test_an_out_on_a_full_file_system_ends_in_one_line_before_training(tmp_path,
         f"{(9 * 4 * weights + 2**20) / 2**20:.1f} MiB (model.keras, checkpoints, logs): free some space, or pick "
         "another --out.")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_report_on_a_run_in_progress_says_so_first(tmp_path, capsys):
+    run = write_run(tmp_path / "run", "training")
+    lock = RunLock.acquire(run)
+    assert cli.main(["report", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"run in progress: process {os.getpid()} is still training {run}; what it has written so far:"
+    assert lines[2].split(None, 1) == ["status", "training"]
+    lock.release()
+
+
+def test_report_on_a_run_killed_mid_run_says_that_it_ended_without_a_record(tmp_path, capsys):
+    run = write_run(tmp_path / "run", "training")
+    assert cli.main(["report", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"status           training when its process ended without a record (killed?): "
+                        f"`kadapt train --resume --out {run}` continues it")
+
+
+def test_predict_on_a_run_in_progress_without_a_model_says_there_is_none_yet(tmp_path):
+    run = write_run(tmp_path / "run", "training")
+    lock = RunLock.acquire(run)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["predict", str(run), "--data", "digits"])
+    assert str(raised.value) == (f"kadapt: error: run in progress: process {os.getpid()} is still training {run}, "
+                                 "and it holds no model.keras yet: predict once the run has finished.")
+    lock.release()
+
+
+def test_predict_on_a_run_in_progress_uses_its_last_whole_model(tmp_path, capsys):
+    run = write_run(tmp_path / "run", "training")
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).save(run / "model.keras")
+    np.save(tmp_path / "x.npy", np.ones((5, 3), "float32"))
+    lock = RunLock.acquire(run)
+    assert cli.main(["predict", str(run), "--data", str(tmp_path / "x.npy")]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0] == (f"run in progress: process {os.getpid()} is still training {run}; predicting "
+                                   "with its last whole model.keras")
+    assert out.startswith(f"predicted 5 rows of {tmp_path / 'x.npy'}")
+    lock.release()
