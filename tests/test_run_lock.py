@@ -185,7 +185,7 @@ def test_predict_on_a_run_in_progress_without_a_model_says_there_is_none_yet(tmp
     with pytest.raises(SystemExit) as raised:
         cli.main(["predict", str(run), "--data", "digits"])
     assert str(raised.value) == (f"kadapt: error: run in progress: process {os.getpid()} is still training {run}, "
-                                 "and it holds no model.keras yet: predict once the run has finished.")
+                                 "and it holds no model.keras yet: the run saves it when it finishes.")
     lock.release()
 
 

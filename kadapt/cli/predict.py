@@ -171,7 +171,7 @@ def load_run_model(directory):
     if not path.is_file():
         notice = in_progress_text(directory)
         if notice:
-            raise UsageError(f"{notice}, and it holds no {files.MODEL} yet: predict once the run has finished.")
+            raise UsageError(f"{notice}, and it holds no {files.MODEL} yet: the run saves it when it finishes.")
         raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")
     try:
         return load_model(path)

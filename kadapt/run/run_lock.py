@@ -111,9 +111,9 @@ def _inherited(directory):
     if not text.isdigit():
         return None
     try:
-        held = os.fstat(int(text))
-        if not _same(held, os.stat(directory / LOCK)):
+        if not _same(os.fstat(int(text)), os.stat(directory / LOCK)):
             return None
+        os.set_inheritable(int(text), False)  # this worker's own children hold no part of the run's lock
     except OSError:
         return None
     return int(text)
