@@ -1,8 +1,10 @@
 """Ctrl-C cannot cut a `kadapt train` checkpoint short."""
 
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -74,3 +76,21 @@ def test_a_restored_epoch_other_than_the_prepared_one_stops_with_a_clear_error(t
     begun = _EpochsBegun()
     _fit(tmp_path, begun, first_epoch=2)
     assert begun.epochs == [2, 3]
+
+
+def test_the_checkpoint_of_a_finished_run_is_gone_at_once(tmp_path, monkeypatch):
+    # A kill while the files are deleted (here: the deletion fails after the first) leaves no
+    # part of the checkpoint where a resume would read it.
+    real = shutil.rmtree
+
+    def first_file_only(path):
+        next(p for p in sorted(Path(path).iterdir())).unlink()
+        raise OSError("killed")
+
+    monkeypatch.setattr(shutil, "rmtree", first_file_only)
+    with pytest.raises(OSError, match="killed"):
+        _fit(tmp_path / "backup", epochs=2)
+    monkeypatch.setattr(shutil, "rmtree", real)
+    assert not (tmp_path / "backup").exists()
+    [aside] = tmp_path.iterdir()  # what is left lies aside, under a name the next run clears
+    assert aside.name.startswith(".kadapt-tmp.") and "training_metadata.json" in {p.name for p in aside.iterdir()}

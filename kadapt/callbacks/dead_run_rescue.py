@@ -216,7 +216,9 @@ class DeadRunRescue(keras.callbacks.Callback):
         path = self.log_dir / DECISIONS_FILE
         lines = path.read_text().splitlines() if path.is_file() else []
         others = [line for line in lines if json.loads(line).get("trigger") not in TRIGGERS]
-        path.write_text("".join(line + "\n" for line in [*others, *map(json.dumps, self.decisions)]))
+        aside = path.with_name(path.name + ".partial")  # replaced whole, as the MetaAdjuster's rewrite
+        aside.write_text("".join(line + "\n" for line in [*others, *map(json.dumps, self.decisions)]))
+        os.replace(aside, path)
 
     def get_config(self) -> dict[str, Any]:
         return {"rule": self.rule.get_config(), "monitor": self.monitor,

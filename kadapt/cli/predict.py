@@ -15,6 +15,7 @@ from kadapt.recipes.task import REGRESSION
 from kadapt.recipes.task import RegressionSums
 from kadapt.run.data import load_inputs
 from kadapt.run.data import load_table_inputs
+from kadapt.run.report import in_progress_text
 from kadapt.run.tables import is_strings
 from kadapt.run.tables import is_table_spec
 from kadapt.run.tables import labelled
@@ -47,6 +48,9 @@ def run_predict(args: argparse.Namespace) -> int:
     _check_output(args.output, args.probabilities)
     directory = RunDirectory(args.run_dir)
     model = load_run_model(directory)
+    notice = in_progress_text(directory)
+    if notice:  # on stderr: stdout may carry the predicted rows
+        print(f"{notice}; predicting with its last whole {files.MODEL}", file=sys.stderr)
     config = directory.read_json(files.CONFIG) or {}
     data = config.get("resolved", {}).get("data", {})
     regression = data.get("task", {}).get("kind") == REGRESSION
@@ -226,6 +230,9 @@ def _test_time_augmentation(config):
 def load_run_model(directory):
     path = directory / files.MODEL
     if not path.is_file():
+        notice = in_progress_text(directory)
+        if notice:
+            raise UsageError(f"{notice}, and it holds no {files.MODEL} yet: the run saves it when it finishes.")
         raise UsageError(f"{directory.path} holds no {files.MODEL}: train it first (or let it finish).")
     try:
         return load_model(path)

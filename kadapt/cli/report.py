@@ -5,6 +5,7 @@ from kadapt.run import run_directory as files
 from kadapt.run.plots import draw_plots
 from kadapt.run.report import epoch_table
 from kadapt.run.report import format_table
+from kadapt.run.report import in_progress_text
 from kadapt.run.report import summary
 from kadapt.run.run_directory import RunDirectory
 
@@ -20,6 +21,9 @@ def add_report_arguments(subparsers) -> None:
 def run_report(args) -> int:
     directory = RunDirectory(args.run_dir)
     rows = summary(directory)
+    notice = in_progress_text(directory)
+    if notice:
+        print(f"{notice}; what it has written so far:")
     plots = draw_plots(directory) if args.redraw else _existing_plots(directory)
     print(format_table(rows + [("plots", ", ".join(str(p) for p in plots) or "none yet")]))
     epochs = epoch_table(directory)

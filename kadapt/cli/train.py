@@ -158,7 +158,8 @@ def _train(args, out, member):
                     overwrite=args.overwrite, resume=args.resume, member=member,
                     clock=PhaseClock(start_up=process_age()))
     try:
-        train(run, echo=_echo, verbose=fit_verbosity(args.fit_verbose, sys.stdout))
+        with run:  # this process alone writes `out` until the run ends
+            train(run, echo=_echo, verbose=fit_verbosity(args.fit_verbose, sys.stdout))
     except KeyboardInterrupt:
         print(f"kadapt: interrupted: {out} keeps what finished; continue with "
               f"`kadapt train --resume --out {out}`", file=sys.stderr)
@@ -201,11 +202,14 @@ def _launch(args, out):
         if os.environ.get(variable):
             raise UsageError(f"--workers starts its own local cluster, but {variable} is set (this process is "
                              f"already one worker of a cluster): drop --workers, or unset {variable}.")
-    RunDirectory(out).check_new_run(args.overwrite, args.resume)  # before any worker starts
+    lock, _ = RunDirectory(out).claim(args.overwrite, args.resume)  # before any worker starts
     argv = _without_workers(args.argv)
     if args.out is None:
         argv += ["--out", out]  # one directory for all: the default name has the time in it
-    return launch_local_workers(args.workers, argv, echo=_echo, setup=setup)
+    try:
+        return launch_local_workers(args.workers, argv, echo=_echo, setup=setup, lock=lock)  # they share the lock
+    finally:
+        lock.release()
 
 
 def _configured_backend():

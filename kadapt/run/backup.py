@@ -2,11 +2,15 @@
 
 import contextlib
 import json
+import os
+import shutil
 import signal
 import threading
 from pathlib import Path
 
 import keras
+
+from kadapt.run.run_directory import TEMPORARY
 
 
 METADATA = "training_metadata.json"  # Keras' BackupAndRestore: the epoch the checkpoint holds
@@ -68,6 +72,18 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
     def on_train_batch_end(self, batch, logs=None):
         with _sigint_held():
             super().on_train_batch_end(batch, logs)
+
+    def on_train_end(self, logs=None):
+        """Removes the checkpoint (`delete_checkpoint`) at once: renamed aside, then deleted.
+        Keras deletes it file by file; a kill among them could leave the last epoch's
+        metadata without its weights, which a resume took for a finished run (and saved
+        the initial weights)."""
+        backup = Path(self.backup_dir)
+        if self.delete_checkpoint and backup.is_dir():
+            aside = backup.with_name(f"{TEMPORARY}{os.getpid()}.{backup.name}")
+            os.replace(backup, aside)
+            shutil.rmtree(aside)
+        super().on_train_end(logs)
 
     def _commit_epoch(self, epoch, logs):
         with _sigint_held(), self.save_scope():

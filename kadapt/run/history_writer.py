@@ -2,9 +2,10 @@
 
 import json
 import numbers
-import os
 
 import keras
+
+from kadapt.run.run_directory import whole_file
 
 
 class HistoryWriter(keras.callbacks.Callback):
@@ -30,10 +31,8 @@ class HistoryWriter(keras.callbacks.Callback):
         self.history.setdefault("epoch", []).append(epoch)
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(_json_value(value))
-        temporary = f"{self.path}.tmp"
-        with open(temporary, "w") as stream:
+        with whole_file(self.path) as temporary, open(temporary, "w") as stream:
             json.dump(self.history, stream, indent=1)
-        os.replace(temporary, self.path)
 
     def _read_until(self, epoch):
         """The saved history of epochs before `epoch` (those a resume keeps)."""

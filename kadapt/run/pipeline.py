@@ -53,6 +53,12 @@ from kadapt.run.recipe_options import optimizer_choice
 from kadapt.run.recipe_options import recipe_config
 from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
+from kadapt.run.run_directory import whole_file
+
+# model.keras and its temporary copy, the backup's checkpoint and its previous one, each with the
+# optimizer's slots (Adam: two per weight), and the best epoch's weights.
+RUN_COPIES = 9
+LOG_BYTES = 2**20
 
 
 @dataclasses.dataclass
@@ -73,6 +79,18 @@ class Run:
     precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
     range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
     clock: PhaseClock = dataclasses.field(default_factory=PhaseClock)  # the seconds of each phase
+    lock: object = None  # the `kadapt.run.run_lock.RunLock` on the directory (None in a worker that is not the chief)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.release()
+
+    def release(self):
+        """Gives the run directory up: another `kadapt train` may take it."""
+        if self.lock is not None:
+            self.lock.release()
 
     def scope(self):
         """Where the network that trains is built: the strategy's scope in a
@@ -86,17 +104,38 @@ class Run:
 
 
 def start_run(options, out, overwrite=False, resume=False, member=None, clock=None):
-    """Validates the options, data, network and output directory, then
-    creates the directory. Raises `UsageError` before writing anything.
+    """Takes the output directory, validates the options, data, network and
+    directory, then creates it. Raises `UsageError` before writing anything
+    (and leaves no directory it made).
+
+    The returned `Run` holds the directory (`RunDirectory.claim`): until
+    `Run.release` (or the end of a `with` block on it, or of the process),
+    another `kadapt train` on it is refused.
 
     With `member` (a multi-worker run), the network is built under its
     strategy (on JAX: the distribution), and a worker that is not the chief
     writes into a scratch directory instead of `out`. `clock` (a
     `kadapt.run.phases.PhaseClock`, a new one by default) times the phases
     from here on."""
-    clock = PhaseClock() if clock is None else clock
     directory = RunDirectory(out)
-    replace = directory.check_new_run(overwrite, resume)
+    if member is not None and not member.is_chief:
+        lock, replace = None, directory.check_new_run(overwrite, resume)  # the chief holds `out`
+    else:
+        lock, replace = directory.claim(overwrite, resume)
+    try:
+        run = _prepare(options, directory, replace, resume, member, clock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _prepare(options, directory, replace, resume, member, clock):
+    """`start_run`'s `Run`, in `directory`, which this process holds."""
+    out = directory.path
+    clock = PhaseClock() if clock is None else clock
     saved = directory.read_json(files.CONFIG)["options"] if resume else None
     config = resolve_config(options, saved)
     if member is not None and not member.is_chief:
@@ -120,6 +159,7 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
         keras.utils.set_random_seed(config.seed)
         with run.local(), global_policy(precision.policy):
             run.model = build_network(name, data, settings)
+    directory.check_space(_run_bytes(run.model))
     if member is not None:
         # Variables made under the strategy draw other initial values than the same seed gives
         # one process; the workers start from the one-process network's weights instead. That
@@ -133,6 +173,11 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
     return run
+
+
+def _run_bytes(model):
+    """About the bytes a run of `model` writes: `RUN_COPIES` float32 copies of its weights, and the logs and plots."""
+    return RUN_COPIES * 4 * model.count_params() + LOG_BYTES
 
 
 def _precision(config, settings, name, data, resumed, member):
@@ -435,7 +480,8 @@ def _save_model(run):
         model = inference_model(data.encoder, run.model, data.task)
         if data.images:  # files' pixels of any size -> resized, scaled (kadapt.run.image_folders)
             model = raw_image_model(model, ImageSize.from_record(data.images))
-        portable_model(model).save(run.directory / files.MODEL)
+        with whole_file(run.directory / files.MODEL) as temporary:
+            portable_model(model).save(temporary)
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 

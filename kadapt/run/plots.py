@@ -2,6 +2,7 @@
 
 from kadapt.extras import require
 from kadapt.run import run_directory as files
+from kadapt.run.run_directory import whole_file
 
 MIB = 2**20
 _DECISION_COLORS = ("tab:red", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive")
@@ -139,5 +140,6 @@ def _figure(rows, height):
 
 def _save(figure, path):
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    with whole_file(path) as temporary:  # `kadapt report --redraw` may draw while a reader opens the file
+        figure.savefig(temporary, dpi=100)
     return path

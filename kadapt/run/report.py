@@ -15,7 +15,7 @@ def summary(directory):
     steps = directory.read_jsonl(files.STEPS)
     rows = [
         ("run directory", str(directory.path)),
-        ("status", record.get("status", "unknown")),
+        ("status", _status_text(directory, record.get("status", "unknown"))),
         ("data", _data_text(options, resolved)),
         ("model", resolved.get("model", options["model"])),
         ("batch plan", resolved.get("plan", {}).get("text", "not probed")),
@@ -34,6 +34,23 @@ def summary(directory):
     if "seconds" in record:
         rows.append(("time split", seconds_text(record["seconds"])))
     return rows
+
+
+def in_progress_text(directory):
+    """`"run in progress: ..."` while a run holds the `RunDirectory` `directory`, else `""`."""
+    pid = directory.holder()
+    if pid is None:
+        return ""
+    return f"run in progress: {f'process {pid}' if pid else 'a process'} is still training {directory.path}"
+
+
+def _status_text(directory, status):
+    """`run.json`'s status; one that says the run is at work while no process holds the
+    directory is that of a run killed before it could record how it ended."""
+    if status not in files.ACTIVE or directory.holder() is not None:
+        return status
+    return (f"{status} when its process ended without a record (killed?): `kadapt train --resume --out "
+            f"{directory.path}` continues it")
 
 
 def seconds_text(seconds):

@@ -7,6 +7,7 @@ import keras
 
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
+from kadapt.run.run_directory import whole_file
 
 
 class StepLogger(keras.callbacks.Callback):
@@ -75,7 +76,7 @@ class StepLogger(keras.callbacks.Callback):
         except FileNotFoundError:
             return
         kept = [line for line in lines if _step_of(line) < first_step_to_redo]
-        with open(self.path, "w") as stream:
+        with whole_file(self.path) as temporary, open(temporary, "w") as stream:
             stream.writelines(kept)
 
 

@@ -224,7 +224,7 @@ def worker_setup(backend):
     return WORKER_SETUPS[backend]
 
 
-def launch_local_workers(count, argv, echo=print, setup=TensorFlowWorkers, command=None):
+def launch_local_workers(count, argv, echo=print, setup=TensorFlowWorkers, command=None, lock=None):
     """Runs `kadapt` with `argv` in `count` worker processes of one local cluster; returns the exit code.
 
     The chief's output is this command's; the others' go to their scratch
@@ -238,6 +238,8 @@ def launch_local_workers(count, argv, echo=print, setup=TensorFlowWorkers, comma
         setup: `TensorFlowWorkers` or `JaxWorkers` (`worker_setup`). Defaults to `TensorFlowWorkers`.
         command: List of str or `None`. What each worker runs before `argv`. Defaults to
             `python -m kadapt.cli`.
+        lock: `kadapt.run.run_lock.RunLock` or `None`. The run directory's lock, which
+            the workers inherit and share (the chief takes it as its own). Defaults to `None`.
 
     Example:
 
@@ -253,11 +255,13 @@ def launch_local_workers(count, argv, echo=print, setup=TensorFlowWorkers, comma
     echo(f"starting {count} worker{'s' if count != 1 else ''} on 127.0.0.1 {cluster} "
          f"({threads} CPU thread(s) each{each_gpu}); worker logs in {logs}")
     processes = []
+    inherited, descriptors = lock.inheritance() if lock is not None else ({}, ())
     for index in range(count):
-        variables = {**os.environ, **worker_environment(index, cluster, threads, gpus)}
+        variables = {**os.environ, **worker_environment(index, cluster, threads, gpus), **inherited}
         output = None if index == 0 else open(logs / f"worker-{index}.log", "w")
         processes.append(subprocess.Popen([*(command or [sys.executable, "-m", "kadapt.cli"]), *argv], env=variables,
-                                          stdout=output, stderr=subprocess.STDOUT if output else None))
+                                          stdout=output, stderr=subprocess.STDOUT if output else None,
+                                          pass_fds=descriptors))
         if output is not None:
             output.close()
     try:
