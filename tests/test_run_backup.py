@@ -94,3 +94,52 @@ def test_the_checkpoint_of_a_finished_run_is_gone_at_once(tmp_path, monkeypatch)
     assert not (tmp_path / "backup").exists()
     [aside] = tmp_path.iterdir()  # what is left lies aside, under a name the next run clears
     assert aside.name.startswith(".kadapt-tmp.") and "training_metadata.json" in {p.name for p in aside.iterdir()}
+
+
+class _KilledAt(keras.callbacks.Callback):
+    """Stops the process's writing of epoch `epoch`'s checkpoint right after its weights."""
+
+    def __init__(self, epoch, monkeypatch):
+        super().__init__()
+        self.epoch, self.monkeypatch = epoch, monkeypatch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch != self.epoch:
+            return
+        import kadapt.run.backup as backup
+
+        real = backup.whole_file
+
+        def weights_only(path):
+            if str(path).endswith(".json"):
+                raise KeyboardInterrupt  # killed between the weights and the record
+            return real(path)
+
+        self.monkeypatch.setattr(backup, "whole_file", weights_only)
+
+
+def test_a_kill_between_the_weights_and_the_record_resumes_the_earlier_checkpoint_whole(tmp_path, monkeypatch):
+    # Keras wrote the weights in place and then the record: killed between them, the resumed
+    # run took the weights of epoch 3 with the record of epoch 2 and trained epoch 3 twice.
+    weights = []
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, _KilledAt(2, monkeypatch), _Weights(weights), epochs=4)
+    monkeypatch.undo()
+    assert InterruptSafeBackup.checkpointed_epoch(tmp_path) == 2
+    restored = []
+    _fit(tmp_path, _Weights(restored, at_begin=True), epochs=4)
+    np.testing.assert_array_equal(restored[0], weights[1])  # epoch 2's end, not epoch 3's
+
+
+class _Weights(keras.callbacks.Callback):
+    def __init__(self, into, at_begin=False):
+        super().__init__()
+        self.into, self.at_begin = into, at_begin
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.at_begin:
+            self.into.append(self.model.get_weights()[0].copy())
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.at_begin:
+            self.into.append(self.model.get_weights()[0].copy())

@@ -11,6 +11,7 @@ from pathlib import Path
 import keras
 
 from kadapt.run.run_directory import TEMPORARY
+from kadapt.run.run_directory import whole_file
 
 
 METADATA = "training_metadata.json"  # Keras' BackupAndRestore: the epoch the checkpoint holds
@@ -84,6 +85,36 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
             os.replace(backup, aside)
             shutil.rmtree(aside)
         super().on_train_end(logs)
+
+    def _save_model(self):
+        """One checkpoint, committed at once: the weights written whole under a name of their
+        own, then the epoch record naming them replaced into place (the commit), then the
+        weights of earlier checkpoints removed. Keras writes `latest.weights.h5` and then the
+        record, each in place: a kill between the two resumed an epoch from the next epoch's
+        weights, and one inside the record's write left a record cut short."""
+        backup = Path(self.backup_dir)
+        backup.mkdir(parents=True, exist_ok=True)
+        name = f"epoch-{self._current_epoch}-batch-{self._last_batch_seen}.weights.h5"
+        with whole_file(backup / name) as temporary:
+            self.model.save_weights(temporary)
+        record = {"epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name}
+        with whole_file(backup / METADATA) as temporary:
+            temporary.write_text(json.dumps(record))
+        for earlier in backup.glob("*.weights.h5"):
+            if earlier.name != name:
+                earlier.unlink(missing_ok=True)
+
+    def _load_model(self):
+        """Restores the checkpoint the epoch record names (`_save_model`'s)."""
+        path = Path(self.backup_dir) / METADATA
+        if not path.is_file():
+            return
+        record = json.loads(path.read_text())
+        if self.model.optimizer is not None and not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)  # its variables are in the file
+        # A checkpoint Keras wrote (a run begun before kadapt wrote its own) names no weights file.
+        self.model.load_weights(Path(self.backup_dir) / record.get("weights", "latest.weights.h5"))
+        self.model._initial_epoch = record["epoch"]
 
     def _commit_epoch(self, epoch, logs):
         with _sigint_held(), self.save_scope():
