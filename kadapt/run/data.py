@@ -462,26 +462,10 @@ def load_table_inputs(spec: str, data: dict) -> tuple[dict, np.ndarray | None]:
     """The model columns of every row of the table file `spec`, read as the
     run's config `data` says (its columns' kinds, those dropped, its target),
     and the target's labels (`None` without that column)."""
+    from kadapt.run.encoding import table_inputs
+
     table = tables.read_table(spec, kinds=data["columns"])
     return table_inputs(spec, table.columns, table.integer, data)
-
-
-def table_inputs(spec: str, columns: dict, integer, data: dict) -> tuple[dict, np.ndarray | None]:
-    """`load_table_inputs` of a table's columns as read (all of them, or a streamed file's batch);
-    `integer`: the names of the columns stored as whole numbers."""
-    target = data.get("target")
-    plan = tables.ColumnPlan(data["columns"], data.get("dropped_columns", {}))
-    given = {name: values for name, values in columns.items() if name != target}
-    tables.check_same_columns(spec, given, plan, flag="--data")
-    labels = None
-    if target in columns:
-        labels = tables.label_array(spec, target, columns[target], target in integer)
-    columns = tables.model_columns(given, plan.kinds)
-    if data.get("vocabularies"):
-        from kadapt.run.encoding import indexed
-
-        columns = indexed(columns, data["vocabularies"])
-    return columns, labels
 
 
 def _npz_keys(path):

@@ -32,6 +32,7 @@ import dataclasses
 import keras
 import numpy as np
 
+from kadapt.run import tables
 from kadapt.run.tables import STRING
 from kadapt.run.tables import is_strings
 
@@ -231,6 +232,22 @@ def _string_tensor(values):
     import tensorflow as tf
 
     return tf.constant(values if values.dtype.kind == "O" else values.astype(str))  # Python strings as they are
+
+
+def table_inputs(spec: str, columns: dict, integer, data: dict) -> tuple[dict, np.ndarray | None]:
+    """`load_table_inputs` of a table's columns as read (all of them, or a streamed file's batch);
+    `integer`: the names of the columns stored as whole numbers."""
+    target = data.get("target")
+    plan = tables.ColumnPlan(data["columns"], data.get("dropped_columns", {}))
+    given = {name: values for name, values in columns.items() if name != target}
+    tables.check_same_columns(spec, given, plan, flag="--data")
+    labels = None
+    if target in columns:
+        labels = tables.label_array(spec, target, columns[target], target in integer)
+    columns = tables.model_columns(given, plan.kinds)
+    if data.get("vocabularies"):
+        columns = indexed(columns, data["vocabularies"])
+    return columns, labels
 
 
 def inference_model(encoder: keras.Model | None, network: keras.Model, task) -> keras.Model:

@@ -197,8 +197,8 @@ def _read(path, flag, types, target, kinds=None):
 
 def prediction_batches(spec, data):
     """`kadapt predict`'s `(model columns, labels or None)` of a table too large to hold, a batch
-    at a time, read as the run's config `data` says (`kadapt.run.data.table_inputs`)."""
-    from kadapt.run.data import table_inputs
+    at a time, read as the run's config `data` says (`kadapt.run.encoding.table_inputs`)."""
+    from kadapt.run.encoding import table_inputs
 
     pa = require("pyarrow", extra="tables")
     kinds, target = data["columns"], data.get("target")
