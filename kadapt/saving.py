@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,12 +32,20 @@ def register_objects() -> None:
         importlib.import_module(name)
 
 
-def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
-    """Loads a `.keras` file in Keras' safe mode, kadapt's objects registered.
+def load_model(path: str | os.PathLike, compile: bool = True, for_training: bool = False) -> keras.Model:
+    """Loads a `.keras` file, or a `kadapt train` run's model, in Keras' safe mode, kadapt's objects registered.
+
+    A run directory holds two: `model.keras`, what the run predicts with (raw
+    rows in, plain Keras loads it), and `training.keras`, the network as it
+    trained (the rows as the network takes them: a table's encoded by
+    `model.keras`'s `encoder` layer), compiled with kadapt's optimizer, its
+    schedule and its state at the end of the run, to train further.
 
     Args:
-        path: String or `pathlib.Path`. The `.keras` file.
+        path: String or `pathlib.Path`. A `.keras` file, or a run directory.
         compile: Bool. Compile with the saved optimizer and loss. Defaults to `True`.
+        for_training: Bool. From a run directory, its `training.keras`.
+            Defaults to `False` (its `model.keras`).
 
     Returns:
         The `keras.Model`.
@@ -44,11 +53,24 @@ def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
     Example:
 
     ```python
-    model = kadapt.load_model("runs/demo/model.keras")
+    model = kadapt.load_model("runs/demo")                       # model.keras: predict
+    network = kadapt.load_model("runs/demo", for_training=True)  # train on: its optimizer's state kept
+    network.fit(x, keras.utils.to_categorical(y, 10), epochs=1)
     ```
     """
     import keras
 
+    path = Path(path)
+    if path.is_dir():
+        name = "training.keras" if for_training else "model.keras"
+        if not (path / name).is_file():
+            raise ValueError(f"Argument `path` names a directory without {name}: a run writes it when it ends "
+                             "(train it to the end; a run that ended before kadapt wrote training.keras has none). "
+                             f"Received: path={path}")
+        path = path / name
+    elif for_training and path.name != "training.keras":
+        raise ValueError("Argument `for_training` reads a run's training.keras: pass the run directory (or that "
+                         f"file). Received: path={path}")
     register_objects()
     return keras.saving.load_model(path, compile=compile, safe_mode=True)
 

@@ -374,3 +374,20 @@ def test_the_training_targets_are_made_once_and_shared_by_the_rescue_and_the_jud
     assert dead_run_rescue(run).range_test.y is data.train_targets
     trial = meta_adjuster(config, directory, data).restart_trial
     assert trial.y is data.train_targets and trial.validation_data[1] is data.val_targets
+
+
+def test_a_run_s_network_loads_to_train_on_with_its_optimizer_s_state(names_run, tables):
+    network = kadapt.load_model(names_run, for_training=True)
+    record = json.loads((names_run / "run.json").read_text())
+    assert int(network.optimizer.iterations.numpy()) == record["steps_completed"] > 0
+    model = kadapt.load_model(names_run)  # model.keras: raw rows -> the encoder -> the same network
+    x = np.load(tables / "x.npy")
+    encoded = model.get_layer("encoder")(x)
+    np.testing.assert_allclose(network.predict(encoded, verbose=0), model.predict(x, verbose=0), rtol=1e-5,
+                               atol=1e-5)
+    network.fit(encoded, keras.utils.to_categorical(x[:, 0] <= 0, 2), batch_size=16, epochs=1, verbose=0)
+    assert int(network.optimizer.iterations.numpy()) == record["steps_completed"] + 4  # 60 rows, 16 a step
+    with pytest.raises(ValueError, match="reads a run's training.keras: pass the run directory"):
+        kadapt.load_model(names_run / "model.keras", for_training=True)
+    with pytest.raises(ValueError, match="names a directory without training.keras"):
+        kadapt.load_model(tables, for_training=True)

@@ -471,7 +471,10 @@ def _finish(run, trainer, best, started, echo):
 def _save_model(run):
     """`model.keras`: raw rows -> the adapted encoder -> the network (-> the
     target's units), of Keras' own classes (`kadapt.portable_model`: plain Keras
-    loads it), and `classes.json`, the class names, for string labels."""
+    loads it); `training.keras`, the network as it trains (the rows as the
+    network takes them), compiled with kadapt's optimizer in its state at the
+    end (`kadapt.load_model(RUN, for_training=True)`); and `classes.json`, the
+    class names, for string labels."""
     from kadapt.run.encoding import inference_model
     from kadapt.saving import portable_model
 
@@ -482,6 +485,8 @@ def _save_model(run):
             model = raw_image_model(model, ImageSize.from_record(data.images))
         with whole_file(run.directory / files.MODEL) as temporary:
             portable_model(model).save(temporary)
+        with whole_file(run.directory / files.TRAINING_MODEL) as temporary:
+            run.model.save(temporary)  # compiled: kadapt's optimizer, its schedule and state, the run's loss
     if data.class_names:
         run.directory.write_json(files.CLASSES, list(data.class_names))
 

@@ -34,6 +34,8 @@ STEPS = "steps.jsonl"
 META_DECISIONS = "meta_decisions.jsonl"  # kadapt.meta.decision_log.DECISIONS_FILE (that import loads Keras)
 PROBE = "probe.json"
 MODEL = "model.keras"
+# The network as it trains, with kadapt's optimizer and its state: `kadapt.load_model(RUN, for_training=True)`.
+TRAINING_MODEL = "training.keras"
 CLASSES = "classes.json"  # the class names of string labels, index = the class the network outputs
 TRAINING_PLOT = "training.png"
 PROBE_PLOT = "probe.png"
