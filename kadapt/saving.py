@@ -37,9 +37,10 @@ def load_model(path: str | os.PathLike, compile: bool = True, for_training: bool
 
     A run directory holds two: `model.keras`, what the run predicts with (raw
     rows in, plain Keras loads it), and `training.keras`, the network as it
-    trained (the rows as the network takes them: a table's encoded by
-    `model.keras`'s `encoder` layer), compiled with kadapt's optimizer, its
-    schedule and its state at the end of the run, to train further.
+    trained (on the rows as the network takes them: `model.keras` up to its
+    network layer, `keras.Model(model.inputs, model.get_layer(network.name).input)`,
+    encodes a table's), compiled with kadapt's optimizer, its schedule and
+    its state at the end of the run, to train further.
 
     Args:
         path: String or `pathlib.Path`. A `.keras` file, or a run directory.

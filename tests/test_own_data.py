@@ -382,7 +382,8 @@ def test_a_run_s_network_loads_to_train_on_with_its_optimizer_s_state(names_run,
     assert int(network.optimizer.iterations.numpy()) == record["steps_completed"] > 0
     model = kadapt.load_model(names_run)  # model.keras: raw rows -> the encoder -> the same network
     x = np.load(tables / "x.npy")
-    encoded = model.get_layer("encoder")(x)
+    encoder = keras.Model(model.inputs, model.get_layer(network.name).input)  # model.keras up to the network
+    encoded = encoder.predict(x, verbose=0)
     np.testing.assert_allclose(network.predict(encoded, verbose=0), model.predict(x, verbose=0), rtol=1e-5,
                                atol=1e-5)
     network.fit(encoded, keras.utils.to_categorical(x[:, 0] <= 0, 2), batch_size=16, epochs=1, verbose=0)
