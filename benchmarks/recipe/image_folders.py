@@ -4,6 +4,8 @@ Arms (the same `kadapt train` flags, the same seed; each a subprocess):
   arrays    `--data fm.npz`: the rows as uint8 arrays (kadapt scales them to [0, 1])
   folders   `--data train/ --test test/`: the rows as PNG files `train/C_NAME/ROW.png`, decoded by
             kadapt's tf.data pipeline (decode -> Resizing -> Rescaling), the size chosen from the files
+  streamed  the folders arm with `--stream on`: the decoded images written to a scratch file and
+            trained from it a window of blocks at a time, as a folder larger than memory is
 The arrays arm gets its training rows in the order the folders arm's seeded file order gives them, so
 both train the same rows in the same order and hold out the same validation rows; the class folders
 are named `0_t-shirt` ... `9_ankle-boot` so their sorted names are the integer classes.
@@ -87,7 +89,8 @@ def main():
         order = folder_order(scratch / "train")
         np.savez(scratch / "fm.npz", x_train=x[order], y_train=y[order], x_test=x_test, y_test=y_test)
         arms = {"arrays": ["--data", str(scratch / "fm.npz")],
-                "folders": ["--data", str(scratch / "train"), "--test", str(scratch / "test")]}
+                "folders": ["--data", str(scratch / "train"), "--test", str(scratch / "test")],
+                "streamed": ["--data", str(scratch / "train"), "--test", str(scratch / "test"), "--stream", "on"]}
         rounds = [[train(arm, data, scratch / f"{arm}{r}") for arm, data in arms.items()] for r in range(ROUNDS)]
     print("| arm | test accuracy (each round) | data phase, s | fit s per epoch (each round) | run wall, s |")
     print("|---|---|---|---|---|")
