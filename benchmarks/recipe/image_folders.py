@@ -13,6 +13,7 @@ Figures: test accuracy, the data phase (reading; the folders arm decodes every f
 the seconds per epoch, and what the decoding adds per epoch of this run (data phase difference / epochs).
 
     python benchmarks/recipe/image_folders.py        # ~2 minutes on 2 cores
+    python benchmarks/recipe/image_folders.py --seeds 6   # and folders vs streamed over seeds 0-5 (~5 minutes)
 """
 
 import json
@@ -61,8 +62,9 @@ def folder_order(folder):
     return np.array([int(Path(f).stem) for f in train])
 
 
-def train(arm, data, out):
-    command = [sys.executable, "-m", "kadapt", "train", *data, *FLAGS, "--out", str(out)]
+def train(arm, data, out, seed=SEED):
+    flags = [str(seed) if i and FLAGS[i - 1] == "--seed" else flag for i, flag in enumerate(FLAGS)]
+    command = [sys.executable, "-m", "kadapt", "train", *data, *flags, "--out", str(out)]
     started = time.time()
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode:
@@ -92,6 +94,12 @@ def main():
                 "folders": ["--data", str(scratch / "train"), "--test", str(scratch / "test")],
                 "streamed": ["--data", str(scratch / "train"), "--test", str(scratch / "test"), "--stream", "on"]}
         rounds = [[train(arm, data, scratch / f"{arm}{r}") for arm, data in arms.items()] for r in range(ROUNDS)]
+        if "--seeds" in sys.argv:  # the streamed arm's accuracy against the folders arm's over seeds 0..N-1
+            seeds = range(int(sys.argv[sys.argv.index("--seeds") + 1]))
+            for arm in ("folders", "streamed"):
+                accuracies = [train(arm, arms[arm], scratch / f"{arm}-seed{seed}", seed)["accuracy"] for seed in seeds]
+                print(f"{arm}, seeds 0-{len(seeds) - 1}: {' / '.join(f'{a:.4f}' for a in accuracies)}, "
+                      f"mean {statistics.mean(accuracies):.4f}")
     print("| arm | test accuracy (each round) | data phase, s | fit s per epoch (each round) | run wall, s |")
     print("|---|---|---|---|---|")
     medians = {}
