@@ -26,7 +26,7 @@ from kadapt.run.run_directory import TEMPORARY
 from kadapt.run.run_lock import LOCK
 
 TRIALS = 20
-EPOCHS, STEPS_PER_EPOCH = 5, 14  # 270 training rows of t.csv in batches of 16 (most of a run's time trains)
+EPOCHS, STEPS_PER_EPOCH = 3, 14  # 270 training rows of t.csv in batches of 16 (most of a run's time trains)
 RUN_SECONDS = 120  # a run that takes longer is killed and fails the test
 SERVER_SECONDS = 120  # TensorFlow's import, on a busy machine
 COMMAND = ["train", "--data", "t.csv", "--target", "label", "--model", "mlp", "--epochs", str(EPOCHS), "--meta", "off",
