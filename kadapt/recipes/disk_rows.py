@@ -12,6 +12,7 @@ made a batch at a time (one-hot rows of every row would be as large as the rows)
 """
 
 import dataclasses
+import os
 import shutil
 import tempfile
 import weakref
@@ -22,6 +23,21 @@ import numpy as np
 BLOCK_BYTES = 1 << 22  # read at once by the shuffled stream (16,384 rows of 64 features; 1,337 28x28 images)
 WINDOW_BLOCKS = 8  # blocks shuffled together: a window of 32 MiB in memory
 SAMPLE_RUN = 256  # a sample of the rows is read in runs of this many consecutive rows
+
+
+def available_memory():
+    """Bytes this process may still take: the system's available memory, or less under a cgroup limit."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        available = int(info["MemAvailable"].split()[0]) * 1024
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, KeyError, ValueError):
+        pass
+    return available
 
 
 class RowStore:

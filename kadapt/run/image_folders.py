@@ -18,13 +18,13 @@ reads a window of blocks at a time, so a folder larger than memory trains.
 """
 
 import dataclasses
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.recipes.disk_rows import available_memory
 from kadapt.run.errors import UsageError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")  # the files Keras' image_dataset_from_directory reads
@@ -245,16 +245,6 @@ def choose_image_size(files, given=None, seed=0) -> ImageSize:
 
 def _bytes_text(size):
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-
-
-def available_memory():
-    """Bytes of memory available to this process (Linux: `MemAvailable`; else the free pages)."""
-    try:
-        with open("/proc/meminfo") as file:
-            fields = dict(line.split(":", 1) for line in file)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def preprocessing_layers(size, scale=True):

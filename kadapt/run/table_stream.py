@@ -24,7 +24,6 @@ hold back its last rows).
 
 import collections
 import dataclasses
-import os
 import re
 import shutil
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 
 from kadapt.extras import require
 from kadapt.recipes.disk_rows import RowStore
+from kadapt.recipes.disk_rows import available_memory
 from kadapt.run import tables
 from kadapt.run.errors import UsageError
 
@@ -63,21 +63,6 @@ def too_large(paths):
         return None
     return (f"held whole it would take about {MEMORY_FACTOR * size / 2**30:.1f} GiB ({MEMORY_FACTOR}x the "
             f"file), more than half of the {available / 2**30:.1f} GiB available")
-
-
-def available_memory():
-    """Bytes this process may still take: the system's available memory, or less under a cgroup limit."""
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        available = int(info["MemAvailable"].split()[0]) * 1024
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            available = min(available, int(limit) - used)
-    except (OSError, KeyError, ValueError):
-        pass
-    return available
 
 
 @dataclasses.dataclass(frozen=True)
