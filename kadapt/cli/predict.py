@@ -164,7 +164,7 @@ class _Predictions:
         if output is None:
             return
         if output.endswith(".npy"):
-            self.written.append(rows)  # one array at the end: a streamed table writes .csv (`_check_npy`)
+            self.written.append(rows)  # saved as one array at the end (`close`)
             return
         fmt = "%s" if rows.dtype.kind == "U" else "%d" if rows.dtype.kind in "iu" else "%.6g"
         try:

@@ -81,6 +81,7 @@ class StreamedTable:
 
 def stream_table(config, reason, test_fraction):
     """The `StreamedTable` of `config.data` (and `config.test`), read in two passes."""
+    from kadapt.run import encoding
     from kadapt.run.labels import label_task
 
     test_fraction = 0.0 if config.test else test_fraction
@@ -92,8 +93,6 @@ def stream_table(config, reason, test_fraction):
              *tables.plan_notes(scan.plan),
              f"task: {labels.task.kind} ({labels.reason})"]
     stats = scan.statistics()
-    from kadapt.run import encoding
-
     encoder, vocabularies = encoding.column_encoder(stats, tables.model_inputs(scan.plan.kinds))
     notes += encoding.notes(stats, "column {}")
     x = _second_pass(config, scan, encoder, vocabularies, test_fraction)
@@ -123,18 +122,13 @@ def _parts(positions, config, test_fraction, test_file):
 
 
 def _batches(path, flag, types):
-    """pyarrow record batches of `path` and a function giving the columns' types read so far."""
+    """`(pyarrow record batches of path, its schema)`, a CSV's columns read with `types`."""
     pa = require("pyarrow", extra="tables")
-    if not Path(path).is_file():
-        raise UsageError(f"{flag} {path} does not exist.")
-    suffix = Path(path).suffix.lower()
+    parquet = tables.is_parquet(path, flag)
     try:
-        if suffix in tables.PARQUET_SUFFIXES:
+        if parquet:
             reader = require("pyarrow.parquet", extra="tables").ParquetFile(path)
             return reader.iter_batches(batch_size=BATCH_ROWS), reader.schema_arrow
-        if suffix not in tables.CSV_SUFFIXES:
-            raise UsageError(f"{flag} {path} is neither a CSV (.csv) nor a Parquet (.parquet) file. Save the "
-                             "table as one of them.")
         csv = require("pyarrow.csv", extra="tables")
         reader = csv.open_csv(path, read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
                               convert_options=tables.csv_options(types))
@@ -166,7 +160,7 @@ def read_batches(path, flag, types, kinds=None):
             first += batch.num_rows
     except pa.ArrowInvalid as error:
         found = re.search(r"CSV column #(\d+): CSV conversion error to (\w+)", str(error))
-        if found is None or Path(path).suffix.lower() not in tables.CSV_SUFFIXES:
+        if found is None or tables.is_parquet(path, flag):
             raise tables.unreadable(path, flag, error) from None
         raise _Widen(schema.names[int(found.group(1))], found.group(2)) from None
 
@@ -388,15 +382,15 @@ class _Scan:
     def _yes_no_moments(self, name):
         """`(_Moments, values)` of a yes/no column from its counts: the moments exact, and values
         whose median is the column's."""
-        counts = collections.Counter()
-        for word, count in self.counts[name].counts.items():
-            counts[tables.YES_NO_WORDS.get(str(word).lower(), np.nan)] += count
+        words = collections.Counter()
+        for word, count in self.counts[name].counts.items():  # yes, no and "" (missing), in any case
+            words[str(word).lower()] += count
+        ones, zeros = words["yes"], words["no"]
         moments = _Moments()
-        moments.missing, moments.given = sum(n for value, n in counts.items() if value != value), counts[1.0] + \
-            counts[0.0]
-        moments.shift, moments.sum, moments.squares = 0.0, float(counts[1.0]), float(counts[1.0])
-        moments.low, moments.high = (0.0 if counts[0.0] else 1.0), (1.0 if counts[1.0] else 0.0)
-        ones, zeros = counts[1.0], counts[0.0]  # the median of the 1s and 0s: the commoner, 0.5 on a tie
+        moments.given, moments.missing = ones + zeros, words[""]
+        moments.shift, moments.sum, moments.squares = 0.0, float(ones), float(ones)
+        moments.low, moments.high = (0.0 if zeros else 1.0), (1.0 if ones else 0.0)
+        # the median of the 1s and 0s: the commoner, 0.5 on a tie
         return moments, np.array([1.0] if ones > zeros else [0.0] if zeros > ones else [0.0, 1.0])
 
     def split_note(self, config, test_fraction):

@@ -94,16 +94,22 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0):
     return columns
 
 
-def _arrow_table(pa, path, flag, kinds):
+def is_parquet(path, flag) -> bool:
+    """Whether the table file `path` is Parquet (else CSV); a `UsageError` where it is missing or neither."""
     if not Path(path).is_file():
         raise UsageError(f"{flag} {path} does not exist.")
     suffix = Path(path).suffix.lower()
+    if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
+        raise UsageError(f"{flag} {path} is neither a CSV (.csv) nor a Parquet (.parquet) file. Save the "
+                         "table as one of them.")
+    return suffix in PARQUET_SUFFIXES
+
+
+def _arrow_table(pa, path, flag, kinds):
+    parquet = is_parquet(path, flag)
     try:
-        if suffix in PARQUET_SUFFIXES:
+        if parquet:
             return require("pyarrow.parquet", extra="tables").read_table(path)
-        if suffix not in CSV_SUFFIXES:
-            raise UsageError(f"{flag} {path} is neither a CSV (.csv) nor a Parquet (.parquet) file. Save the "
-                             "table as one of them.")
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
         types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO)}
