@@ -21,10 +21,14 @@ from kadapt.run import UsageError
 from kadapt.run import tables
 from kadapt.run.data import load_data
 from kadapt.run.data import load_table_inputs
+from kadapt.run.coded_strings import CodedStrings
 from kadapt.run.encoding import categories
+from kadapt.run.encoding import column_encoder
+from kadapt.run.encoding import encode
 from kadapt.run.encoding import indexed
 from kadapt.run.encoding import row_encoder
 from kadapt.run.encoding import statistics
+from kadapt.run.encoding import training_rows
 from kadapt.run.labels import label_task
 
 SHORT = ["--batch-size", "16", "--memory-budget", "256MiB", "--meta", "off", "--epochs", "1", "--max-steps", "2",
@@ -126,6 +130,25 @@ def test_a_string_index_is_the_one_hot_position_of_string_lookup():
     vocabulary = ["red", "", "blue"]
     indices = indexed({"c": np.array(["blue", "red", "", "pink"], dtype=object)}, {"c": vocabulary})["c"]
     assert indices.tolist() == [3, 1, 2, 0]  # 0: out of vocabulary, then the vocabulary's order
+
+
+def test_training_rows_by_codes_are_what_the_saved_string_encoder_makes():
+    """On TensorFlow the saved model looks strings up; `kadapt train` encodes its rows from codes."""
+    rng = np.random.default_rng(0)
+    words = np.array([f"w{i}" for i in range(80)] + [""], dtype=object)  # more than are kept: a pooled tail
+    train = words[rng.integers(0, len(words), 500)]
+    numbers = rng.normal(size=500).astype("float32")
+    coded = {"c": CodedStrings.from_arrow(pa, pa.array(train.tolist())), "n": numbers}
+    stats = statistics(coded)
+    reference = statistics({"c": train, "n": numbers})  # of the strings themselves
+    assert (stats.vocabularies, stats.distinct) == (reference.vocabularies, reference.distinct)
+    later = {"c": np.array(["w3", "", "never seen", train[0]], dtype=object), "n": np.array([0.5, np.nan, 1, 2], "f4")}
+    kinds = {"c": tables.STRING, "n": tables.NUMERIC}
+    encoder, _ = column_encoder(stats, kinds)
+    assert encoder.get_layer("lookup_c").__class__.__name__ == "StringLookup"
+    trained, predicted = training_rows(stats, kinds, [coded, later])
+    np.testing.assert_array_equal(trained, encode(encoder, {"c": train, "n": numbers}))
+    np.testing.assert_array_equal(predicted, encode(encoder, later))
 
 
 def test_many_string_values_keep_the_most_frequent():

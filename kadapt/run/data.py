@@ -175,12 +175,7 @@ def _training_data(config, train, test, plan, notes):
     labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test), config.task)
     notes = [*notes, f"task: {labels.task.kind} ({labels.reason})"]
     x_parts = [_take(x_train, slice(cut)), _take(x_train, slice(cut, None)), x_test]
-    encoder, encoder_notes, vocabularies = _encoder(x_parts[0], plan)
-    if encoder is not None:
-        from kadapt.run.encoding import encode
-        from kadapt.run.encoding import indexed
-
-        x_parts = [encode(encoder, indexed(x, vocabularies) if vocabularies else x) for x in x_parts]
+    x_parts, encoder, encoder_notes, vocabularies = _encoded(x_parts, plan)
     y_parts = [labels.coded(y) for y in (y_train[:cut], y_train[cut:], y_test)]
     table = {"columns": plan.kinds, "target": config.target, "dropped": plan.dropped} if plan else {}
     return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
@@ -216,7 +211,7 @@ def _raw_data(config):
 
 
 def _table_data(config):
-    table = tables.read_table(config.data)
+    table = tables.read_table(config.data, target=config.target)
     tables.check_target(config.data, table.columns, config.target)
     (x, y), notes = _labelled_rows(config.data, table, config.target)
     tables.check_input_names(config.data, x)
@@ -250,22 +245,25 @@ def _labelled_rows(path, table, target, flag="--data"):
     return (columns, tables.label_array(path, target, labels, target in table.integer)), notes
 
 
-def _encoder(x_train, plan):
-    """`(encoder, notes, vocabularies)`: the encoder made from the training
-    rows, of a table's model columns or of array rows (N, features); `None`
-    for images (and other shapes), fed as they are. `vocabularies`:
+def _encoded(x_parts, plan):
+    """`(x_parts encoded, encoder, notes, vocabularies)`: the encoder made from
+    the training rows (`x_parts[0]`), of a table's model columns or of array
+    rows (N, features), and the parts as the float matrices it makes; images
+    (and other shapes) as they are, encoder `None`. `vocabularies`:
     `kadapt.run.encoding.column_encoder`'s."""
     from kadapt.run import encoding
 
+    x_train = x_parts[0]
     if plan is not None:
         stats = encoding.statistics(x_train)
         kinds = {name: tables.STRING if name in stats.vocabularies else tables.NUMERIC for name in x_train}
         encoder, vocabularies = encoding.column_encoder(stats, kinds)
-        return encoder, encoding.notes(stats, "column {}"), vocabularies
+        return encoding.training_rows(stats, kinds, x_parts), encoder, encoding.notes(stats, "column {}"), vocabularies
     if x_train.ndim != 2:
-        return None, [], {}
+        return x_parts, None, [], {}
     stats = encoding.statistics(dict(enumerate(x_train.T)))
-    return (encoding.row_encoder(stats, x_train.shape[1]),
+    encoder = encoding.row_encoder(stats, x_train.shape[1])
+    return ([encoding.encode(encoder, x) for x in x_parts], encoder,
             encoding.notes(stats, "column {} (counted from 0) of the inputs"), {})
 
 

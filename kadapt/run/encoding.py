@@ -33,6 +33,7 @@ import keras
 import numpy as np
 
 from kadapt.run import tables
+from kadapt.run.coded_strings import CodedStrings
 from kadapt.run.tables import STRING
 from kadapt.run.tables import is_strings
 
@@ -78,7 +79,8 @@ def statistics(columns: dict) -> Statistics:
     stats = [_column_statistics(values) for values in numbers.values()]
     median, mean, variance, missing, low, high = (np.array(values, "float64").reshape(-1) for values in
                                                   zip(*stats)) if stats else (np.zeros(0),) * 6
-    counts = {name: collections.Counter(values.tolist()) for name, values in strings.items()}
+    counts = {name: collections.Counter(values.counts() if isinstance(values, CodedStrings) else values.tolist())
+              for name, values in strings.items()}
     return Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
                       {name: categories(count) for name, count in counts.items()},
                       {name: len(count) for name, count in counts.items()})
@@ -90,7 +92,7 @@ def row_encoder(stats: Statistics, width: int) -> keras.Model:
     return keras.Model(inputs, _numbers(inputs, stats), name="encoder")
 
 
-def column_encoder(stats: Statistics, kinds: dict) -> tuple[keras.Model, dict]:
+def column_encoder(stats: Statistics, kinds: dict, strings: bool | None = None) -> tuple[keras.Model, dict]:
     """`(encoder, vocabularies)`: the encoder of a dict of raw (N, 1) columns
     (`{input name: "numeric" or "string"}`) -> [numbers filled, flagged and
     standardized, one-hot categories], made from the training rows' `stats`.
@@ -100,8 +102,9 @@ def column_encoder(stats: Statistics, kinds: dict) -> tuple[keras.Model, dict]:
     in as its index in its vocabulary (`indexed`: 0 for a value unseen in
     training, as StringLookup's out-of-vocabulary slot), one-hot by
     `keras.layers.CategoryEncoding`: the same matrix; `vocabularies` says how
-    rows reach the model, and a run keeps it in its config."""
-    strings = strings_in_model()
+    rows reach the model, and a run keeps it in its config. `strings=False`
+    builds that index form on TensorFlow too (`training_rows`)."""
+    strings = strings_in_model() if strings is None else strings
     inputs = {name: keras.Input((1,), dtype=("string" if strings else "int32") if kind == STRING else "float32",
                                 name=name) for name, kind in kinds.items()}
     parts = []
@@ -116,6 +119,15 @@ def column_encoder(stats: Statistics, kinds: dict) -> tuple[keras.Model, dict]:
         parts.append(lookup(inputs[name]))
     features = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
     return keras.Model(inputs, features, name="encoder"), ({} if strings else dict(stats.vocabularies))
+
+
+def training_rows(stats: Statistics, kinds: dict, parts: list) -> list:
+    """The float32 matrices of `parts` (dicts of model columns) by the index
+    form of the encoder (`column_encoder(..., strings=False)`) on every
+    backend: the matrix the saved encoder makes of the same rows, without
+    handing TensorFlow a string per row (tests/test_tables.py holds the two equal)."""
+    encoder, _ = column_encoder(stats, kinds, strings=False)
+    return [encode(encoder, indexed(x, stats.vocabularies)) for x in parts]
 
 
 def notes(stats: Statistics, where: str) -> list:
@@ -150,6 +162,8 @@ def indexed(columns: dict, vocabularies: dict) -> dict:
 
 
 def _indices(values, vocabulary):
+    if isinstance(values, CodedStrings):
+        return values.indices(vocabulary)
     order = np.argsort(np.array(vocabulary, dtype=str))
     known = np.array(vocabulary, dtype=str)[order]
     values = np.asarray(values).astype(str)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.run.coded_strings import CodedStrings
 from kadapt.run.errors import UsageError
 
 NUMERIC = "numeric"
@@ -68,24 +69,29 @@ def is_table_spec(spec) -> bool:
     return isinstance(spec, str) and spec.lower().endswith(CSV_SUFFIXES + PARQUET_SUFFIXES)
 
 
-def read_table(path: str, flag: str = "--data", kinds: dict | None = None) -> Table:
+def read_table(path: str, flag: str = "--data", kinds: dict | None = None, target: str | None = None) -> Table:
     """The `Table` of a CSV or Parquet file, its columns float64 numbers (NaN
     where missing), object strings (`""` where missing) or datetime64 dates
-    (NaT). With `kinds` (a run's), those columns are read as those kinds."""
+    (NaT). With `kinds` (a run's), those columns are read as those kinds. With
+    `target` (a training file held whole), every other column compact: numbers
+    float32, as the model takes them, and strings `CodedStrings`."""
     pa = require("pyarrow", extra="tables")
     table = _arrow_table(pa, path, flag, kinds)
     names = table.column_names
     check_names(path, flag, names, table.num_rows)
-    columns = numpy_columns(path, flag, table, kinds)
+    columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name != target}
+                            if target is not None else ())
     return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)))
 
 
-def numpy_columns(path, flag, table, kinds=None, first_row=0):
+def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=()):
     """`{name: (N,) array}` of a pyarrow table or record batch (`read_table`'s
     kinds of array), checked; `first_row`: the file row of its first (a
-    streamed file's batch), for the errors."""
+    streamed file's batch), for the errors; the columns named in `compact` as
+    `read_table` reads them with a target."""
     pa = require("pyarrow", extra="tables")
-    columns = {name: _numpy_column(pa, path, flag, name, table.column(name)) for name in table.column_names}
+    columns = {name: _numpy_column(pa, path, flag, name, table.column(name), name in compact)
+               for name in table.column_names}
     for name, values in columns.items():
         _check_no_infinity(path, flag, name, values, first_row)
     for name, kind in (kinds or {}).items():
@@ -142,24 +148,28 @@ def check_names(path, flag, names, rows):
                          "row of values.")
 
 
-def _numpy_column(pa, path, flag, name, column):
+def _numpy_column(pa, path, flag, name, column, compact=False):
     kind = column.type
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) \
             or pa.types.is_decimal(kind) or pa.types.is_null(kind):
-        return column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        if compact:  # checked before float32 could turn a huge number into infinity
+            _check_no_infinity(path, flag, name, values)
+        return values.astype("float32") if compact else values
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
         return column.cast(pa.timestamp("s")).to_numpy(zero_copy_only=False)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
-        strings = column.cast(pa.string())
-        if _iso_dates(pa, strings):  # a Parquet file keeps dates as the strings it was given
-            return np.array(strings.fill_null("").to_numpy(zero_copy_only=False), "datetime64[s]")
-        return strings.fill_null("").to_numpy(zero_copy_only=False)
+        strings = CodedStrings.from_arrow(pa, column)
+        distinct = strings.values[strings.values != ""]
+        if _iso_dates(pa, pa.array(distinct, pa.string())):  # a Parquet file keeps dates as the strings it was given
+            return np.array(strings.strings(), "datetime64[s]")
+        return strings if compact else strings.strings()
     raise UsageError(f"{flag} {path}: column {name} is of the type {kind}, which kadapt cannot learn from (it takes "
                      "numbers, strings, true/false and dates). Flatten or drop the column.")
 
 
 def _check_no_infinity(path, flag, name, values, first_row=0):
-    if values.dtype.kind == "f" and np.isinf(values).any():
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f" and np.isinf(values).any():
         row = int(np.flatnonzero(np.isinf(values))[0])
         values, row = values[row:], row + first_row
         where = f"line {row + 2}" if Path(path).suffix.lower() in CSV_SUFFIXES else f"row {row} (counted from 0)"
@@ -168,10 +178,9 @@ def _check_no_infinity(path, flag, name, values, first_row=0):
 
 
 def _iso_dates(pa, strings):
-    """Whether every given value of a string column is an ISO 8601 date (and time)."""
+    """Whether every value of a string column's given values is an ISO 8601 date (and time)."""
     compute = require("pyarrow.compute", extra="tables")
-    given = strings.drop_null()
-    return len(given) > 0 and compute.all(compute.match_substring_regex(given, ISO_DATE)).as_py()
+    return len(strings) > 0 and compute.all(compute.match_substring_regex(strings, ISO_DATE)).as_py()
 
 
 def _as_kind(path, flag, name, values, kind):
@@ -219,13 +228,15 @@ def check_target_name(path: str, columns: list, target: str | None, flag: str = 
         raise UsageError(f"{flag} {path} holds only the --target column {target}: add the columns to learn from.")
 
 
-def is_strings(values: np.ndarray) -> bool:
+def is_strings(values) -> bool:
     """Whether a column holds strings (categories), not numbers."""
-    return values.dtype.kind in "OUS"
+    return isinstance(values, CodedStrings) or values.dtype.kind in "OUS"
 
 
-def missing(values: np.ndarray) -> np.ndarray:
+def missing(values) -> np.ndarray:
     """Which cells of a column (as `read_table` gives it) are missing."""
+    if isinstance(values, CodedStrings):
+        return values.missing()
     if values.dtype.kind == "f":
         return np.isnan(values)
     if values.dtype.kind == "M":
@@ -272,6 +283,8 @@ def plan_notes(plan: ColumnPlan) -> list:
 
 
 def _kind(values):
+    if isinstance(values, CodedStrings):
+        return YES_NO if yes_no(values.counts()) else STRING
     if values.dtype.kind == "M":
         given = values[~np.isnat(values)].astype("datetime64[s]")
         return DATETIME if np.any(given != given.astype("datetime64[D]")) else DATE
@@ -293,6 +306,8 @@ def is_yes_no_word(values):
 
 def yes_no_numbers(values):
     """A yes/no column as float32: 1 for yes, 0 for no, NaN where missing."""
+    if isinstance(values, CodedStrings):
+        return values.mapped(yes_no_numbers(values.values))
     if values.dtype.kind == "f":  # a later file's column empty everywhere, read as numbers
         return values.astype("float32")
     lower = np.char.lower(values.astype(str))
@@ -302,7 +317,9 @@ def yes_no_numbers(values):
 def _drop_reason(values):
     if missing(values).all():
         return "empty in every training row"
-    if values.dtype.kind == "O" and len(values) >= ID_MIN_ROWS and len(set(values.tolist())) == len(values):
+    distinct = len(values.counts()) if isinstance(values, CodedStrings) else \
+        len(set(values.tolist())) if values.dtype.kind == "O" else 0
+    if len(values) >= ID_MIN_ROWS and distinct == len(values):
         return "a distinct value on every training row (an id)"
     return None
 
@@ -344,7 +361,7 @@ def model_columns(columns: dict, kinds: dict) -> dict:
             inputs.update({f"{input_name(name)}.{part}": parts[part] for part in _parts(kind)})
         else:
             values = columns[name]
-            inputs[input_name(name)] = values.astype("float32") if kind == NUMERIC else \
+            inputs[input_name(name)] = values.astype("float32", copy=False) if kind == NUMERIC else \
                 yes_no_numbers(values) if kind == YES_NO else values
     return inputs
 
