@@ -18,7 +18,7 @@ runs both with another meta-model than the shipped one; `--consult-every N`
 gives both a trigger that also consults the meta-model every N observations
 (0: the trigger's rules only; the adjuster's default is 3).
 
-    .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/README.md --out runs/base
+    .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/meta/per_run_table.md --out runs/base
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{fashion_conv,adding,fashion_autoencoder}_*.json \
         --out runs/rescue_b.json; wait   # ~13 min on 2 shared cores

@@ -11,7 +11,7 @@ figure's reference: not in the table), and writes one results file per
 task-seed (`DIR/base_FAMILY_SEED.json`). Its range-start arms hold the table's
 values until `--rerun-range-start` replaces them.
 
-    python benchmarks/meta/table_results.py --table benchmarks/README.md --out runs/base
+    python benchmarks/meta/table_results.py --table benchmarks/meta/per_run_table.md --out runs/base
 """
 
 from __future__ import annotations

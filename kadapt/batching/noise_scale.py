@@ -32,6 +32,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kadapt._compat import adam_second_moments
 from kadapt.optimizers.adam import Adam as _KadaptAdam
 from kadapt.optimizers.live_variables import slot_key
 from kadapt.validation import check_range
@@ -46,8 +47,7 @@ def squared_preconditioner(optimizer: keras.optimizers.Optimizer,
     if isinstance(optimizer, _KadaptAdam):
         seconds = [optimizer._second[slot_key(v)] for v in variables]
     elif isinstance(optimizer, keras.optimizers.Adam):
-        slots = optimizer._velocity_hats if optimizer.amsgrad else optimizer._velocities
-        seconds = [slots[optimizer._get_variable_index(v)] for v in variables]
+        seconds = adam_second_moments(optimizer, variables)
     else:
         return None
     steps = tf.cast(optimizer.iterations, tf.float32)

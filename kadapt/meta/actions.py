@@ -18,6 +18,7 @@ import math
 import keras
 import numpy as np
 
+from kadapt._compat import learning_rate_as_set
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 ACTIONS = (
@@ -63,9 +64,7 @@ def can_adjust_learning_rate(optimizer: keras.optimizers.Optimizer) -> bool:
     """A live multiplier, or a float learning rate that Keras lets us set."""
     if hasattr(optimizer, "learning_rate_multiplier"):
         return True
-    return not isinstance(
-        getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule
-    )
+    return not isinstance(learning_rate_as_set(optimizer), keras.optimizers.schedules.LearningRateSchedule)
 
 
 def optimizer_mask(optimizer: keras.optimizers.Optimizer) -> np.ndarray:

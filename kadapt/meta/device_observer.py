@@ -38,6 +38,7 @@ import weakref
 import keras
 import numpy as np
 
+from kadapt._compat import learning_rate_as_set
 from kadapt.meta.features import UpdateSums
 from kadapt.meta.host_reads import distributed
 from kadapt.meta.host_reads import rate_reader
@@ -97,7 +98,7 @@ class DeviceObserver:
         # No reference to the model: it keys the cache of observers (`_observers`), which must not keep it alive.
         self.optimizer, self._model_variables = optimizer, len(model.variables)
         # The schedule is traced into the TensorFlow call: another one set on the optimizer needs a new observer.
-        self._schedule = id(getattr(optimizer, "_learning_rate", None))
+        self._schedule = id(learning_rate_as_set(optimizer))
         self.kept = _kept(model)
         self._kept_optimizer = [v.name not in NOT_ROLLED_BACK for v in optimizer.variables]
         copies = _TensorFlowCopies if keras.backend.backend() == "tensorflow" else _JaxCopies
@@ -135,7 +136,7 @@ class DeviceObserver:
         """Whether this observer copies exactly `model`'s variables and its optimizer's."""
         kept = _kept(model)
         return (model.optimizer is self.optimizer and len(kept) == len(self.kept)
-                and id(getattr(model.optimizer, "_learning_rate", None)) == self._schedule
+                and id(learning_rate_as_set(model.optimizer)) == self._schedule
                 and all(a is b for a, b in zip(kept, self.kept)))
 
     def observe(self) -> DeviceReading:

@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from kadapt._compat import learning_rate_as_set
+
 FEATURE_VERSION = 3
 WINDOW = 8
 SLOPE_SPAN = 4
@@ -297,7 +299,7 @@ def schedule_ratio(optimizer: Any, step: int, total_steps: int | None) -> float:
     """
     import keras
 
-    schedule = getattr(optimizer, "_learning_rate", None)
+    schedule = learning_rate_as_set(optimizer)
     if not total_steps or not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         return 1.0
     ahead = min(step + max(total_steps // 4, 1), total_steps)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from kadapt._compat import learning_rate_as_set
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 
@@ -115,7 +116,7 @@ def _model_reader(model, variables):
     optimizer's `momentum`) is read on the host at each call, as `current_momentum` reads it."""
     optimizer = model.optimizer
     # The schedule is traced into the function: a new one set on the optimizer needs a new reader.
-    key = ("model", id(optimizer), id(getattr(optimizer, "_learning_rate", None)), *(id(v) for v in variables))
+    key = ("model", id(optimizer), id(learning_rate_as_set(optimizer)), *(id(v) for v in variables))
     entry = _readers.get(key)
     if entry is None:
         import tensorflow as tf

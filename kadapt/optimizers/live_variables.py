@@ -6,6 +6,7 @@ from typing import Any
 
 import keras
 
+from kadapt._compat import distributed_container
 from kadapt.validation import check_range
 
 
@@ -28,12 +29,10 @@ def _tensorflow_slot_key(variable: Any) -> Any:
 
     if isinstance(variable, keras.Variable):
         variable = variable.value
-    if hasattr(variable, "_distributed_container"):
-        variable = variable._distributed_container()
-    elif not isinstance(variable, tf.distribute.DistributedValues) and hasattr(
-            getattr(variable, "handle", None), "_distributed_container"):
-        variable = variable.handle._distributed_container()
-    return variable.ref()
+    container = distributed_container(variable)
+    if container is None and not isinstance(variable, tf.distribute.DistributedValues):
+        container = distributed_container(getattr(variable, "handle", None))
+    return (variable if container is None else container).ref()
 
 
 def scalar_variable(optimizer: keras.optimizers.Optimizer, name: str, value: float) -> keras.Variable:

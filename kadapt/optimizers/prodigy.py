@@ -9,6 +9,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from kadapt._compat import distributed_container
 from kadapt.optimizers.live_variables import LearningRateMultiplier
 from kadapt.optimizers.live_variables import RestartableMoments
 from kadapt.optimizers.live_variables import reject_keras_accumulation
@@ -213,6 +214,6 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
 
 def _replica(variable: Any) -> Any:
     """The device of a replica's component of a tf.distribute variable, else `None`."""
-    distributed = hasattr(variable, "_distributed_container") or hasattr(
-        getattr(variable, "handle", None), "_distributed_container")
+    distributed = distributed_container(variable) is not None or distributed_container(
+        getattr(variable, "handle", None)) is not None
     return variable.device if distributed else None

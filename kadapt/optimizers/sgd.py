@@ -78,7 +78,7 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
             return
         super().build(variables)
         # Velocities always exist, so momentum can rise from 0 mid-run.
-        self._velocities = {
+        self._velocity_slots = {
             slot_key(v): self.add_variable_from_reference(v, "velocity") for v in variables
         }
 
@@ -87,7 +87,7 @@ class SGD(LearningRateMultiplier, keras.optimizers.Optimizer):
         rate = self._multiplied(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
         momentum = ops.cast(self._momentum, dtype)
-        velocity = self._velocities[slot_key(variable)]
+        velocity = self._velocity_slots[slot_key(variable)]
         self.assign(velocity, momentum * velocity - rate * gradient)
         if self.nesterov:
             self.assign_add(variable, momentum * velocity - rate * gradient)

@@ -25,6 +25,8 @@ from typing import Any
 
 import keras
 
+from kadapt._compat import learning_rate_as_set
+
 
 class SweepSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """`start * (stop / start) ** (step / (num_steps - 1))`, the range test's sweep."""
@@ -47,9 +49,7 @@ def swept_rate(model: keras.Model, start: float, stop: float,
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # a LossScaleOptimizer's
     if getattr(optimizer, "learning_rate_multiplier", None) is not None:
         optimizer.learning_rate_multiplier = 1.0
-    # Keras has no public getter for a schedule object (`learning_rate` evaluates
-    # it), and the schedule must come back as the same object.
-    original = optimizer._learning_rate
+    original = learning_rate_as_set(optimizer)  # the schedule must come back as the same object
     if isinstance(original, keras.Variable):
         yield _assigner(optimizer)
         return

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import keras
 
+from kadapt._compat import backup_position
+from kadapt._compat import resume_at_epoch
 from kadapt.run.run_directory import TEMPORARY
 from kadapt.run.run_directory import whole_file
 
@@ -86,6 +88,8 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
             shutil.rmtree(aside)
         super().on_train_end(logs)
 
+    # Keras' own checkpoint write and read, overridden (kadapt._compat.PRIVATE_OVERRIDES): it
+    # has no public hook for either.
     def _save_model(self):
         """One checkpoint, committed at once: the weights written whole under a name of their
         own, then the epoch record naming them replaced into place (the commit), then the
@@ -94,10 +98,11 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
         weights, and one inside the record's write left a record cut short."""
         backup = Path(self.backup_dir)
         backup.mkdir(parents=True, exist_ok=True)
-        name = f"epoch-{self._current_epoch}-batch-{self._last_batch_seen}.weights.h5"
+        epoch, batch = backup_position(self)
+        name = f"epoch-{epoch}-batch-{batch}.weights.h5"
         with whole_file(backup / name) as temporary:
             self.model.save_weights(temporary)
-        record = {"epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name}
+        record = {"epoch": epoch, "batch": batch, "weights": name}
         with whole_file(backup / METADATA) as temporary:
             temporary.write_text(json.dumps(record))
         for earlier in backup.glob("*.weights.h5"):
@@ -114,7 +119,7 @@ class InterruptSafeBackup(keras.callbacks.BackupAndRestore):
             self.model.optimizer.build(self.model.trainable_variables)  # its variables are in the file
         # A checkpoint Keras wrote (a run begun before kadapt wrote its own) names no weights file.
         self.model.load_weights(Path(self.backup_dir) / record.get("weights", "latest.weights.h5"))
-        self.model._initial_epoch = record["epoch"]
+        resume_at_epoch(self.model, record["epoch"])
 
     def _commit_epoch(self, epoch, logs):
         with _sigint_held(), self.save_scope():

@@ -11,6 +11,7 @@ import jax
 import keras
 import numpy as np
 
+from kadapt._compat import build_training_state
 from kadapt.batching.jax.data_parallel import sharded_batch
 from kadapt.batching.jax.data_parallel import sharded_state
 from kadapt.validation import check_micro_batch_size
@@ -186,9 +187,8 @@ def built_for_plan(model: keras.Model, specs: tuple) -> Iterator[None]:
     if not original.built:
         model.optimizer = keras.optimizers.deserialize(keras.optimizers.serialize(original))
     try:
-        # Keras' own builder (private; what `train_on_batch` calls first): no
-        # public call builds the compiled loss and metrics from shapes alone.
-        model._symbolic_build(data_batch=specs)
+        # No public call builds the compiled loss and metrics from shapes alone.
+        build_training_state(model, specs)
         yield
     finally:
         model.optimizer = original

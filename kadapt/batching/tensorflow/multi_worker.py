@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kadapt._compat import spans_several_workers
 from kadapt.batching.tensorflow.step_functions import replica_step_function
 
 
@@ -44,8 +45,7 @@ def worker_lost(error: Exception) -> WorkerLostError:
 
 def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning more than this process."""
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-        strategy.extended._in_multi_worker_mode())
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and spans_several_workers(strategy)
 
 
 class StepsFunction:

@@ -8,6 +8,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from kadapt._compat import creation_strategy
+from kadapt._compat import epoch_iterator_spec
+from kadapt._compat import per_replica_specs
 from kadapt.batching import ghost_batch_norm
 from kadapt.batching import logical_batch_loss
 from kadapt.batching.noise_scale import NoiseScale
@@ -49,7 +52,7 @@ class TensorFlowAccumulation:
         # this replica's own part of the batch has them. The dataset's element spec has
         # them too, and reading it draws no batch: a batch drawn here would advance a
         # reshuffling dataset, so that the first epoch saw the second epoch's order.
-        strategy = self._distribute_strategy
+        strategy = creation_strategy(self)
         if iterator is not None and strategy is not None:
             data_batch = _batch_spec(iterator)
             if data_batch is None:
@@ -280,11 +283,11 @@ def _batch_spec(iterator):
     """The `tf.TensorSpec` structure of one replica's batch from a Keras epoch
     iterator's distributed dataset (each `PerReplicaSpec` leaf gives its first
     replica's spec), or `None` where it has no such structure."""
-    spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec", None)
+    spec = epoch_iterator_spec(iterator)
     if spec is None:
         return None
     spec = tf.nest.map_structure(
-        lambda leaf: (getattr(leaf, "_value_specs", None) or (leaf,))[0], spec)
+        lambda leaf: (per_replica_specs(leaf) or (leaf,))[0], spec)
     if all(isinstance(leaf, tf.TensorSpec) for leaf in tf.nest.flatten(spec)):
         return spec
     return None
