@@ -153,11 +153,28 @@ def test_a_healthy_run_is_untouched_bit_for_bit(tmp_path):
         np.testing.assert_array_equal(with_rescue, without)
 
 
-def test_the_rescue_needs_a_live_multiplier():
-    model, x, y = scalar_regression(0.1)
-    model.compile(keras.optimizers.SGD(0.1), loss="mse")
-    with pytest.raises(ValueError, match="DeadRunRescue changes the rate through `learning_rate_multiplier`"):
-        model.fit(x, y, epochs=1, verbose=0, callbacks=[DeadRunRescue(DeadRunRule(1.0), monitor="loss")])
+def test_keras_own_sgd_is_rescued_through_the_multiplier_installed_on_it():
+    """The first test's run on `keras.optimizers.SGD`: the rescue installs the live multiplier at
+    train begin and ends at the same w = 3 (1 - 0.7^4)."""
+    model, x, y = scalar_regression(1.5)
+    model.compile(keras.optimizers.SGD(1.5), loss="mse")
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    np.testing.assert_allclose(model.get_weights()[0], [[3 * (1 - 0.7**4)]], rtol=1e-6)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.15)
+
+
+def test_keras_adamw_under_a_schedule_is_rescued():
+    """AdamW (Keras', once refused) on a cosine schedule, diverging at lr 50: rolled back, its schedule x0.1."""
+    model, x, y = scalar_regression(1.0)
+    model.compile(keras.optimizers.AdamW(keras.optimizers.schedules.CosineDecay(50.0, 100)), loss="mse")
+    rescue = DeadRunRescue(DeadRunRule(chance_loss=1.0), monitor="loss", verbose=False)
+    model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0, callbacks=[rescue])
+    [decision] = rescue.decisions
+    assert decision["trigger"] == "diverged" and decision["adjustment"] == {"learning_rate_multiplier": pytest.approx(0.1)}
+    step = float(model.optimizer.iterations.numpy())
+    expected = 0.1 * float(keras.optimizers.schedules.CosineDecay(50.0, 100)(step))
+    assert float(model.optimizer.learning_rate) == pytest.approx(expected, rel=1e-5)
 
 
 def test_kadapt_train_rescues_a_run_that_dies(tmp_path, monkeypatch):

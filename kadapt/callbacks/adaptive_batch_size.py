@@ -23,6 +23,9 @@ import keras
 import numpy as np
 
 from kadapt.extras import require
+from kadapt.optimizers.live_rate import learning_rate_multiplier
+from kadapt.optimizers.live_rate import live_rate_of
+from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.validation import check_micro_batch_size
 from kadapt.validation import check_range
 
@@ -60,7 +63,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
     power of two in [min, max] with the best goodput, rescaling the learning
     rate by `lr_scaling` ("sqrt": by sqrt(B_new / B_old), the default;
     "linear"; or "none") through the optimizer's `learning_rate_multiplier`
-    (kadapt optimizers) or its float learning rate.
+    (kadapt optimizers; on another optimizer under a schedule, the one
+    `kadapt.optimizers.live_rate` installs at train begin) or its float
+    learning rate.
 
     Two ways to feed it:
 
@@ -228,6 +233,8 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         self._first_batch = True
         if self._live_size is not None:
             self._quiet_epoch_ends()
+        if self.lr_scaling != "none" and not isinstance(self.model.optimizer.learning_rate, keras.Variable):
+            live_rate_of(self.model)  # a schedule is scaled through the multiplier: installed before the first step
 
     def _quiet_epoch_ends(self):
         # The live dataset ends each epoch at the end of a pass, by design;
@@ -346,17 +353,9 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
         if factor == 1.0:
             return
         optimizer = self.model.optimizer
-        if hasattr(optimizer, "learning_rate_multiplier"):
-            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-            optimizer.learning_rate_multiplier = current * factor
+        multiplier = learning_rate_multiplier(optimizer)
+        if multiplier is not None:
+            set_learning_rate_multiplier(optimizer, float(keras.ops.convert_to_numpy(multiplier)) * factor)
             return
-        try:
-            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-            optimizer.learning_rate = current * factor
-        except TypeError as error:
-            raise TypeError(
-                "`AdaptiveBatchSize` rescales the learning rate, which Keras forbids for an "
-                "optimizer holding a schedule: use a kadapt optimizer (its "
-                "`learning_rate_multiplier`) or `lr_scaling='none'`. "
-                f"Received: optimizer={type(optimizer).__name__}"
-            ) from error
+        current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        optimizer.learning_rate = current * factor

@@ -18,6 +18,8 @@ from kadapt.meta.dead_run import AT_CHANCE
 from kadapt.meta.dead_run import DIVERGED
 from kadapt.meta.dead_run import DeadRunRule
 from kadapt.meta.dead_run import RunHealth
+from kadapt.optimizers.live_rate import live_rate_of
+from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.validation import check_range
 
@@ -33,8 +35,10 @@ class DeadRunRescue(keras.callbacks.Callback):
     (the initial weights, or the epoch end with the lowest monitored loss
     below chance; optimizer slots zeroed: a velocity built at the dying rate
     would carry the weights straight back out), and the rate changes through
-    `learning_rate_multiplier`, the live channel of kadapt's optimizers, so a
-    schedule keeps its shape: applied rate = schedule(step) x multiplier.
+    `learning_rate_multiplier`, the live channel of kadapt's optimizers, which
+    `kadapt.optimizers.live_rate` installs on any other Keras optimizer at
+    train begin, so a schedule keeps its shape: applied rate = schedule(step)
+    x multiplier.
     The new rate is the range test's suggestion (as the schedule's peak) when
     `range_test` is given, else the rate the epoch trained at times the rule's
     `rate_factor`. After a divergence it is the suggestion over `rate_factor`
@@ -92,9 +96,7 @@ class DeadRunRescue(keras.callbacks.Callback):
         self.decisions = []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if not hasattr(self.model.optimizer, "learning_rate_multiplier"):
-            raise ValueError(f"DeadRunRescue changes the rate through `learning_rate_multiplier`, which "
-                             f"{type(self.model.optimizer).__name__} lacks: use kadapt.optimizers.SGD or Adam.")
+        self._multiplier = live_rate_of(self.model)
         self.state, self.point, self._best, self._began = None, None, math.inf, False
         self.decisions = []
 
@@ -106,7 +108,7 @@ class DeadRunRescue(keras.callbacks.Callback):
         # The multiplier this epoch trains at: a callback before this one (the MetaAdjuster in
         # `kadapt train`) may cut it at the same epoch end, and the cut after a divergence is
         # from the rate that diverged, not from that callback's cut of it.
-        self._trained_multiplier = _multiplier(self.model.optimizer)
+        self._trained_multiplier = self._multiplier_now()
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Here rather than at train begin: a subclassed model is built by fit, before its first step.
@@ -140,9 +142,9 @@ class DeadRunRescue(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         rollback.restore(self.model, self.point, restart_momentum=True)
         self.state = self.rule.restarted(self.state, self.point.value)
-        before = _multiplier(optimizer)
+        before = self._multiplier_now()
         multiplier, how = self._new_multiplier(max(before, self._trained_multiplier), verdict.trigger)
-        optimizer.learning_rate_multiplier = multiplier
+        set_learning_rate_multiplier(optimizer, multiplier)
         self._log({"step": int(optimizer.iterations.numpy()), "epoch": epoch, "trigger": verdict.trigger,
                    "adjustment": {"learning_rate_multiplier": multiplier}, "predicted_gain": None,
                    "action": f"rollback to the {'initial' if math.isinf(self._best) else 'best healthy'} "
@@ -171,7 +173,7 @@ class DeadRunRescue(keras.callbacks.Callback):
         # The schedule's rate now: the applied rate over the multiplier applied now, which a callback
         # before this one may have cut at this epoch end (not the epoch's `multiplier`).
         optimizer = self.model.optimizer
-        peak = self.peak_learning_rate or applied_learning_rate(optimizer) / _multiplier(optimizer)
+        peak = self.peak_learning_rate or applied_learning_rate(optimizer) / self._multiplier_now()
         found = result.suggestion / peak
         if trigger != DIVERGED:
             return found, f"range test: {result.suggestion:.3g}"
@@ -179,6 +181,9 @@ class DeadRunRescue(keras.callbacks.Callback):
             return cut, (f"range test: {result.suggestion:.3g}, x{1 / factor:g} of it above x{factor:g} "
                          "of the diverged rate")
         return found / factor, f"range test: {result.suggestion:.3g}, x{1 / factor:g} of it"
+
+    def _multiplier_now(self):
+        return float(keras.ops.convert_to_numpy(self._multiplier))
 
     def _log(self, decision):
         self.decisions.append(decision)
@@ -225,7 +230,3 @@ class DeadRunRescue(keras.callbacks.Callback):
                 "peak_learning_rate": self.peak_learning_rate,
                 "log_dir": None if self.log_dir is None else str(self.log_dir),
                 "backup_dir": None if self.backup_dir is None else str(self.backup_dir), "verbose": self.verbose}
-
-
-def _multiplier(optimizer):
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))

@@ -19,6 +19,8 @@ import keras
 import numpy as np
 
 from kadapt._compat import learning_rate_as_set
+from kadapt.optimizers.live_rate import learning_rate_multiplier
+from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 ACTIONS = (
@@ -62,7 +64,7 @@ def has_live_momentum(optimizer: keras.optimizers.Optimizer) -> bool:
 
 def can_adjust_learning_rate(optimizer: keras.optimizers.Optimizer) -> bool:
     """A live multiplier, or a float learning rate that Keras lets us set."""
-    if hasattr(optimizer, "learning_rate_multiplier"):
+    if learning_rate_multiplier(optimizer) is not None:
         return True
     return not isinstance(learning_rate_as_set(optimizer), keras.optimizers.schedules.LearningRateSchedule)
 
@@ -136,9 +138,10 @@ def apply(optimizer: keras.optimizers.Optimizer, action: dict[str, float],
         action = {**action, "learning_rate_multiplier": target / applied_learning_rate(optimizer)}
     if "learning_rate_multiplier" in action:
         factor = action["learning_rate_multiplier"]
-        if hasattr(optimizer, "learning_rate_multiplier"):
-            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-            optimizer.learning_rate_multiplier = _bounded(current * factor, 1.0)
+        multiplier = learning_rate_multiplier(optimizer)
+        if multiplier is not None:
+            current = float(keras.ops.convert_to_numpy(multiplier))
+            set_learning_rate_multiplier(optimizer, _bounded(current * factor, 1.0))
         else:
             current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
             reference = current if initial_learning_rate is None else initial_learning_rate

@@ -51,6 +51,7 @@ from kadapt.meta.restart_trial import RestartTrial
 from kadapt.meta.restart_trial import TrialResult
 from kadapt.meta.triggers import Trigger
 from kadapt.meta.worker_agreement import WorkerAgreement
+from kadapt.optimizers.live_rate import learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 
@@ -152,7 +153,7 @@ class AdjustmentRunner:
     def start_from(self, run: RangeTestRun) -> None:
         """Takes a range-test start's outcome: its suggestion, and the rate it set."""
         self.range_test_rate = run.suggestion
-        if run.learning_rate is not None and not hasattr(self.model.optimizer, "learning_rate_multiplier"):
+        if run.learning_rate is not None and learning_rate_multiplier(self.model.optimizer) is None:
             self.initial_learning_rate = run.learning_rate  # later changes stay within MAX_CHANGE of the found rate
         if run.continued_from is not None:  # the run goes on from a branch's end: a rollback returns there
             self.last_good = self.pending = self.start = rollback.take(self.model)

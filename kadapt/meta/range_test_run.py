@@ -21,6 +21,8 @@ from kadapt.meta import actions as action_lib
 from kadapt.meta.branch_trials import branch_scores
 from kadapt.meta.range_test_start import RangeTestStart
 from kadapt.meta.start_judge import SPREAD
+from kadapt.optimizers.live_rate import learning_rate_multiplier
+from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 
@@ -107,9 +109,9 @@ def run_range_test(start: RangeTestStart, model: keras.Model, budget: int | None
 def apply_rate(optimizer: keras.optimizers.Optimizer, live: float, rate: float) -> None:
     """Makes `optimizer` apply `rate` where it applies `live` now: through its live multiplier
     (which keeps a schedule's shape), or as its float rate."""
-    if hasattr(optimizer, "learning_rate_multiplier"):
-        multiplier = float(keras.ops.convert_to_numpy(optimizer.learning_rate_multiplier))
-        optimizer.learning_rate_multiplier = multiplier * rate / live
+    multiplier = learning_rate_multiplier(optimizer)
+    if multiplier is not None:
+        set_learning_rate_multiplier(optimizer, float(keras.ops.convert_to_numpy(multiplier)) * rate / live)
     else:
         optimizer.learning_rate = rate
 
