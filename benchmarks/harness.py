@@ -30,15 +30,12 @@ def step_seconds(model, x, y, steps):
 
 def alternate(models, x, y, rounds, steps, warmup_steps):
     """`{name: [seconds per step of each round]}`: every model warmed up (traced) first, then
-    the models run in turn for `rounds` rounds of `steps` steps, so a machine's slow
-    spell falls on every arm alike."""
-    for model in models.values():
-        step_seconds(model, x, y, warmup_steps)
-    times = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, model in models.items():
-            times[name].append(step_seconds(model, x, y, steps))
-    return times
+    the models run in turn for `rounds` rounds of `steps` steps, the order reversed every other
+    round, so a machine's slow spell falls on every arm alike (`kadapt.precision.alternated_rounds`,
+    the measurement `choose_precision` decides by)."""
+    from kadapt.precision import alternated_rounds
+
+    return alternated_rounds(models, (x, y), rounds, steps, warmup_steps)
 
 
 def ratio_lines(times, base):

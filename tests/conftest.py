@@ -97,9 +97,13 @@ def mirrored_strategy():
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_probe_cache(tmp_path_factory):
-    """The probe cache of the tests and the commands they start, not the user's."""
+    """The measurement caches of the tests and the commands they start, not the user's; and
+    float32 pinned (`$KADAPT_PRECISION`): the suite's oracles are float32, and the default
+    `--precision auto` would time each network on a machine with 16-bit units (tests/test_precision.py
+    unpins it where it tests the measurement)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KADAPT_CACHE_DIR", str(tmp_path_factory.mktemp("probe-cache")))
+        patch.setenv("KADAPT_PRECISION", "float32")
         yield
 
 

@@ -61,7 +61,13 @@ def _build():
     return model
 
 
-def test_choose_precision_times_each_policy_and_restores_the_global_one():
+@pytest.fixture
+def unpinned(monkeypatch):
+    """The suite pins float32 (tests/conftest.py); these tests measure."""
+    monkeypatch.delenv(precision.PIN, raising=False)
+
+
+def test_choose_precision_times_each_policy_and_restores_the_global_one(unpinned):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 3, 64)
     built_under = []
@@ -70,7 +76,7 @@ def test_choose_precision_times_each_policy_and_restores_the_global_one():
         built_under.append(keras.mixed_precision.global_policy().name)
         return _build()
 
-    choice = kadapt.choose_precision(build, x, y, batch_size=32, steps=2, policies=["float32", "bfloat16"])
+    choice = kadapt.choose_precision(build, x, y, batch_size=32, steps=2, rounds=2, policies=["float32", "bfloat16"])
     assert built_under == ["float32", "mixed_bfloat16"]
     assert set(choice.seconds_per_step) == {"float32", "mixed_bfloat16"}
     assert all(seconds > 0 for seconds in choice.seconds_per_step.values())
@@ -78,7 +84,7 @@ def test_choose_precision_times_each_policy_and_restores_the_global_one():
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
-def test_choose_precision_refuses_what_it_cannot_time():
+def test_choose_precision_refuses_what_it_cannot_time(unpinned):
     x, y = np.zeros((8, 16), "float32"), np.zeros(8, "int32")
     with pytest.raises(TypeError, match="`build_model` must be a callable"):
         kadapt.choose_precision("model", x, y)
@@ -88,6 +94,84 @@ def test_choose_precision_refuses_what_it_cannot_time():
     with pytest.raises(ValueError, match=r"`precision` must be one of auto, float32, bfloat16, float16. "
                                          r"Received: precision='int8'"):
         kadapt.choose_precision(_build, x, y, policies=["int8"])
+
+
+class _Clock:
+    """A machine that slows down as it runs: each step costs `cost` x (1 + seconds so far / 50)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def model(self, cost):
+        clock = self
+
+        class Model:
+            def train_on_batch(self, x, y):
+                clock.now += cost * (1 + clock.now / 50)
+
+        return Model()
+
+
+@pytest.mark.parametrize("costs, speedup", [((1.0, 1.0), 1.0), ((1.0, 0.7), 1 / 0.7)])
+def test_the_policies_take_turns_so_a_drifting_machine_does_not_decide(costs, speedup):
+    clock = _Clock()
+    models = {"float32": clock.model(costs[0]), "mixed_bfloat16": clock.model(costs[1])}
+    def median_round(models):
+        return {name: np.median(seconds) for name, seconds in
+                precision.alternated_rounds(models, (None, None), clock=lambda: clock.now).items()}
+
+    timings = median_round(models)
+    assert timings["float32"] / timings["mixed_bfloat16"] == pytest.approx(speedup, rel=0.01)
+    clock.now, one_after_the_other = 0.0, {}  # the same steps timed policy after policy
+    for policy, model in models.items():
+        one_after_the_other.update(median_round({policy: model}))
+    assert one_after_the_other["float32"] / one_after_the_other["mixed_bfloat16"] < 0.8 * speedup
+
+
+def test_a_choice_is_measured_once_per_machine_and_network(unpinned, monkeypatch):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 16)).astype("float32"), rng.integers(0, 3, 32)
+    built = []
+
+    def build():
+        built.append(keras.mixed_precision.global_policy().name)
+        return _build()
+
+    def choose(key):
+        return kadapt.choose_precision(build, x, y, batch_size=32, steps=1, rounds=1, cache_key=key,
+                                       policies=["float32", "bfloat16"])
+
+    first = choose({"network": "dense", "input": [16]})
+    again = choose({"network": "dense", "input": [16]})
+    assert len(built) == 2 and again.policy == first.policy and again.seconds_per_step == first.seconds_per_step
+    assert again.reason == f"{first.reason}; measured by an earlier run on this machine"
+    choose({"network": "dense", "input": [17]})
+    assert len(built) == 4
+    monkeypatch.setattr(precision, "machine_signature", lambda: {"cpu": "another"})
+    choose({"network": "dense", "input": [16]})
+    assert len(built) == 6
+
+
+def test_kadapt_precision_pins_a_precision_on_the_machine(monkeypatch):
+    def build():
+        raise AssertionError("nothing is built or timed under a pinned precision")
+
+    monkeypatch.setenv(precision.PIN, "bfloat16")
+    choice = kadapt.choose_precision(build, np.zeros((4, 16), "float32"), policies=["float32", "bfloat16"])
+    assert (choice.policy, choice.seconds_per_step, choice.reason) == ("mixed_bfloat16", {}, "KADAPT_PRECISION=bfloat16")
+    monkeypatch.setenv(precision.PIN, "half")
+    with pytest.raises(ValueError, match=r"The environment variable KADAPT_PRECISION must be one of float32, "
+                                         r"bfloat16, float16, or unset to measure. Received: KADAPT_PRECISION='half'"):
+        kadapt.choose_precision(build, np.zeros((4, 16), "float32"))
+
+
+def test_bfloat16_asked_for_without_its_units_runs_and_says_so(monkeypatch):
+    monkeypatch.setattr(precision, "supported_policies", lambda: ["float32"])
+    choice = precision.asked_precision("bfloat16")
+    assert choice.policy == "mixed_bfloat16"
+    assert choice.reason == ("--precision bfloat16; this device has no bfloat16 units: it is emulated, which is "
+                             "usually slower than float32 (--precision auto measures)")
+    assert precision.asked_precision("float32").reason == "--precision float32"
 
 
 def test_accumulation_under_bfloat16_keeps_float32_sums_and_one_update():
@@ -136,14 +220,14 @@ def test_fast_fit_trains_under_the_precision_asked_for():
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
-def test_auto_on_a_device_without_16_bit_units_times_nothing(monkeypatch):
+def test_auto_on_a_device_without_16_bit_units_times_nothing(monkeypatch, unpinned):
     monkeypatch.setattr(precision, "supported_policies", lambda: ["float32"])
     model = fast_fit(*_images(), epochs=1, batch_size=16, config=TINY.replace(precision="auto"), seed=0)
     assert model.precision.policy == "float32" and model.precision.seconds_per_step == {}
     assert model.precision.reason == "this device has no bfloat16 or float16 units"
 
 
-def test_kadapt_train_records_the_measured_choice_and_builds_under_it(tmp_path, monkeypatch):
+def test_kadapt_train_records_the_measured_choice_and_builds_under_it(tmp_path, monkeypatch, unpinned):
     monkeypatch.setattr(precision, "supported_policies", lambda: ["float32", "mixed_bfloat16"])
     # Whatever the timings, bfloat16: a float32 choice would not show which policy the network was built under.
     monkeypatch.setattr(precision, "decide", lambda timings, _: precision.PrecisionChoice(

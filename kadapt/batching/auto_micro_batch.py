@@ -11,13 +11,9 @@ peak is checked where the model trains (`FirstStepCheck`). The cache lives in
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
 import platform
-import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +31,11 @@ from kadapt.batching.peak_search import PeakSearch
 from kadapt.batching.tensorflow.allocator_mode import allocator_mode
 from kadapt.batching.tensorflow.allocator_region import reserve_region
 from kadapt.environment import allocator_statistics_available
+from kadapt.measurement_cache import cache_file
+from kadapt.measurement_cache import digest
+from kadapt.measurement_cache import read_cache
+from kadapt.measurement_cache import write_cache
+from kadapt.precision import cpu_model_name
 
 logger = logging.getLogger("kadapt")
 KERAS_DEFAULT_BATCH_SIZE = 32
@@ -56,11 +57,11 @@ CHECKED_STEPS = 2
 # nothing (benchmarks/README.md#probe). Measured where it trains, the
 # fallback costs nothing where the size fits.
 FALLBACK = 0.8
+PROBE_CACHE = "probe-cache.json"
 
 
 def cache_path() -> Path:
-    folder = os.environ.get("KADAPT_CACHE_DIR") or Path("~/.cache/kadapt").expanduser()
-    return Path(folder) / "probe-cache.json"
+    return cache_file(PROBE_CACHE)
 
 
 def resolve_auto_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int | None, sample_weight: Any) -> None:
@@ -370,11 +371,7 @@ def _model_signature(model, sample):
 
 
 def _digest(signature):
-    text = json.dumps(_without_names(signature), sort_keys=True, default=str)
-    # Keras numbers auto-generated names per session ("conv2d_3"); the same
-    # architecture must hit the same entry in the next run.
-    text = re.sub(r"_\d+\b", "", text)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digest(_without_names(signature))
 
 
 def device_name(device: str) -> str:
@@ -387,12 +384,7 @@ def device_name(device: str) -> str:
     if kind == "GPU" and physical:
         details = tf.config.experimental.get_device_details(physical[min(int(index or 0), len(physical) - 1)])
         return details.get("device_name", "GPU")
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.machine()
+    return cpu_model_name() or platform.processor() or platform.machine()
 
 
 def _without_names(value):
@@ -404,24 +396,11 @@ def _without_names(value):
 
 
 def _read_cache():
-    path = cache_path()
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as error:
-        logger.warning("ignoring unreadable probe cache %s (%s)", path, error)
-        return {}
+    return read_cache(PROBE_CACHE)
 
 
 def _write_cache(key, entry):
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    entries = _read_cache()
-    entries[key] = entry
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(entries, indent=1))
-    os.replace(temporary, path)  # atomic: readers never see half a file
+    write_cache(PROBE_CACHE, key, entry)
 
 
 def resolve_planned_micro_batch(model: keras.Model, x: Any, y: Any, batch_size: int | None,

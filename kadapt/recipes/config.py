@@ -85,9 +85,10 @@ class FastFitConfig:
             end of `fit`.
         precision: `"float32"`, `"bfloat16"` or `"float16"` (Keras' mixed
             precision policies: float32 variables, computation in 16 bits,
-            float16 with loss scaling), or `"auto"`: time a few steps of the
-            network under each the device has units for and keep the fastest
-            that beats float32 by 1.15x (`kadapt.precision.choose_precision`).
+            float16 with loss scaling), or `"auto"` (the default): time steps
+            of the network under each the device has units for and keep the
+            fastest that beats float32 by 1.15x, once per machine and network
+            (`kadapt.precision.choose_precision`; `$KADAPT_PRECISION` pins one).
         restore_best_weights: At the end of training, restore the weights of
             the epoch with the best monitored value (`val_loss`, else `loss`),
             as `keras.callbacks.EarlyStopping(restore_best_weights=True)`
@@ -127,9 +128,10 @@ class FastFitConfig:
     restore_best_weights: bool = switch(True, "end with the weights of the epoch with the best val_loss "
                                               "(kadapt train: images; off for tables and other rows)",
                                         flag="restore_best")
-    precision: str = switch("float32", "float32, bfloat16 or float16 (Keras mixed precision), or auto: time a "
-                                       "few steps under each the device has units for and keep the fastest "
-                                       "that beats float32 by 1.15x", choices=PRECISIONS)
+    precision: str = switch("auto", "float32, bfloat16 or float16 (Keras mixed precision), or auto: time steps "
+                                    "under each the device has units for and keep the fastest that beats float32 "
+                                    "by 1.15x, once per machine and network ($KADAPT_PRECISION pins one)",
+                            choices=PRECISIONS)
 
     def __post_init__(self):
         if not self.widths or any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in self.widths):

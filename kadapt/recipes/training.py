@@ -25,9 +25,8 @@ from kadapt.optimizers import Prodigy
 from kadapt.optimizers import SGD
 from kadapt.optimizers import ScheduleFreeAdamW
 from kadapt.optimizers import ScheduleFreeSGD
-from kadapt.precision import PrecisionChoice
+from kadapt.precision import asked_precision
 from kadapt.precision import choose_precision
-from kadapt.precision import policy_name
 from kadapt.range_test import find_learning_rate
 from kadapt.recipes.config import AUTO
 from kadapt.recipes.config import SCHEDULE_FREE
@@ -66,16 +65,20 @@ def recipe_network(config, images, num_classes):
     )
 
 
-def recipe_precision(config, build_model, images, num_classes, batch_size):
+def recipe_precision(config, build_model, images, num_classes, batch_size, network=None):
     """The `PrecisionChoice` the recipe trains under: `config.precision`'s
     policy, or for `"auto"` the one `choose_precision` measures with
     `build_model` (a compiled network under the global policy) on a batch of
-    `images`. Build the network to train under `choice.policy`."""
+    `images`, kept for this machine and the `network` (its name) where one
+    is given. Build the network to train under `choice.policy`."""
     if config.precision != "auto":
-        return PrecisionChoice(policy_name(config.precision), {}, f"--precision {config.precision}")
+        return asked_precision(config.precision)
     batch = np.asarray(images[:batch_size], "float32")
     labels = one_hot(np.arange(len(batch)) % num_classes, num_classes)  # the labels do not change the time
-    return choose_precision(build_model, batch, labels, batch_size=len(batch))
+    key = None if network is None else {"network": network, "input": list(batch.shape[1:]), "classes": num_classes,
+                                        "widths": config.widths, "residual_stages": config.residual_stages,
+                                        "optimizer": config.optimizer}
+    return choose_precision(build_model, batch, labels, batch_size=len(batch), cache_key=key)
 
 
 def compile_recipe(model, config, total_steps, task=Task()):

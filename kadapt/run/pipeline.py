@@ -26,6 +26,7 @@ from kadapt.batching.trivial_fit import step_bytes_bound
 from kadapt.batching.trivial_fit import trivially_fits
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import global_policy
+from kadapt.precision import pinned_precision
 from kadapt.recipes import training as recipe
 from kadapt.recipes.config import AUTO
 from kadapt.run import run_directory as files
@@ -185,14 +186,15 @@ def _precision(config, settings, name, data, resumed, member):
     recorded = (resumed.read_json(files.CONFIG) or {}).get("resolved", {}).get("precision") if resumed else None
     if recorded:
         return PrecisionChoice(**recorded)
-    if member is not None and settings.precision == "auto":
-        raise UsageError("--precision auto times steps in each worker, and the workers could choose "
-                         "differently: pass --precision float32, bfloat16 or float16 with --workers.")
+    if member is not None and settings.precision == "auto":  # timed in each worker, they could choose apart
+        return pinned_precision() or PrecisionChoice("float32", {}, (
+            "--precision auto measures in one process, and the workers could choose differently: float32 "
+            "(pass --precision bfloat16 or float16 for 16-bit steps)"))
 
     def build():
         return recipe.compile_recipe(build_network(name, data, settings), settings, total_steps=1, task=data.task)
 
-    return recipe.recipe_precision(settings, build, data.x_train, data.num_classes, config.batch_size)
+    return recipe.recipe_precision(settings, build, data.x_train, data.num_classes, config.batch_size, network=name)
 
 
 def _found_rate(settings, resumed, member):
