@@ -1,8 +1,7 @@
 """Training-step time of the recipe's `fast_resnet` under each numerics, alternating in one
 process (Fashion-MNIST-shaped data, batch 256): float32, `mixed_bfloat16`, and both under XLA;
 then what `kadapt.choose_precision` decides on this machine and how long it took (its own
-measurement, shorter: 6 rounds of 3 steps; before 2026-12-07 this script built both of its models
-under float32, so the decision it printed compared float32 with itself).
+measurement, shorter: 6 rounds of 3 steps).
 
     python benchmarks/recipe/precision_step.py [--batch 256] [--rounds 5] [--steps 12]
 """
