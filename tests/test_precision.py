@@ -67,14 +67,24 @@ def unpinned(monkeypatch):
     monkeypatch.delenv(precision.PIN, raising=False)
 
 
-def test_choose_precision_times_each_policy_and_restores_the_global_one(unpinned):
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 3, 64)
-    built_under = []
-
+def _recorded(built_under):
+    """`_build`, recording the global policy of each call in `built_under`."""
     def build():
         built_under.append(keras.mixed_precision.global_policy().name)
         return _build()
+
+    return build
+
+
+def _rows(rows):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(rows, 16)).astype("float32"), rng.integers(0, 3, rows)
+
+
+def test_choose_precision_times_each_policy_and_restores_the_global_one(unpinned):
+    x, y = _rows(64)
+    built_under = []
+    build = _recorded(built_under)
 
     choice = kadapt.choose_precision(build, x, y, batch_size=32, steps=2, rounds=2, policies=["float32", "bfloat16"])
     assert built_under == ["float32", "mixed_bfloat16"]
@@ -129,13 +139,9 @@ def test_the_policies_take_turns_so_a_drifting_machine_does_not_decide(costs, sp
 
 
 def test_a_choice_is_measured_once_per_machine_and_network(unpinned, monkeypatch):
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(32, 16)).astype("float32"), rng.integers(0, 3, 32)
+    x, y = _rows(32)
     built = []
-
-    def build():
-        built.append(keras.mixed_precision.global_policy().name)
-        return _build()
+    build = _recorded(built)
 
     def choose(key):
         return kadapt.choose_precision(build, x, y, batch_size=32, steps=1, rounds=1, cache_key=key,
