@@ -25,7 +25,7 @@ from helpers import assert_trained_alike
 from kadapt.run.run_directory import TEMPORARY
 from kadapt.run.run_lock import LOCK
 
-TRIALS = 20
+TRIALS = 12  # moments drawn over a whole run: with 12, each third of it is hit about 4 times
 EPOCHS, STEPS_PER_EPOCH = 3, 14  # 270 training rows of t.csv in batches of 16 (most of a run's time trains)
 RUN_SECONDS = 120  # a run that takes longer is killed and fails the test
 SERVER_SECONDS = 120  # TensorFlow's import, on a busy machine
