@@ -14,8 +14,8 @@ def test_the_bound_is_four_bytes_of_five_parameter_copies_and_eight_per_output_u
     assert step_bytes_bound(num_parameters=1091, output_units=80, batch_size=16) == 4 * (5 * 1091 + 8 * 16 * 80)
 
 
-def test_trivially_fits_at_one_percent_of_the_budget():
-    assert trivially_fits(100, 10_000) and not trivially_fits(101, 10_000)
+def test_trivially_fits_at_a_tenth_of_the_budget():
+    assert trivially_fits(1_000, 10_000) and not trivially_fits(1_001, 10_000)
 
 
 def test_output_units_count_the_input_and_every_layer():
