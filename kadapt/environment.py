@@ -40,6 +40,7 @@ ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+INTEROP_THREADS = "TF_NUM_INTEROP_THREADS"
 # Chosen by benchmarks/probe/cpu_allocator.py: statistics on every CPU and the fast
 # kernels, with peaks that repeat run to run.
 SETTINGS = {ONEDNN: "1"}
@@ -157,6 +158,27 @@ def visible_device_entry(index: int, visible: str | None) -> str:
         return str(index)
     entries = [entry.strip() for entry in visible.split(",")]
     return entries[index] if index < len(entries) else str(index)
+
+
+def steady_peaks(tf: ModuleType) -> str | None:
+    """One inter-op thread for a run under a memory budget on the CPU, where
+    the user chose none: independent ops then run one after the other, and a
+    step's peak memory holds still from step to step and process to process,
+    which the probe's choice rests on (benchmarks/README.md#interop_peak:
+    the spread of a step's peak 1.08-1.10x -> 1.01-1.04x, the steps no
+    slower). Call it before TensorFlow runs its first operation. Returns the
+    line a run prints; `None` on a GPU (its peak is its own allocator's).
+    """
+    if INTEROP_THREADS in os.environ:
+        return f"{INTEROP_THREADS}={os.environ[INTEROP_THREADS]} (yours)"
+    if tf.config.list_physical_devices("GPU"):
+        return None
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # TensorFlow already ran an operation in this process
+        return "TensorFlow's own inter-op threads (it had already started in this process)"
+    return (f"one inter-op thread under a memory budget on the CPU, so that a step's peak holds still "
+            f"(set {INTEROP_THREADS} to choose)")
 
 
 def thread_share(processes: int) -> int:

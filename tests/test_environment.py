@@ -204,7 +204,21 @@ def probe_then_train(tmp_path_factory):
 def test_kadapt_probe_configures_tensorflow_and_starts_quietly(probe_then_train):
     stdout, stderr = probe_then_train["probe"]
     assert "chosen micro-batch:" in stdout
+    assert stdout.startswith("threads: one inter-op thread under a memory budget on the CPU, so that a step's "
+                             "peak holds still (set TF_NUM_INTEROP_THREADS to choose)\n")
     assert stderr == ""
+
+
+def test_steady_peaks_leaves_the_users_threads_and_a_started_tensorflow_alone(monkeypatch):
+    import tensorflow as tf
+
+    tf.constant(1.0)  # this process's TensorFlow has started (the suite's ops ran before)
+    monkeypatch.delenv(environment.INTEROP_THREADS, raising=False)
+    if tf.config.threading.get_inter_op_parallelism_threads() != 1:
+        assert environment.steady_peaks(tf) == ("TensorFlow's own inter-op threads (it had already started in "
+                                                "this process)")
+    monkeypatch.setenv(environment.INTEROP_THREADS, "3")
+    assert environment.steady_peaks(tf) == "TF_NUM_INTEROP_THREADS=3 (yours)"
 
 
 def test_kadapt_probe_fact_sheet_in_json_and_verbose_start_up_lines():
@@ -240,6 +254,7 @@ def test_a_log_level_the_user_set_shows_the_lines_it_lets_through():
 def test_kadapt_train_probes_and_trains_quietly(probe_then_train):
     stdout, stderr = probe_then_train["train"]
     assert "trial micro-batch" in stdout
+    assert stdout.startswith("threads: one inter-op thread under a memory budget")  # as the probe before it
     assert (probe_then_train["run"] / "probe.json").is_file()
     assert stderr == ""
 

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args.verbose, args.argv = verbose, argv
     try:
         if _loads_tensorflow(args):
-            environment.load_tensorflow(verbose=verbose)
+            tf = environment.load_tensorflow(verbose=verbose)
+            _steady_peaks(tf, args)
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return status
@@ -81,6 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return BROKEN_PIPE_STATUS
+
+
+def _steady_peaks(tf, args):
+    """A command that measures or trains under `--memory-budget` in one process runs with one
+    inter-op thread (`kadapt.environment.steady_peaks`) and says so; a worker's threads are its share."""
+    if getattr(args, "memory_budget", None) is None or os.environ.get("TF_CONFIG"):
+        return
+    line = environment.steady_peaks(tf)
+    if line is not None:
+        print(f"threads: {line}")
 
 
 def _loads_tensorflow(args):
