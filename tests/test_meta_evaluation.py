@@ -10,7 +10,7 @@ from helpers import constant_meta_model
 
 from kadapt import cli
 from kadapt.meta import evaluation
-from kadapt.meta.actions import KEEP
+from kadapt.meta.model.actions import KEEP
 
 
 def _run(best, initial, settings, cosine):

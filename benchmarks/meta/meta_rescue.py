@@ -34,7 +34,7 @@ import math
 from pathlib import Path
 
 from kadapt.meta import evaluation
-from kadapt.meta.triggers import Trigger
+from kadapt.meta.live.triggers import Trigger
 
 ARMS = ("meta", "meta_rescue")
 

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from kadapt.meta import evaluation
-from kadapt.meta.range_test_start import MIN_STEPS
+from kadapt.meta.start.range_test_start import MIN_STEPS
 from kadapt.recipes.training import steps_per_epoch
 
 

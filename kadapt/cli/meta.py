@@ -63,7 +63,7 @@ def _open_store(location):
 
 def run_collect(args) -> int:
     from kadapt.meta import collect
-    from kadapt.meta import tasks
+    from kadapt.meta.records import tasks
 
     families = tasks.TRAINING_FAMILIES if args.families is None else tuple(args.families.split(","))
     if args.tasks_per_family <= 0:
@@ -114,7 +114,7 @@ def run_train(args) -> int:
 
 
 def run_eval(args) -> int:
-    from kadapt.meta.meta_model import load_meta_model
+    from kadapt.meta.model.meta_model import load_meta_model
 
     try:
         model = load_meta_model(args.meta_model_option or args.meta_model)
@@ -142,7 +142,7 @@ def run_eval(args) -> int:
 
 
 def _known_families():
-    from kadapt.meta import tasks
+    from kadapt.meta.records import tasks
 
     return sorted(tasks.TRAINING_FAMILIES + tasks.HELD_OUT_FAMILIES)
 
@@ -155,8 +155,8 @@ def _int(text, flag):
 
 
 def _eval_on_records(model, store):
-    from kadapt.meta.meta_model import decision_data
-    from kadapt.meta.meta_model import evaluate_policies
+    from kadapt.meta.model.meta_model import decision_data
+    from kadapt.meta.model.meta_model import evaluate_policies
 
     try:
         data = decision_data(list(_open_store(store)))

@@ -6,7 +6,7 @@ from kadapt.callbacks import DeadRunRescue
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
 from kadapt.meta import RestartTrial
-from kadapt.meta.dead_run import DeadRunRule
+from kadapt.meta.live.dead_run import DeadRunRule
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.errors import UsageError
