@@ -9,7 +9,7 @@ import pytest
 from helpers import constant_meta_model
 
 from kadapt import cli
-from kadapt.meta import evaluation
+from kadapt.cli import meta_evaluation as evaluation
 from kadapt.meta.model.actions import KEEP
 
 

@@ -26,7 +26,7 @@ from kadapt import environment
 
 environment.load_tensorflow()
 
-from kadapt.meta import evaluation  # noqa: E402
+from kadapt.cli import meta_evaluation as evaluation  # noqa: E402
 from kadapt.meta.records import tasks as task_lib  # noqa: E402
 from kadapt.optimizers.live_variables import RestartableMoments  # noqa: E402
 

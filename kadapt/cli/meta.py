@@ -36,7 +36,7 @@ def add_meta_arguments(subparsers) -> None:
     evaluate.add_argument("meta_model", nargs="?", default="default", metavar="MODEL",
                           help="\"default\" (the shipped model) or a .keras path")
     evaluate.add_argument("--families", default=None,
-                          help="comma-separated held-out families (default: kadapt.meta.evaluation's six)")
+                          help="comma-separated held-out families (default: kadapt.cli.meta_evaluation's six)")
     evaluate.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
     evaluate.add_argument("--epochs", type=int, default=None, help="epochs per run (default 20)")
     evaluate.add_argument("--quick", action="store_true", help="two families, one seed, 6 epochs: a smoke run")
@@ -122,7 +122,7 @@ def run_eval(args) -> int:
         raise UsageError(str(error)) from None
     if args.store is not None:
         return _eval_on_records(model, args.store)
-    from kadapt.meta import evaluation
+    from kadapt.cli import meta_evaluation as evaluation
 
     options = dict(evaluation.QUICK) if args.quick else {}
     if args.families is not None:
