@@ -14,8 +14,8 @@ import kadapt
 from helpers import constant_meta_model
 from helpers import write_separable_rows
 from kadapt.callbacks import BestWeights
-from kadapt.callbacks import DeadRunRescue
 from kadapt.callbacks import ScheduleFreeEvaluation
+from kadapt.meta import DeadRunRescue
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import Trigger
 from kadapt.meta.live.dead_run import DeadRunRule

@@ -56,8 +56,8 @@ import keras
 import numpy as np
 
 from kadapt import optimizers
-from kadapt.callbacks import DeadRunRescue
 from kadapt.callbacks import ScheduleFreeEvaluation
+from kadapt.meta import DeadRunRescue
 from kadapt.meta.live.adjuster import MetaAdjuster
 from kadapt.meta.live.chance_loss import chance_loss
 from kadapt.meta.live.chance_loss import regression_chance_loss

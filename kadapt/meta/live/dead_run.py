@@ -19,7 +19,7 @@ Two signatures, checked at every epoch end from the first:
   the second epoch and the fall.
 
 The rule is pure: the state (`RunHealth`) goes in and comes out; the caller
-(`kadapt.callbacks.DeadRunRescue`) acts on the trigger. At most
+(`kadapt.meta.DeadRunRescue`) acts on the trigger. At most
 `max_actions` triggers are returned; after that every epoch is judged healthy
 (the run goes on as it is).
 """
