@@ -199,3 +199,27 @@ def test_only_the_switches_import_a_backend_and_no_backend_imports_a_switch():
         f"{sorted(SWITCHES)} (a new switch goes in both; a leaf must not pick a backend)"
     upward = sorted(f"{name} imports {target}" for name in backend for target in graph[name] & SWITCHES)
     assert not upward, f"backend modules import a switch of the front (import its leaves instead): {upward}"
+
+
+# docs/layout.md's picture of kadapt/meta: each room and the rooms it may import.
+META_ROOMS = {"live": {"start", "observe", "model"}, "records": {"start", "observe", "model"},
+              "start": {"model"}, "observe": {"model"}, "model": set()}
+
+
+def meta_room(module):
+    """`kadapt.meta.live.adjuster` -> `"live"`; `None` outside a room of kadapt/meta."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["kadapt", "meta"] and len(parts) > 2 else None
+
+
+def test_the_rooms_of_meta_import_down_the_picture():
+    modules = module_files()
+    assert {meta_room(name) for name in modules} - {None} == set(META_ROOMS), \
+        "kadapt/meta's rooms changed: redraw docs/layout.md's picture and META_ROOMS here"
+    upward = []
+    for name, path in modules.items():
+        room = meta_room(name)
+        for module, line, _ in import_sites(name, path, modules) if room else ():
+            if module == "kadapt.meta" or meta_room(module) not in {None, room, *META_ROOMS[room]}:
+                upward.append(f"{name} imports {module} ({path.relative_to(PACKAGE.parent).as_posix()}:{line})")
+    assert not upward, f"kadapt/meta's rooms import against docs/layout.md's picture: {upward}"
