@@ -1,4 +1,4 @@
-"""Meta-learning of mid-run hyperparameter adjustments: records, features, collection, model, adjuster.
+"""Meta-learning of mid-run hyperparameter adjustments, in rooms by job (docs/layout.md): live/, start/, observe/, records/, model/.
 
 `MetaAdjuster` and its default meta-model need only the core install. The record
 store (extra `store`) and the meta-model search (extra `tuner`) load on first use,
