@@ -1,4 +1,6 @@
-"""Meta-learning of mid-run hyperparameter adjustments, in rooms by job (docs/layout.md): live/, start/, observe/, records/, model/.
+"""Meta-learning of mid-run hyperparameter adjustments: the adjuster, its start, records, the model.
+
+The modules live in rooms by job (docs/layout.md): `live/`, `start/`, `observe/`, `records/`, `model/`.
 
 `MetaAdjuster` and its default meta-model need only the core install. The record
 store (extra `store`) and the meta-model search (extra `tuner`) load on first use,
@@ -32,7 +34,8 @@ _OPTIONAL_NAMES = {
     "train_meta_model": "kadapt.meta.records.train",
 }
 __all__ = sorted([
-    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRescue", "DeadRunRule", "MetaAdjuster", "MetaSpec", "RangeTestStart", "RestartTrial", "Trigger", "actions", "chance_loss", "collect",
+    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRescue", "DeadRunRule", "MetaAdjuster",
+    "MetaSpec", "RangeTestStart", "RestartTrial", "Trigger", "actions", "chance_loss", "collect",
     "features", "load_meta_model", "regression_chance_loss", "tasks", *_OPTIONAL_NAMES,
 ])
 

@@ -164,7 +164,8 @@ def _check_judge(judge):
     if isinstance(judge, StartJudge):
         return judge
     if judge not in JUDGES:
-        raise ValueError(f"Argument `judge` must be one of {list(JUDGES)} or a kadapt.meta.start.start_judge.StartJudge. "
+        raise ValueError(f"Argument `judge` must be one of {list(JUDGES)} or a "
+                         "kadapt.meta.start.start_judge.StartJudge. "
                          f"Received: judge={judge!r}")
     return StartJudge() if judge == "branches" else None
 
