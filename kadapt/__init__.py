@@ -24,7 +24,7 @@ _NAMES = {
     "BatchPlan": "kadapt.batching",
     "CosineAnnealing": "kadapt.schedules",
     "CosineMomentum": "kadapt.schedules",
-    "DeadRunRescue": "kadapt.callbacks",
+    "DeadRunRescue": "kadapt.meta",
     "MemoryModel": "kadapt.batching",
     "MetaAdjuster": "kadapt.meta",
     "MomentumScheduler": "kadapt.callbacks",

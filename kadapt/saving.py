@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # The modules whose classes are registered with Keras (optimizers, schedules,
 # layers, models); Keras finds a registered class only once its module ran.
 REGISTERING_MODULES = (
-    "kadapt.batching", "kadapt.meta.meta_model", "kadapt.models", "kadapt.optimizers",
+    "kadapt.batching", "kadapt.meta.model.meta_model", "kadapt.models", "kadapt.optimizers",
     "kadapt.schedules",
 )
 KADAPT_PACKAGE = "kadapt>"

@@ -135,10 +135,10 @@ def url(server):
 @pytest.fixture(params=["host", "device"])
 def observed_on(request, monkeypatch):
     """Where the `MetaAdjuster` observes: read to the host, or reduced on the device
-    (`kadapt.meta.device_observer`; on a CPU from `DEVICE_FROM` weights and on TensorFlow only:
+    (`kadapt.meta.observe.device_observer`; on a CPU from `DEVICE_FROM` weights and on TensorFlow only:
     here from 0 and on JAX too)."""
     if request.param == "device":
-        from kadapt.meta import device_observer
+        from kadapt.meta.observe import device_observer
 
         monkeypatch.setattr(device_observer, "DEVICE_FROM", 0)
         monkeypatch.setattr(device_observer, "CPU_BACKENDS", ("tensorflow", "jax"))

@@ -103,11 +103,11 @@ class OutOfMemoryOnReplicaAbove(keras.layers.Layer):
 def constant_meta_model(action_index, gain=1.0):
     """A meta-model (with the MetaSpec) that predicts `action_index` ends `gain` below keeping
     (in log validation loss) and every other action 1.0 above it, whatever the window."""
-    from kadapt.meta.actions import ACTIONS
-    from kadapt.meta.actions import KEEP
-    from kadapt.meta.features import FEATURE_NAMES
-    from kadapt.meta.features import WINDOW
-    from kadapt.meta.meta_model import MetaSpec
+    from kadapt.meta.model.actions import ACTIONS
+    from kadapt.meta.model.actions import KEEP
+    from kadapt.meta.model.features import FEATURE_NAMES
+    from kadapt.meta.model.features import WINDOW
+    from kadapt.meta.model.meta_model import MetaSpec
 
     bias = np.ones(len(ACTIONS), "float32")
     bias[KEEP] = 0.0

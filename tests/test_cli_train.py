@@ -146,7 +146,7 @@ def test_training_output_into_a_pipe_has_one_line_per_epoch_and_no_escape_codes(
 
 
 def test_the_run_directory_names_the_meta_adjusters_decision_file():
-    from kadapt.meta.adjuster import DECISIONS_FILE
+    from kadapt.meta.live.adjuster import DECISIONS_FILE
     from kadapt.run import run_directory
 
     assert run_directory.META_DECISIONS == DECISIONS_FILE

@@ -15,7 +15,7 @@ from kadapt import cli
 from kadapt.meta import CollectionConfig
 from kadapt.meta import RecordStore
 from kadapt.meta import collect
-from kadapt.meta import tasks
+from kadapt.meta.records import tasks
 
 TINY = CollectionConfig(total_epochs=4, horizon_epochs=1, explore=0.0)  # iris: 3 steps per epoch
 LEASE = 1.5  # seconds; the checks that a claim is still held run within it, even on a loaded machine

@@ -5,12 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from kadapt.meta.chance_loss import chance_loss
-from kadapt.meta.chance_loss import regression_chance_loss
-from kadapt.meta.dead_run import AT_CHANCE
-from kadapt.meta.dead_run import DIVERGED
-from kadapt.meta.dead_run import DeadRunRule
-from kadapt.meta.dead_run import RunHealth
+from kadapt.meta.live.chance_loss import chance_loss
+from kadapt.meta.live.chance_loss import regression_chance_loss
+from kadapt.meta.live.dead_run import AT_CHANCE
+from kadapt.meta.live.dead_run import DIVERGED
+from kadapt.meta.live.dead_run import DeadRunRule
+from kadapt.meta.live.dead_run import RunHealth
 
 WINE_CHANCE = 1.089  # wine's training labels, label smoothing 0.1
 

@@ -11,9 +11,9 @@ import pytest
 from helpers import classification_data
 from helpers import mlp
 from helpers import write_separable_rows
-from kadapt.callbacks import DeadRunRescue
-from kadapt.meta.chance_loss import chance_loss
-from kadapt.meta.dead_run import DeadRunRule
+from kadapt.meta import DeadRunRescue
+from kadapt.meta.live.chance_loss import chance_loss
+from kadapt.meta.live.dead_run import DeadRunRule
 from kadapt.optimizers import SGD
 
 

@@ -32,9 +32,9 @@ from kadapt.meta import AdjustmentRecord
 from kadapt.meta import RecordStore
 from kadapt.meta import load_meta_model
 from kadapt.meta import train_meta_model
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
 from kadapt.tuning import DistributedSearch
 from kadapt.tuning import distributed_search
 

@@ -9,7 +9,7 @@ import pytest
 
 import kadapt.meta
 from kadapt import extras
-from kadapt.meta import tasks
+from kadapt.meta.records import tasks
 
 OPTIONAL_MODULES = ("keras_tuner", "matplotlib", "psycopg", "sklearn", "sqlalchemy", "tensorboard")
 
@@ -54,7 +54,7 @@ def test_require_rejects_an_unknown_extra():
 def test_record_store_without_sqlalchemy(monkeypatch):
     block(monkeypatch, "sqlalchemy")
     monkeypatch.delitem(vars(kadapt.meta), "RecordStore", raising=False)  # as if never loaded
-    monkeypatch.delitem(sys.modules, "kadapt.meta.record_store", raising=False)
+    monkeypatch.delitem(sys.modules, "kadapt.meta.records.record_store", raising=False)
     with pytest.raises(ImportError, match=r'^The record store .*pip install "kadapt\[store\]"$'):
         from kadapt.meta import RecordStore  # noqa: F401
 
@@ -77,8 +77,8 @@ def test_plots_without_matplotlib(monkeypatch, tmp_path):
         plots.plot_training(steps, [], {}, tmp_path / "training.png")
 
 
-@pytest.mark.parametrize("module", ["kadapt.tuning.accumulating_hyper_model", "kadapt.meta.hyper_model",
-                                    "kadapt.meta.train"])
+@pytest.mark.parametrize("module", ["kadapt.tuning.accumulating_hyper_model", "kadapt.meta.model.hyper_model",
+                                    "kadapt.meta.records.train"])
 @pytest.mark.parametrize("missing", ["keras_tuner", "tensorboard"])
 def test_tuner_without_keras_tuner_or_tensorboard(monkeypatch, module, missing):
     block(monkeypatch, missing)

@@ -70,7 +70,7 @@ class RestartAt(keras.callbacks.Callback):
         self.at, self.point = at, None
 
     def on_train_batch_begin(self, batch, logs=None):
-        from kadapt.meta import rollback
+        from kadapt.meta.observe import rollback
 
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         if step == 0:

@@ -12,9 +12,9 @@ import kadapt
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import MetaSpec
 from kadapt.meta import Trigger
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.actions import KEEP as KEEP_INDEX
-from kadapt.meta.features import FEATURE_NAMES
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.actions import KEEP as KEEP_INDEX
+from kadapt.meta.model.features import FEATURE_NAMES
 
 LR_UP, LR_DOWN_10, MOMENTUM_HIGH = 3, 0, 6  # indices into kadapt.meta.actions.ACTIONS
 ROWS = 8
@@ -343,7 +343,7 @@ def test_missing_monitor_names_the_logs():
 
 
 def test_the_default_meta_model_ships_with_the_current_spec():
-    adjuster = MetaAdjuster()  # "default": kadapt/meta/pretrained/default.keras, loaded in safe mode
+    adjuster = MetaAdjuster()  # "default": kadapt/meta/model/pretrained/default.keras, loaded in safe mode
     assert adjuster.meta_model.output_shape == (None, len(ACTIONS))
 
 
@@ -358,7 +358,7 @@ def test_the_default_trigger_also_consults_on_schedule():
 
 
 def test_repeated_cuts_stop_at_max_change():
-    from kadapt.meta import actions
+    from kadapt.meta.model import actions
 
     live, stock = kadapt.optimizers.SGD(0.5), keras.optimizers.SGD(0.01)
     for _ in range(6):
@@ -385,7 +385,7 @@ def test_decisions_reach_a_tensorboard_callback_placed_after_it(tmp_path):
 
 @pytest.mark.parametrize("stock", [False, True])
 def test_a_move_to_the_suggestion_makes_the_optimizer_apply_it_now(stock):
-    from kadapt.meta import actions
+    from kadapt.meta.model import actions
 
     schedule = keras.optimizers.schedules.CosineDecay(0.5, decay_steps=100)
     optimizer = keras.optimizers.SGD(0.004) if stock else kadapt.optimizers.SGD(schedule)

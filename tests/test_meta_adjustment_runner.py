@@ -9,15 +9,15 @@ import pytest
 import kadapt
 from kadapt.meta import AdjustmentPolicy
 from kadapt.meta import Trigger
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.actions import KEEP
-from kadapt.meta.actions import optimizer_mask
-from kadapt.meta.adjuster_state import load_state
-from kadapt.meta.adjuster_state import save_state
-from kadapt.meta.adjustment_runner import AdjustmentRunner
-from kadapt.meta.adjustment_runner import Progress
-from kadapt.meta.decision_log import DECISIONS_FILE
-from kadapt.meta.decision_log import DecisionLog
+from kadapt.meta.live.adjuster_state import load_state
+from kadapt.meta.live.adjuster_state import save_state
+from kadapt.meta.live.adjustment_runner import AdjustmentRunner
+from kadapt.meta.live.adjustment_runner import Progress
+from kadapt.meta.live.decision_log import DECISIONS_FILE
+from kadapt.meta.live.decision_log import DecisionLog
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.actions import KEEP
+from kadapt.meta.model.actions import optimizer_mask
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import kadapt
-from kadapt.meta import device_observer
-from kadapt.meta.device_observer import DeviceObserver
+from kadapt.meta.observe import device_observer
+from kadapt.meta.observe.device_observer import DeviceObserver
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")

@@ -8,11 +8,11 @@ import pytest
 from kadapt import cli
 from kadapt.meta import load_meta_model
 from kadapt.meta import train_meta_model
-from kadapt.meta.ensemble import pack_ensemble
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
-from kadapt.meta.hyper_model import MetaHyperModel
-from kadapt.meta.numpy_forward import numpy_forward
+from kadapt.meta.model.ensemble import pack_ensemble
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
+from kadapt.meta.model.hyper_model import MetaHyperModel
+from kadapt.meta.model.numpy_forward import numpy_forward
 
 
 def members(cell, layers, count=3, units=8):

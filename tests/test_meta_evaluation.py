@@ -9,8 +9,8 @@ import pytest
 from helpers import constant_meta_model
 
 from kadapt import cli
-from kadapt.meta import evaluation
-from kadapt.meta.actions import KEEP
+from kadapt.cli import meta_evaluation as evaluation
+from kadapt.meta.model.actions import KEEP
 
 
 def _run(best, initial, settings, cosine):

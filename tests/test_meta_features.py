@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
-from kadapt.meta.features import FeatureHistory
-from kadapt.meta.features import Observation
-from kadapt.meta.triggers import Trigger
+from kadapt.meta.live.triggers import Trigger
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
+from kadapt.meta.model.features import FeatureHistory
+from kadapt.meta.model.features import Observation
 
 COLUMN = {name: index for index, name in enumerate(FEATURE_NAMES)}
 

@@ -1,11 +1,11 @@
-"""`kadapt.meta.host_reads`: host copies equal to the variables, and unmoved by later updates."""
+"""`kadapt.meta.observe.host_reads`: host copies equal to the variables, and unmoved by later updates."""
 
 import keras
 import numpy as np
 import pytest
 
 import kadapt
-from kadapt.meta import host_reads
+from kadapt.meta.observe import host_reads
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 

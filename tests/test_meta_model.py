@@ -10,22 +10,22 @@ from helpers import constant_meta_model
 from kadapt.meta import AdjustmentRecord
 from kadapt.meta import CollectionConfig
 from kadapt.meta import RecordStore
-from kadapt.meta import collect
 from kadapt.meta import load_meta_model
-from kadapt.meta import tasks
 from kadapt.meta import train_meta_model
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.actions import SUGGESTION_ACTIONS
-from kadapt.meta.actions import KEEP
-from kadapt.meta.collect import Snapshot
-from kadapt.meta.collect import TaskRun
-from kadapt.meta.range_test_start import RangeTestStart
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
-from kadapt.meta.meta_model import MaskedScoreError
-from kadapt.meta.meta_model import choose_from
-from kadapt.meta.meta_model import decision_data
-from kadapt.meta.meta_model import evaluate_policies
+from kadapt.meta import collect
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.actions import SUGGESTION_ACTIONS
+from kadapt.meta.model.actions import KEEP
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
+from kadapt.meta.model.meta_model import MaskedScoreError
+from kadapt.meta.model.meta_model import choose_from
+from kadapt.meta.model.meta_model import decision_data
+from kadapt.meta.model.meta_model import evaluate_policies
+from kadapt.meta.records import tasks
+from kadapt.meta.records.collect import Snapshot
+from kadapt.meta.records.collect import TaskRun
+from kadapt.meta.start.range_test_start import RangeTestStart
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 TINY = CollectionConfig(total_epochs=4, horizon_epochs=1, explore=0.0)  # iris: 3 steps per epoch

@@ -1,17 +1,17 @@
-"""`kadapt.meta.numpy_forward`: the meta-model's forward pass in NumPy equals Keras' own output."""
+"""`kadapt.meta.model.numpy_forward`: the meta-model's forward pass in NumPy equals Keras' own output."""
 
 import keras
 import numpy as np
 import pytest
 
-from kadapt.meta import actions as action_lib
 from kadapt.meta import load_meta_model
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
-from kadapt.meta.meta_model import MetaSpec
-from kadapt.meta.meta_model import predicted_differences
-from kadapt.meta.numpy_forward import numpy_forward
-from kadapt.meta.policy import model_predictor
+from kadapt.meta.live.policy import model_predictor
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
+from kadapt.meta.model.meta_model import MetaSpec
+from kadapt.meta.model.meta_model import predicted_differences
+from kadapt.meta.model.numpy_forward import numpy_forward
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")
 

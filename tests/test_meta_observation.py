@@ -12,11 +12,11 @@ import kadapt
 from kadapt.meta import CollectionConfig
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import Trigger
-from kadapt.meta.actions import KEEP
-from kadapt.meta.collect import TaskRun
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import FeatureHistory
-from kadapt.meta.observation import observe_model
+from kadapt.meta.model.actions import KEEP
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import FeatureHistory
+from kadapt.meta.observe.observation import observe_model
+from kadapt.meta.records.collect import TaskRun
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 

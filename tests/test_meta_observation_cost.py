@@ -9,7 +9,7 @@ import pytest
 
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import Trigger
-from kadapt.meta.observation_cost import ObservationCost
+from kadapt.meta.observe.observation_cost import ObservationCost
 
 
 def _cost(observation_seconds, steps_seconds, count=3):

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.actions import KEEP
 from kadapt.meta import AdjustmentPolicy
-from kadapt.meta.policy import PolicyState
+from kadapt.meta.live.policy import PolicyState
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.actions import KEEP
 
 LR_DOWN_10, LR_DOWN_3, LR_UP_3, LR_UP_10, MOMENTUM_HIGH = 0, 1, 3, 4, 6
 WINDOW = np.zeros((8, 15), "float32")

@@ -10,14 +10,14 @@ from helpers import constant_meta_model
 
 import kadapt
 from kadapt.batching.training_state import state_variables
+from kadapt.cli.meta_evaluation import StopAfterSteps
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
 from kadapt.meta import Trigger
-from kadapt.meta.actions import KEEP
-from kadapt.meta.branch_trials import branch_scores
-from kadapt.meta.evaluation import StopAfterSteps
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.start_judge import StartJudge
+from kadapt.meta.model.actions import KEEP
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.start.branch_trials import branch_scores
+from kadapt.meta.start.start_judge import StartJudge
 from kadapt.range_test import curve
 from kadapt.range_test import find
 

@@ -10,9 +10,9 @@ from helpers import constant_meta_model
 import kadapt
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import Trigger
-from kadapt.meta.adjuster import STATE_FILE
-from kadapt.meta.adjuster_state import load_state
-from kadapt.meta.adjuster_state import save_state
+from kadapt.meta.live.adjuster import STATE_FILE
+from kadapt.meta.live.adjuster_state import load_state
+from kadapt.meta.live.adjuster_state import save_state
 from kadapt.run.backup import InterruptSafeBackup
 
 LR_DOWN_3 = 1  # index into kadapt.meta.actions.ACTIONS
@@ -115,7 +115,7 @@ def test_states_round_trip_and_foreign_files_are_refused(tmp_path):
 
 
 def test_a_state_saved_by_another_model_is_refused():
-    from kadapt.meta import rollback
+    from kadapt.meta.observe import rollback
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer=kadapt.optimizers.SGD(0.1, momentum=0.5), loss="mse")

@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.record_store import RecordStore
-from kadapt.meta.record_store import RecordStoreError
+from kadapt.meta.model.adjustment_record import AdjustmentRecord
+from kadapt.meta.records.record_store import RecordStore
+from kadapt.meta.records.record_store import RecordStoreError
 
 # Fork, not spawn: a spawned child would import TensorFlow again through kadapt.
 FORK = multiprocessing.get_context("fork")

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 import postgres
-from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.record_store import RecordStore
-from kadapt.meta.record_store import RecordStoreError
+from kadapt.meta.model.adjustment_record import AdjustmentRecord
+from kadapt.meta.records.record_store import RecordStore
+from kadapt.meta.records.record_store import RecordStoreError
 
 FORK = multiprocessing.get_context("fork")  # a spawned child would import TensorFlow again
 

@@ -8,12 +8,12 @@ import kadapt
 from kadapt.meta import AdjustmentPolicy
 from kadapt.meta import RestartTrial
 from kadapt.meta import Trigger
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.actions import KEEP
-from kadapt.meta.actions import optimizer_mask
-from kadapt.meta.adjustment_runner import AdjustmentRunner
-from kadapt.meta.adjustment_runner import Progress
-from kadapt.meta.decision_log import DecisionLog
+from kadapt.meta.live.adjustment_runner import AdjustmentRunner
+from kadapt.meta.live.adjustment_runner import Progress
+from kadapt.meta.live.decision_log import DecisionLog
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.actions import KEEP
+from kadapt.meta.model.actions import optimizer_mask
 from kadapt.optimizers.live_variables import applied_learning_rate
 
 pytestmark = pytest.mark.backends("tensorflow", "jax")

@@ -262,9 +262,9 @@ def test_callback_leaves_x_under_a_loss_scale_optimizer():
 
 
 def test_a_rollback_restart_keeps_the_iterates_and_zeroes_only_the_moments():
-    """`kadapt.meta.rollback.restore(..., restart_momentum=True)` (the dead-run rescue's and the
+    """`kadapt.meta.observe.rollback.restore(..., restart_momentum=True)` (the dead-run rescue's and the
     MetaAdjuster's restart) puts z and y back as they were at the point; AdamW's second moment is zeroed."""
-    from kadapt.meta import rollback
+    from kadapt.meta.observe import rollback
 
     x, y = _data()
     model = _model(ScheduleFreeAdamW(0.1))

@@ -14,12 +14,12 @@ import kadapt
 from helpers import constant_meta_model
 from helpers import write_separable_rows
 from kadapt.callbacks import BestWeights
-from kadapt.callbacks import DeadRunRescue
 from kadapt.callbacks import ScheduleFreeEvaluation
+from kadapt.meta import DeadRunRescue
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import Trigger
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.dead_run import DeadRunRule
+from kadapt.meta.live.dead_run import DeadRunRule
+from kadapt.meta.model.actions import ACTIONS
 from test_schedule_free import _data
 from test_schedule_free import _fit
 from test_schedule_free import _loss

@@ -2,7 +2,7 @@
 
 Reproducible (seeded) and resumable: records already in the store are not
 recomputed. The store is not committed; the model and its report are written
-to kadapt/meta/pretrained/default.keras and default.json.
+to kadapt/meta/model/pretrained/default.keras and default.json.
 
 Records: `kadapt.meta.tasks.TRAINING_FAMILIES` (MLPs on tables, a conv net on
 digits, a GRU on noisy waves, an autoencoder on digits; constant, cosine and
@@ -24,10 +24,10 @@ from kadapt import environment  # noqa: E402
 environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ start-up lines held back
 
 from kadapt.meta import RecordStore  # noqa: E402
-from kadapt.meta import collect  # noqa: E402
-from kadapt.meta import tasks  # noqa: E402
 from kadapt.meta import train_meta_model  # noqa: E402
-from kadapt.meta.meta_model import DEFAULT_PATH  # noqa: E402
+from kadapt.meta import collect  # noqa: E402
+from kadapt.meta.model.meta_model import DEFAULT_PATH  # noqa: E402
+from kadapt.meta.records import tasks  # noqa: E402
 
 TASKS_PER_FAMILY = 48
 MAX_TRIALS = 10

@@ -26,7 +26,7 @@ CPU allows and says so (`"device": "cpu", "gpu": false`).
 - exactness: NEEDS the accumulating JAX step. 4 micro-batches against one batch
   of plain Keras: the largest relative weight difference after EXACT_STEPS steps.
 - meta_observation: the MetaAdjuster's observation reduced on the device
-  (`kadapt.meta.device_observer`, which an accelerator takes by default) against
+  (`kadapt.meta.observe.device_observer`, which an accelerator takes by default) against
   the host read, on an MLP of META_WIDTH-wide hidden layers: the median of
   META_CALLS calls of each, and fits of META_STEPS steps observed every 10 steps
   (no adjuster / host read / device), interleaved, META_ROUNDS rounds after one
@@ -242,10 +242,10 @@ def part_meta_observation():
 
     import kadapt
     from kadapt.meta import Trigger
-    from kadapt.meta import device_observer
-    from kadapt.meta.features import FeatureHistory
-    from kadapt.meta.host_reads import read_model
-    from kadapt.meta.observation import observe_model
+    from kadapt.meta.model.features import FeatureHistory
+    from kadapt.meta.observe import device_observer
+    from kadapt.meta.observe.host_reads import read_model
+    from kadapt.meta.observe.observation import observe_model
 
     if not on_gpu():
         device_observer.CPU_BACKENDS, device_observer.DEVICE_FROM = ("jax",), 0

@@ -26,8 +26,8 @@ from kadapt import environment
 
 environment.load_tensorflow()
 
-from kadapt.meta import evaluation  # noqa: E402
-from kadapt.meta import tasks as task_lib  # noqa: E402
+from kadapt.cli import meta_evaluation as evaluation  # noqa: E402
+from kadapt.meta.records import tasks as task_lib  # noqa: E402
 from kadapt.optimizers.live_variables import RestartableMoments  # noqa: E402
 
 FAMILIES = ("iris", "circles", "friedman", "fashion_conv", "adding", "fashion_autoencoder")

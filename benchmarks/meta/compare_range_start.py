@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kadapt.meta import evaluation
+from kadapt.cli import meta_evaluation as evaluation
 
 def load(paths):
     runs = [evaluation.restored(run) for path in paths for run in json.loads(Path(path).read_text())["runs"]]

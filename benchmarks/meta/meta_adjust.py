@@ -1,6 +1,6 @@
-"""The MetaAdjuster (default meta-model) on held-out tasks: `kadapt.meta.evaluation`'s arms, targets, overhead.
+"""The MetaAdjuster (default meta-model) on held-out tasks: `kadapt.cli.meta_evaluation`'s arms, targets, overhead.
 
-The task-seeds, arms and targets are those of `kadapt.meta.evaluation` (the
+The task-seeds, arms and targets are those of `kadapt.cli.meta_evaluation` (the
 same code as `kadapt meta eval MODEL.keras`): six held-out families x 3 seeds,
 an 8-point constant-rate grid (8x the compute) whose best rate is the
 reference, tuned ReduceLROnPlateau and the MetaAdjuster on the rates the grid
@@ -44,9 +44,9 @@ environment.load_tensorflow()  # oneDNN on before TensorFlow loads, its C++ star
 
 import keras  # noqa: E402
 
+from kadapt.cli import meta_evaluation as evaluation  # noqa: E402
 from kadapt.meta import MetaAdjuster  # noqa: E402
 from kadapt.meta import Trigger  # noqa: E402
-from kadapt.meta import evaluation  # noqa: E402
 from kadapt.meta import load_meta_model  # noqa: E402
 from kadapt.recipes.training import steps_per_epoch  # noqa: E402
 

@@ -18,8 +18,8 @@ import argparse
 import numpy as np
 
 from kadapt.meta import RecordStore
-from kadapt.meta import actions as action_lib
-from kadapt.meta.meta_model import decision_data
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.meta_model import decision_data
 
 CUTS = [i for i, a in enumerate(action_lib.ACTIONS) if a.get("learning_rate_multiplier", 1.0) < 1.0]
 LARGEST_CUT = next(i for i, a in enumerate(action_lib.ACTIONS) if a.get("learning_rate_multiplier") == 0.1)

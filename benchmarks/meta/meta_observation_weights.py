@@ -1,7 +1,7 @@
 """Which weights the update features see: trainable (the adjuster, and now the collector) or all.
 
 The record collector once flattened `model.get_weights()` (all weights), the
-MetaAdjuster the trainable ones. `kadapt.meta.observation.observe_model` now
+MetaAdjuster the trainable ones. `kadapt.meta.observe.observation.observe_model` now
 gives both the trainable ones. This measures what that changes:
 
 1. the non-trainable weights of each training family's task model (the
@@ -18,14 +18,14 @@ import dataclasses
 import keras
 import numpy as np
 
-from kadapt.meta import tasks
-from kadapt.meta.actions import ACTIONS
-from kadapt.meta.actions import describe
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import FeatureHistory
-from kadapt.meta.meta_model import choose
-from kadapt.meta.meta_model import load_meta_model
-from kadapt.meta.observation import observe_model
+from kadapt.meta.model.actions import ACTIONS
+from kadapt.meta.model.actions import describe
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import FeatureHistory
+from kadapt.meta.model.meta_model import choose
+from kadapt.meta.model.meta_model import load_meta_model
+from kadapt.meta.observe.observation import observe_model
+from kadapt.meta.records import tasks
 from kadapt.optimizers import SGD
 
 EPOCHS, BATCH = 8, 64

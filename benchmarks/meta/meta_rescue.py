@@ -1,7 +1,7 @@
 """The MetaAdjuster alone against the MetaAdjuster with `DeadRunRescue` after it, as `kadapt train` runs them.
 
 On meta_adjust's held-out task-seeds, from the same mis-set rates (too low, too
-high, diverging) and the well-set runs: `kadapt.meta.evaluation.meta_run`
+high, diverging) and the well-set runs: `kadapt.cli.meta_evaluation.meta_run`
 without and with `rescue=True` (`task_rescue`: `DeadRunRule` at the constant
 predictor's loss on the training targets, a range test on the training rows
 for the new rate). The other arms (grid-best, constant, plateau, cosine without
@@ -33,8 +33,8 @@ import json
 import math
 from pathlib import Path
 
-from kadapt.meta import evaluation
-from kadapt.meta.triggers import Trigger
+from kadapt.cli import meta_evaluation as evaluation
+from kadapt.meta.live.triggers import Trigger
 
 ARMS = ("meta", "meta_rescue")
 

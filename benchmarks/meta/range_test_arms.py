@@ -1,4 +1,4 @@
-"""The range test's arms of `kadapt.meta.evaluation` alone: its rate constant and under cosine.
+"""The range test's arms of `kadapt.cli.meta_evaluation` alone: its rate constant and under cosine.
 
 `evaluation.range_test_runs` on each held-out task-seed (the test's steps
 charged to the budget of `evaluation.EPOCHS` epochs), without the grid and
@@ -19,7 +19,7 @@ from kadapt import environment  # noqa: E402
 
 environment.load_tensorflow()
 
-from kadapt.meta import evaluation  # noqa: E402
+from kadapt.cli import meta_evaluation as evaluation  # noqa: E402
 
 
 def main():

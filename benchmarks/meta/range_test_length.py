@@ -1,6 +1,6 @@
 """The MetaAdjuster's range-test reading against the test's length, on the held-out task-seeds.
 
-For each held-out task-seed (`kadapt.meta.evaluation`'s families), the range
+For each held-out task-seed (`kadapt.cli.meta_evaluation`'s families), the range
 test `RangeTestStart` runs before the first step, on the fresh model with the
 start's batches, at several lengths: a share of the run's budget (at least 10
 steps, at most 100), its smoothing following the length
@@ -21,8 +21,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from kadapt.meta import evaluation
-from kadapt.meta.range_test_start import MIN_STEPS
+from kadapt.cli import meta_evaluation as evaluation
+from kadapt.meta.start.range_test_start import MIN_STEPS
 from kadapt.recipes.training import steps_per_epoch
 
 

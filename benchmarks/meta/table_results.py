@@ -5,7 +5,7 @@ plateau, the MetaAdjuster alone, cosine without and with it, range test then
 constant / cosine, the anchors) are deterministic: a rerun reproduces them to
 the digit. So the start's arms can be run again against a table's values,
 without its results files. This reads the per-run rows of
-`kadapt.meta.evaluation.table` (values at the 4 digits shown, the decisions as
+`kadapt.cli.meta_evaluation.table` (values at the 4 digits shown, the decisions as
 their text), computes each task-seed's untrained validation loss (the rescue
 figure's reference: not in the table), and writes one results file per
 task-seed (`DIR/base_FAMILY_SEED.json`). Its range-start arms hold the table's
@@ -22,7 +22,7 @@ import math
 import re
 from pathlib import Path
 
-from kadapt.meta import evaluation
+from kadapt.cli import meta_evaluation as evaluation
 
 _ROW = re.compile(r"^\| (" + "|".join(evaluation.EVALUATION_FAMILIES) + r") \| (\d+) \| ")
 _COLUMNS = ("family", "seed", "best_rate", "best_val_loss", "settings", "cosine", "well_set", "anchors",

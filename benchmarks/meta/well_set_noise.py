@@ -5,7 +5,7 @@ rate whose final validation loss ends above 1.05x the run without the
 adjuster. A start that changes nothing but costs steps trains the same
 trajectory, shorter; one that goes on from a branch trains
 other batches first. This script trains the plain run at the grid-best rate
-(constant and cosine, `kadapt.meta.evaluation`'s tasks): full; with its last
+(constant and cosine, `kadapt.cli.meta_evaluation`'s tasks): full; with its last
 `--cuts` steps cut (the cosine spans the full budget and stops early, as a
 run whose start was charged does); and full with its training rows in
 `--orders` other orders (the same data, initialization and rate). Printed:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kadapt.meta import evaluation
+from kadapt.cli import meta_evaluation as evaluation
 from kadapt.recipes.training import steps_per_epoch
 
 

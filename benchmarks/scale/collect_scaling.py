@@ -32,9 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import postgres  # noqa: E402  (the tests' throwaway cluster)
 
-from kadapt.meta.adjustment_record import AdjustmentRecord  # noqa: E402
-from kadapt.meta.record_store import RecordStore  # noqa: E402
-from kadapt.meta.tasks import TRAINING_FAMILIES  # noqa: E402
+from kadapt.meta.model.adjustment_record import AdjustmentRecord  # noqa: E402
+from kadapt.meta.records.record_store import RecordStore  # noqa: E402
+from kadapt.meta.records.tasks import TRAINING_FAMILIES  # noqa: E402
 
 TASK_RECORDS = 14  # records one small task appends at once
 

@@ -19,6 +19,7 @@ import keras
 
 from kadapt.batching import logical_batch_loss
 from kadapt.batching.memory_budget import parse_memory_size
+from kadapt.callbacks.schedule_free_evaluation import with_schedule_free_evaluation
 from kadapt.validation import check_micro_batch_size
 from kadapt.validation import check_non_negative_int
 
@@ -200,9 +201,6 @@ class AccumulatingTrainStep(backend_step_class()):
         self._check_noise_batch(batch_size)
         if self._micro_batch_size is None:
             _resolve_auto(self, x, y, batch_size, kwargs.get("sample_weight"))
-        # Imported here: kadapt.callbacks imports kadapt.batching.
-        from kadapt.callbacks.schedule_free_evaluation import with_schedule_free_evaluation
-
         kwargs["callbacks"] = with_schedule_free_evaluation(self, kwargs.get("callbacks"))
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 

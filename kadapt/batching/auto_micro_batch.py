@@ -22,7 +22,7 @@ import keras
 from kadapt.batching import micro_batch_probe
 from kadapt.batching import probe
 from kadapt.batching.batch_plan import balanced_micro_batch
-from kadapt.batching.layer_walk import reachable_layers
+from kadapt.layer_walk import reachable_layers
 from kadapt.batching.memory_budget import MemoryBudget
 from kadapt.batching.memory_budget import device_budget
 from kadapt.batching.memory_model import MemoryModel

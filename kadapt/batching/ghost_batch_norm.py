@@ -15,7 +15,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from kadapt.batching.layer_walk import reachable_layers
+from kadapt.layer_walk import reachable_layers
 
 
 def batch_norm_layers(layer: keras.layers.Layer) -> list[keras.layers.BatchNormalization]:

@@ -32,7 +32,7 @@ from keras import ops
 
 from kadapt._compat import get_keras_mask
 from kadapt._compat import resolve_loss
-from kadapt.batching.layer_walk import reachable_layers
+from kadapt.layer_walk import reachable_layers
 
 _SUMS = ("sum", "none", None)
 _MEANS = ("sum_over_batch_size", "mean")

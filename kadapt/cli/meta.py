@@ -36,7 +36,7 @@ def add_meta_arguments(subparsers) -> None:
     evaluate.add_argument("meta_model", nargs="?", default="default", metavar="MODEL",
                           help="\"default\" (the shipped model) or a .keras path")
     evaluate.add_argument("--families", default=None,
-                          help="comma-separated held-out families (default: kadapt.meta.evaluation's six)")
+                          help="comma-separated held-out families (default: kadapt.cli.meta_evaluation's six)")
     evaluate.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
     evaluate.add_argument("--epochs", type=int, default=None, help="epochs per run (default 20)")
     evaluate.add_argument("--quick", action="store_true", help="two families, one seed, 6 epochs: a smoke run")
@@ -63,7 +63,7 @@ def _open_store(location):
 
 def run_collect(args) -> int:
     from kadapt.meta import collect
-    from kadapt.meta import tasks
+    from kadapt.meta.records import tasks
 
     families = tasks.TRAINING_FAMILIES if args.families is None else tuple(args.families.split(","))
     if args.tasks_per_family <= 0:
@@ -114,7 +114,7 @@ def run_train(args) -> int:
 
 
 def run_eval(args) -> int:
-    from kadapt.meta.meta_model import load_meta_model
+    from kadapt.meta.model.meta_model import load_meta_model
 
     try:
         model = load_meta_model(args.meta_model_option or args.meta_model)
@@ -122,7 +122,7 @@ def run_eval(args) -> int:
         raise UsageError(str(error)) from None
     if args.store is not None:
         return _eval_on_records(model, args.store)
-    from kadapt.meta import evaluation
+    from kadapt.cli import meta_evaluation as evaluation
 
     options = dict(evaluation.QUICK) if args.quick else {}
     if args.families is not None:
@@ -142,7 +142,7 @@ def run_eval(args) -> int:
 
 
 def _known_families():
-    from kadapt.meta import tasks
+    from kadapt.meta.records import tasks
 
     return sorted(tasks.TRAINING_FAMILIES + tasks.HELD_OUT_FAMILIES)
 
@@ -155,8 +155,8 @@ def _int(text, flag):
 
 
 def _eval_on_records(model, store):
-    from kadapt.meta.meta_model import decision_data
-    from kadapt.meta.meta_model import evaluate_policies
+    from kadapt.meta.model.meta_model import decision_data
+    from kadapt.meta.model.meta_model import evaluate_policies
 
     try:
         data = decision_data(list(_open_store(store)))

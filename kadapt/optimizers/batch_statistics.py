@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import keras
 
+from kadapt.layer_walk import reachable_layers
 from kadapt.validation import check_non_negative_int
 
 
@@ -43,9 +44,6 @@ def recompute_batch_statistics(model: keras.Model, batches: Iterable[Any], steps
     model.evaluate(x_test, y_test)
     ```
     """
-    # Imported here: kadapt.batching is heavy, and most users of kadapt.optimizers need none of it.
-    from kadapt.batching.layer_walk import reachable_layers
-
     steps = check_non_negative_int(steps, "steps")
     norms = [layer for layer in reachable_layers(model)
              if isinstance(layer, keras.layers.BatchNormalization)]

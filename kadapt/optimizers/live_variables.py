@@ -67,7 +67,7 @@ class LearningRateMultiplier:
 class RestartableMoments:
     """Mixin: a bias correction counted from the step the moments last started from zero.
 
-    A rollback that restarts the optimizer's slots (`kadapt.meta.rollback.restore`
+    A rollback that restarts the optimizer's slots (`kadapt.meta.observe.rollback.restore`
     with `restart_momentum`: the `MetaAdjuster`'s restart from the initial state or
     after a repeated divergence, `DeadRunRescue`) zeroes the moments while
     `iterations` counts on, since a schedule reads it. Counted from `iterations`,

@@ -68,7 +68,7 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
     """
 
     # The initial weights w0 and the accumulated s measure the distance travelled (what sets d):
-    # a rollback's restart (`kadapt.meta.rollback`) restores them; it zeroes the moments only.
+    # a rollback's restart (`kadapt.meta.observe.rollback`) restores them; it zeroes the moments only.
     slots_kept_on_restart = ("initial", "s")
 
     def __init__(self, learning_rate: float | keras.optimizers.schedules.LearningRateSchedule = 1.0,
@@ -178,7 +178,7 @@ class Prodigy(RestartableMoments, LearningRateMultiplier, keras.optimizers.Optim
             # w0 is taken at the first step, as Keras' EMA starts: an initializer
             # reading the weights cannot be lifted out of an XLA step. The first step is
             # the one s is still zero at, not iteration 0: a rollback to the initial state
-            # (`kadapt.meta.rollback`) puts back the zeros while `iterations` counts on.
+            # (`kadapt.meta.observe.rollback`) puts back the zeros while `iterations` counts on.
             initial = ops.where(ops.all(ops.equal(s, 0)), w, initial)
             if self.prodigy_weight_decay and not self.decouple:
                 gradient = gradient + self.prodigy_weight_decay * w

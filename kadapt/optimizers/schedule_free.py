@@ -53,7 +53,7 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
     the saved y: only that one gradient differs.
     """
 
-    # The iterates z and y are weights: a rollback's restart (`kadapt.meta.rollback`) restores them.
+    # The iterates z and y are weights: a rollback's restart (`kadapt.meta.observe.rollback`) restores them.
     slots_kept_on_restart = ("z", "y")
 
     def __init__(self, learning_rate: float, weight_decay: float, warmup_steps: int, r: float,
@@ -100,7 +100,7 @@ class ScheduleFree(LearningRateMultiplier, keras.optimizers.Optimizer):
         lr_max = ops.maximum(rate, self._lr_max)
         weight = ops.power(step, self.r) * ops.power(lr_max, self.weight_lr_power)
         # No step averaged yet: the first step, or the start put back by a rollback
-        # (`kadapt.meta.rollback`), which leaves `iterations` counting on.
+        # (`kadapt.meta.observe.rollback`), which leaves `iterations` counting on.
         first = ops.equal(ops.convert_to_tensor(self._weight_sum), 0.0)
         weight_sum = self._weight_sum + weight
         self._lr_max.assign(lr_max)

@@ -116,8 +116,8 @@ class Task:
         the mean smoothed target. Regression: the variance of the
         standardized targets (1 on the rows they were standardized with).
         """
-        from kadapt.meta.chance_loss import chance_loss
-        from kadapt.meta.chance_loss import regression_chance_loss
+        from kadapt.meta.live.chance_loss import chance_loss
+        from kadapt.meta.live.chance_loss import regression_chance_loss
 
         y = np.asarray(y_train)
         scored = None if y_scored is None else np.asarray(y_scored)

@@ -2,11 +2,11 @@
 
 import keras
 
-from kadapt.callbacks import DeadRunRescue
+from kadapt.meta import DeadRunRescue
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
 from kadapt.meta import RestartTrial
-from kadapt.meta.dead_run import DeadRunRule
+from kadapt.meta.live.dead_run import DeadRunRule
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.errors import UsageError
@@ -59,7 +59,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
 
 
 def dead_run_rescue(run):
-    """`kadapt.callbacks.DeadRunRescue` on the run's data: on by default, with or
+    """`kadapt.meta.DeadRunRescue` on the run's data: on by default, with or
     without the MetaAdjuster (`--meta off` turns the meta-model off, not this rule);
     `None` in a multi-worker run.
 

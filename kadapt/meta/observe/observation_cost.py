@@ -2,7 +2,7 @@
 
 An observation reduces every weight's update and copies every weight and
 optimizer slot for the rollback point (on the host, or on the device:
-`kadapt.meta.device_observer`), so its cost grows with the model while a step's
+`kadapt.meta.observe.device_observer`), so its cost grows with the model while a step's
 may not: measured on a 2-core CPU inside `fit`, read to the host, ~1 ms for a
 50,890-weight MLP (3.3-4.6 ms steps) and ~50 ms for a 5.8M-weight one (40-90 ms
 steps), 10% of the time at `check_every=10`.

@@ -11,13 +11,13 @@ from typing import Any
 
 import keras
 
-from kadapt.meta import rollback
-from kadapt.meta.adjuster_state import load_state
-from kadapt.meta.adjuster_state import save_state
-from kadapt.meta.dead_run import AT_CHANCE
-from kadapt.meta.dead_run import DIVERGED
-from kadapt.meta.dead_run import DeadRunRule
-from kadapt.meta.dead_run import RunHealth
+from kadapt.meta.live.adjuster_state import load_state
+from kadapt.meta.live.adjuster_state import save_state
+from kadapt.meta.live.dead_run import AT_CHANCE
+from kadapt.meta.live.dead_run import DIVERGED
+from kadapt.meta.live.dead_run import DeadRunRule
+from kadapt.meta.live.dead_run import RunHealth
+from kadapt.meta.observe import rollback
 from kadapt.optimizers.live_rate import live_rate_of
 from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
@@ -29,7 +29,7 @@ TRIGGERS = (AT_CHANCE, DIVERGED)
 
 
 class DeadRunRescue(keras.callbacks.Callback):
-    """Acts on `kadapt.meta.dead_run.DeadRunRule` at every epoch end.
+    """Acts on `kadapt.meta.live.dead_run.DeadRunRule` at every epoch end.
 
     When the rule triggers, the model goes back to its last healthy state
     (the initial weights, or the epoch end with the lowest monitored loss
@@ -73,7 +73,7 @@ class DeadRunRescue(keras.callbacks.Callback):
     Example:
 
     ```python
-    rule = kadapt.meta.dead_run.DeadRunRule(chance_loss(y_train, 3))
+    rule = kadapt.meta.live.dead_run.DeadRunRule(chance_loss(y_train, 3))
     model.compile(kadapt.optimizers.SGD(0.2), ...)
     model.fit(x, y, validation_split=0.1, epochs=10, callbacks=[DeadRunRescue(rule)])
     ```

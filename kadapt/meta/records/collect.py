@@ -49,19 +49,19 @@ import keras
 import numpy as np
 
 from kadapt import environment
-from kadapt.meta import actions as action_lib
-from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.features import FeatureHistory
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.observation import observe_model
-from kadapt.meta.range_test_start import RangeTestStart
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.adjustment_record import AdjustmentRecord
+from kadapt.meta.model.features import FeatureHistory
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.observe.observation import observe_model
+from kadapt.meta.start.range_test_start import RangeTestStart
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 from kadapt.validation import checked_lease
 
 if TYPE_CHECKING:
-    from kadapt.meta.record_store import RecordStore
-    from kadapt.meta.tasks import Task
+    from kadapt.meta.records.record_store import RecordStore
+    from kadapt.meta.records.tasks import Task
 
 DIVERGED_SCORE = 5.0
 RANGE_TEST_SHARE = 2 / 3  # of the tasks start with a range test; the rest show runs without one
@@ -359,7 +359,7 @@ class TaskRun:
     def observe(self, loss, history):
         x_val, y_val = self.task.data[2], self.task.data[3]
         val_loss = float(self.model.test_on_batch(x_val, y_val))
-        # The same observation as the MetaAdjuster's (kadapt.meta.observation): trainable weights.
+        # The same observation as the MetaAdjuster's (kadapt.meta.observe.observation): trainable weights.
         observation = observe_model(self.model, self.step, float(loss), val_loss,
                                     min(self.step / self.total_steps, 1.0), self.total_steps, self.range_test_rate)
         history.observe(observation)

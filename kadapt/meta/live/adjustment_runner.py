@@ -22,7 +22,7 @@ before. A third, `start`, is the run's initial state, which a restart
 (`Adjustment.restart`) returns to; it is held only while a restart can still
 come (within `AdjustmentPolicy.restart_within` of the budget). A judged restart
 (`Adjustment.restart_trial`) trains a branch from it first
-(`kadapt.meta.restart_trial`), where the runner has a `RestartTrial`.
+(`kadapt.meta.live.restart_trial`), where the runner has a `RestartTrial`.
 """
 
 from __future__ import annotations
@@ -35,22 +35,22 @@ from typing import Any
 import keras
 import numpy as np
 
-from kadapt.meta import actions as action_lib
-from kadapt.meta import rollback
-from kadapt.meta.decision_log import DecisionLog
-from kadapt.meta.device_observer import DeviceObserver
-from kadapt.meta.features import FeatureHistory
-from kadapt.meta.features import Observation
-from kadapt.meta.host_reads import read_model
-from kadapt.meta.observation import observe_model
-from kadapt.meta.policy import Adjustment
-from kadapt.meta.policy import AdjustmentPolicy
-from kadapt.meta.policy import PolicyState
-from kadapt.meta.range_test_run import RangeTestRun
-from kadapt.meta.restart_trial import RestartTrial
-from kadapt.meta.restart_trial import TrialResult
-from kadapt.meta.triggers import Trigger
-from kadapt.meta.worker_agreement import WorkerAgreement
+from kadapt.meta.live.decision_log import DecisionLog
+from kadapt.meta.live.policy import Adjustment
+from kadapt.meta.live.policy import AdjustmentPolicy
+from kadapt.meta.live.policy import PolicyState
+from kadapt.meta.live.restart_trial import RestartTrial
+from kadapt.meta.live.restart_trial import TrialResult
+from kadapt.meta.live.triggers import Trigger
+from kadapt.meta.live.worker_agreement import WorkerAgreement
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FeatureHistory
+from kadapt.meta.model.features import Observation
+from kadapt.meta.observe import rollback
+from kadapt.meta.observe.device_observer import DeviceObserver
+from kadapt.meta.observe.host_reads import read_model
+from kadapt.meta.observe.observation import observe_model
+from kadapt.meta.start.range_test_run import RangeTestRun
 from kadapt.optimizers.live_rate import learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
@@ -89,8 +89,8 @@ class AdjustmentRunner:
         policy: `kadapt.meta.AdjustmentPolicy`. What to do at an observation.
         trigger: `kadapt.meta.Trigger`. When to ask the policy; the runner
             updates it, so pass a fresh one.
-        log: `kadapt.meta.decision_log.DecisionLog`. Where decisions go.
-        agreement: `kadapt.meta.worker_agreement.WorkerAgreement` or `None`
+        log: `kadapt.meta.live.decision_log.DecisionLog`. Where decisions go.
+        agreement: `kadapt.meta.live.worker_agreement.WorkerAgreement` or `None`
             (one process). Defaults to `None`.
         restart_trial: `kadapt.meta.RestartTrial` or `None`: the data a judged
             restart's branch trains on; without it a judged restart is a plain
@@ -115,7 +115,7 @@ class AdjustmentRunner:
                  charge: Callable[[int, int], None] | None = None) -> None:
         for name, value, kind, text in (("policy", policy, AdjustmentPolicy, "kadapt.meta.AdjustmentPolicy"),
                                         ("trigger", trigger, Trigger, "kadapt.meta.Trigger"),
-                                        ("log", log, DecisionLog, "kadapt.meta.decision_log.DecisionLog")):
+                                        ("log", log, DecisionLog, "kadapt.meta.live.decision_log.DecisionLog")):
             if not isinstance(value, kind):
                 raise TypeError(f"Argument `{name}` must be a {text}. Received: {name}={value!r}")
         self.model, self.policy, self.trigger, self.log = model, policy, trigger, log
@@ -201,7 +201,7 @@ class AdjustmentRunner:
             rollback.restore(self.model, self.last_good)
 
     def get_state(self) -> dict[str, Any]:
-        """What later decisions depend on, as arrays and JSON values (`kadapt.meta.adjuster_state`)."""
+        """What later decisions depend on, as arrays and JSON values (`kadapt.meta.live.adjuster_state`)."""
         history = self.history.get_state()
         if self.observer is not None:  # the update features' weights are on the device
             history["previous_weights"], history["previous_update"] = self.observer.previous_on_host()

@@ -16,11 +16,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kadapt.meta.features import Observation
-from kadapt.meta.features import schedule_ratio
-from kadapt.meta.host_reads import ModelReading
-from kadapt.meta.host_reads import read_model
-from kadapt.meta.host_reads import read_to_host
+from kadapt.meta.model.features import Observation
+from kadapt.meta.model.features import schedule_ratio
+from kadapt.meta.observe.host_reads import ModelReading
+from kadapt.meta.observe.host_reads import read_model
+from kadapt.meta.observe.host_reads import read_to_host
 
 
 def trainable_weights(model: keras.Model) -> np.ndarray:
@@ -43,8 +43,8 @@ def observe_model(model: keras.Model, step: int, loss: float, val_loss: float | 
         total_steps: Int or `None`. The planned steps, for `schedule_ahead`.
         range_test_rate: Float or `None`. The range test's suggestion for
             this run, when one ran. Defaults to `None`.
-        reading: `kadapt.meta.host_reads.ModelReading` of `model` now, a
-            `kadapt.meta.device_observer.DeviceReading` (the update's sums
+        reading: `kadapt.meta.observe.host_reads.ModelReading` of `model` now, a
+            `kadapt.meta.observe.device_observer.DeviceReading` (the update's sums
             taken on the device: the observation then holds no weights), or
             `None` to read one (`read_model`; the `MetaAdjuster` passes the one
             its rollback point is taken from). Defaults to `None`.

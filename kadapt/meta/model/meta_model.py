@@ -26,11 +26,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from kadapt.meta import actions as action_lib
-from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import FEATURE_SPEC
-from kadapt.meta.features import WINDOW
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.adjustment_record import AdjustmentRecord
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import FEATURE_SPEC
+from kadapt.meta.model.features import WINDOW
 
 FORMAT_VERSION = 2  # 1: action probabilities; 2: score differences to keep
 MIN_GAIN = 0.1  # abstain unless an action is predicted to end >= ~10% below keeping (chosen on training-family records)

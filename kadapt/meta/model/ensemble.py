@@ -27,12 +27,12 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
-from kadapt.meta import actions as action_lib
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
-from kadapt.meta.meta_model import MetaSpec
-from kadapt.meta.numpy_forward import computing_layers
-from kadapt.meta.numpy_forward import is_linear_dense
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
+from kadapt.meta.model.meta_model import MetaSpec
+from kadapt.meta.model.numpy_forward import computing_layers
+from kadapt.meta.model.numpy_forward import is_linear_dense
 
 _GATES = {"GRU": 3, "LSTM": 4}
 

@@ -93,7 +93,7 @@ class Observation:
             test suggested for this run (`kadapt.find_learning_rate`);
             `None` when none ran. Defaults to `None`.
         update_sums: `UpdateSums` or `None`. The update features' sums,
-            where the weights are not read (`kadapt.meta.device_observer`):
+            where the weights are not read (`kadapt.meta.observe.device_observer`):
             then the history keeps no weights of its own. Defaults to `None`.
     """
 
@@ -225,7 +225,7 @@ class FeatureHistory:
 
     def pop_previous(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The weights of the last finite observation and its update (`None` where none), handed
-        over to whoever reduces the next update (`kadapt.meta.device_observer`); the history
+        over to whoever reduces the next update (`kadapt.meta.observe.device_observer`); the history
         keeps none of them after."""
         previous = (self._previous_weights, self._previous_update)
         self._previous_weights = self._previous_update = None

@@ -12,27 +12,27 @@ from typing import Any
 
 import keras
 
-from kadapt.meta import actions as action_lib
-from kadapt.meta.adjuster_state import load_state
-from kadapt.meta.adjuster_state import save_state
-from kadapt.meta.adjustment_runner import AdjustmentRunner
-from kadapt.meta.adjustment_runner import Progress
-from kadapt.meta.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
-from kadapt.meta.decision_log import DecisionLog
-from kadapt.meta.features import FeatureHistory
-from kadapt.meta.meta_model import MIN_CUT_GAIN
-from kadapt.meta.meta_model import MIN_GAIN
-from kadapt.meta.meta_model import check_spec
-from kadapt.meta.meta_model import load_meta_model
-from kadapt.meta.observation_cost import ObservationCost
-from kadapt.meta.policy import AdjustmentPolicy
-from kadapt.meta.policy import RESTART_WITHIN
-from kadapt.meta.policy import model_predictor
-from kadapt.meta.range_test_run import run_range_test
-from kadapt.meta.range_test_start import RangeTestStart
-from kadapt.meta.restart_trial import RestartTrial
-from kadapt.meta.triggers import Trigger
-from kadapt.meta.worker_agreement import WorkerAgreement
+from kadapt.meta.live.adjuster_state import load_state
+from kadapt.meta.live.adjuster_state import save_state
+from kadapt.meta.live.adjustment_runner import AdjustmentRunner
+from kadapt.meta.live.adjustment_runner import Progress
+from kadapt.meta.live.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
+from kadapt.meta.live.decision_log import DecisionLog
+from kadapt.meta.live.policy import AdjustmentPolicy
+from kadapt.meta.live.policy import RESTART_WITHIN
+from kadapt.meta.live.policy import model_predictor
+from kadapt.meta.live.restart_trial import RestartTrial
+from kadapt.meta.live.triggers import Trigger
+from kadapt.meta.live.worker_agreement import WorkerAgreement
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FeatureHistory
+from kadapt.meta.model.meta_model import MIN_CUT_GAIN
+from kadapt.meta.model.meta_model import MIN_GAIN
+from kadapt.meta.model.meta_model import check_spec
+from kadapt.meta.model.meta_model import load_meta_model
+from kadapt.meta.observe.observation_cost import ObservationCost
+from kadapt.meta.start.range_test_run import run_range_test
+from kadapt.meta.start.range_test_start import RangeTestStart
 from kadapt.validation import check_range
 
 STATE_FILE = "meta-adjuster-epoch-{epoch}.npz"  # in `backup_dir`; the last two epochs are kept
@@ -91,9 +91,9 @@ class MetaAdjuster(keras.callbacks.Callback):
     training loss of the last `check_every` steps (the meta-model then sees
     no validation loss); epoch ends still check `target` and non-finite losses.
 
-    The decision itself is `kadapt.meta.policy.AdjustmentPolicy`'s, a pure
+    The decision itself is `kadapt.meta.live.policy.AdjustmentPolicy`'s, a pure
     object fed the window, the rate and the trigger's reason; an
-    `AdjustmentRunner` (`kadapt.meta.adjustment_runner`) executes it
+    `AdjustmentRunner` (`kadapt.meta.live.adjustment_runner`) executes it
     (rollback, action, log), and the callback tells it when. With
     `backup_dir` (the directory of the run's `BackupAndRestore`) its whole
     state — history, trigger, rollback points, ceiling, decisions — is saved
@@ -142,7 +142,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             considered. Defaults to `0.1` (about 10% lower). After a
             divergence a cut is applied whatever its predicted gain; after
             a raise (no cut or divergence since) a further raise needs only
-            `kadapt.meta.meta_model.FOLLOW_GAIN` (0.005).
+            `kadapt.meta.model.meta_model.FOLLOW_GAIN` (0.005).
         backup_dir: Path-like or `None`. Where the state lives between an
             interrupted run and its resume (`get_state`, as `.npz`). Defaults
             to `None` (kept in memory only).

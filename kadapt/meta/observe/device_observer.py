@@ -39,12 +39,12 @@ import keras
 import numpy as np
 
 from kadapt._compat import learning_rate_as_set
-from kadapt.meta.features import UpdateSums
-from kadapt.meta.host_reads import distributed
-from kadapt.meta.host_reads import rate_reader
-from kadapt.meta.host_reads import read_rates
-from kadapt.meta.rollback import NOT_ROLLED_BACK
-from kadapt.meta.rollback import rolled_back
+from kadapt.meta.model.features import UpdateSums
+from kadapt.meta.observe.host_reads import distributed
+from kadapt.meta.observe.host_reads import rate_reader
+from kadapt.meta.observe.host_reads import read_rates
+from kadapt.meta.observe.rollback import NOT_ROLLED_BACK
+from kadapt.meta.observe.rollback import rolled_back
 
 SLOTS = 2  # the rollback points `last_good` and `pending`
 DEVICE_FROM = 500_000  # trainable weights from which a CPU observes on the device (in `fit`: 0.27M slower, 0.67M faster)
@@ -161,7 +161,7 @@ class DeviceObserver:
 
     def buffered(self, slot: int) -> tuple[list, list]:
         """Host copies of buffer `slot`: `(model variables, optimizer variables)`, the latter with
-        `None` for those a rollback leaves alone (a `kadapt.meta.rollback.RollbackPoint`'s lists)."""
+        `None` for those a rollback leaves alone (a `kadapt.meta.observe.rollback.RollbackPoint`'s lists)."""
         values = iter(self._copies.buffered(slot))
         weights = [next(values) for _ in range(self._model_variables)]
         return weights, [next(values) if kept else None for kept in self._kept_optimizer]

@@ -29,10 +29,10 @@ import keras
 from kadapt.batching.training_state import host_snapshot
 from kadapt.batching.training_state import restore
 from kadapt.batching.training_state import state_variables
-from kadapt.meta import rollback
-from kadapt.meta.branch_trials import held_loss
-from kadapt.meta.branch_trials import train
-from kadapt.meta.range_test_start import split_batches
+from kadapt.meta.observe import rollback
+from kadapt.meta.start.branch_trials import held_loss
+from kadapt.meta.start.branch_trials import train
+from kadapt.meta.start.range_test_start import split_batches
 from kadapt.range_test.batches import DEFAULT_BATCH_SIZE
 from kadapt.validation import check_range
 

@@ -56,15 +56,15 @@ import keras
 import numpy as np
 
 from kadapt import optimizers
-from kadapt.callbacks import DeadRunRescue
 from kadapt.callbacks import ScheduleFreeEvaluation
-from kadapt.meta import tasks as task_lib
-from kadapt.meta.adjuster import MetaAdjuster
-from kadapt.meta.chance_loss import chance_loss
-from kadapt.meta.chance_loss import regression_chance_loss
-from kadapt.meta.dead_run import DeadRunRule
-from kadapt.meta.range_test_start import RangeTestStart
-from kadapt.meta.restart_trial import RestartTrial
+from kadapt.meta import DeadRunRescue
+from kadapt.meta.live.adjuster import MetaAdjuster
+from kadapt.meta.live.chance_loss import chance_loss
+from kadapt.meta.live.chance_loss import regression_chance_loss
+from kadapt.meta.live.dead_run import DeadRunRule
+from kadapt.meta.live.restart_trial import RestartTrial
+from kadapt.meta.records import tasks as task_lib
+from kadapt.meta.start.range_test_start import RangeTestStart
 from kadapt.range_test import find_learning_rate
 from kadapt.range_test.find import MIN_STEPS
 from kadapt.recipes.training import steps_per_epoch

@@ -22,7 +22,7 @@ The rules:
 - otherwise the predictor's best allowed action, kept unless its predicted
   gain over keeping reaches `min_gain`, or `min_cut_gain` for a learning-rate
   cut, or `follow_gain` for a raise where the last change of the rate was a
-  raise and no divergence came since (`kadapt.meta.meta_model.choose_from`);
+  raise and no divergence came since (`kadapt.meta.model.meta_model.choose_from`);
   a momentum action that would set the momentum the window's last row shows
   is not on the menu (it is keep under another name);
 - the run's first change of the rate, where it is a cut the trigger asked
@@ -38,7 +38,7 @@ The rules:
   scheduled consultation chose: a restart to be judged
   (`Adjustment.restart_trial`): the runner trains a branch from the initial
   state at the cut rate and restarts only where it beats the run
-  (`kadapt.meta.restart_trial`).
+  (`kadapt.meta.live.restart_trial`).
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kadapt.meta import actions as action_lib
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.meta_model import FOLLOW_GAIN
-from kadapt.meta.meta_model import MIN_CUT_GAIN
-from kadapt.meta.meta_model import MIN_GAIN
-from kadapt.meta.meta_model import choose_from
-from kadapt.meta.meta_model import predicted_differences
-from kadapt.meta.numpy_forward import numpy_forward
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.meta_model import FOLLOW_GAIN
+from kadapt.meta.model.meta_model import MIN_CUT_GAIN
+from kadapt.meta.model.meta_model import MIN_GAIN
+from kadapt.meta.model.meta_model import choose_from
+from kadapt.meta.model.meta_model import predicted_differences
+from kadapt.meta.model.numpy_forward import numpy_forward
 from kadapt.validation import check_range
 
 _MOMENTUM = FEATURE_NAMES.index("momentum")  # the window's column of the momentum applied, unscaled
@@ -110,7 +110,7 @@ class Adjustment:
             the schedule go on).
         restart_trial: Bool. Restart as `restart` does only where a branch
             from the initial state at the new rate beats the run
-            (`kadapt.meta.restart_trial`); else apply `action` here.
+            (`kadapt.meta.live.restart_trial`); else apply `action` here.
     """
 
     reason: str | None = None

@@ -2,7 +2,7 @@
 
 `run_range_test` runs the test from the model's state (which the test puts
 back), then lets the start's rule move the rate: its judge's branches
-(`kadapt.meta.start_judge`, `kadapt.meta.branch_trials`) or, with
+(`kadapt.meta.start.start_judge`, `kadapt.meta.start.branch_trials`) or, with
 `judge="always"`, the distance to the suggestion. It returns a frozen
 `RangeTestRun`: the steps to charge to the run, the suggestion the meta-model
 sees from then on, the rate set (if any) and what to log. The `MetaAdjuster`
@@ -17,10 +17,10 @@ import math
 import keras
 
 from kadapt.batching.training_state import restore
-from kadapt.meta import actions as action_lib
-from kadapt.meta.branch_trials import branch_scores
-from kadapt.meta.range_test_start import RangeTestStart
-from kadapt.meta.start_judge import SPREAD
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.start.branch_trials import branch_scores
+from kadapt.meta.start.range_test_start import RangeTestStart
+from kadapt.meta.start.start_judge import SPREAD
 from kadapt.optimizers.live_rate import learning_rate_multiplier
 from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate

@@ -15,7 +15,7 @@ import dataclasses
 
 import keras
 
-from kadapt.meta.policy import Adjustment
+from kadapt.meta.live.policy import Adjustment
 
 REASONS = (None, "divergence", "plateau", "oscillation", "slow_progress", "scheduled")  # Trigger.update's answers
 

@@ -14,15 +14,15 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from kadapt.extras import require
-from kadapt.meta import task_leases
-from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.store_format import COLUMNS
-from kadapt.meta.store_format import FORMAT  # noqa: F401  (still importable from here)
-from kadapt.meta.store_format import RECORDS
-from kadapt.meta.store_format import SCHEMA_VERSION  # noqa: F401  (still importable from here)
-from kadapt.meta.store_format import RecordStoreError
-from kadapt.meta.store_format import check_sqlite_file
-from kadapt.meta.store_format import create_or_check
+from kadapt.meta.model.adjustment_record import AdjustmentRecord
+from kadapt.meta.records import task_leases
+from kadapt.meta.records.store_format import COLUMNS
+from kadapt.meta.records.store_format import FORMAT  # noqa: F401  (still importable from here)
+from kadapt.meta.records.store_format import RECORDS
+from kadapt.meta.records.store_format import SCHEMA_VERSION  # noqa: F401  (still importable from here)
+from kadapt.meta.records.store_format import RecordStoreError
+from kadapt.meta.records.store_format import check_sqlite_file
+from kadapt.meta.records.store_format import create_or_check
 from kadapt.validation import checked_lease
 
 sa = require("sqlalchemy", extra="store")

@@ -2,8 +2,8 @@
 
 A store is an SQLite file or a PostgreSQL database with three tables: `meta`
 (the marker: `format = "kadapt-records"` and the `schema_version`), `records`
-(one row per `AdjustmentRecord`, `kadapt.meta.record_store`) and `claims` (the
-lease queue, `kadapt.meta.task_leases`). A location is checked before anything
+(one row per `AdjustmentRecord`, `kadapt.meta.records.record_store`) and `claims` (the
+lease queue, `kadapt.meta.records.task_leases`). A location is checked before anything
 is written to it: an SQLite file by its header and marker, read-only, before
 it is opened for writing; a database by its marker, in the transaction that
 would create the schema. A foreign file or database, or a store of another

@@ -33,7 +33,7 @@ grid-best rate, and those runs ended 1.3-1.5x above the grid-best loss; the
 range test's valley is the bound on raising.
 
 This module is the policy: pure functions of rates and scores. The branches
-themselves run in `kadapt.meta.branch_trials`.
+themselves run in `kadapt.meta.start.branch_trials`.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from kadapt.meta import actions as action_lib
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.policy import Adjustment
+from kadapt.meta.live.policy import Adjustment
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FEATURE_NAMES
 
 DECISIONS_FILE = "meta_decisions.jsonl"
 
@@ -87,7 +87,7 @@ class DecisionLog:
                    step: int, epoch: int, trial: dict[str, Any] | None = None) -> None:
         """Writes the policy's `adjustment` at an observation, with the window's last row and
         the learning rate and momentum it left; `trial`: a judged restart's branch and scores
-        (`kadapt.meta.restart_trial.TrialResult.detail`)."""
+        (`kadapt.meta.live.restart_trial.TrialResult.detail`)."""
         decision = {"step": step, "epoch": epoch, "trigger": adjustment.reason,
                     "adjustment": dict(action_lib.ACTIONS[adjustment.action]), "action": adjustment.text,
                     "predicted_gain": round(adjustment.gain, 4), "rollback": adjustment.rollback,

@@ -6,7 +6,7 @@ patience) to come near a good rate. The range test (`kadapt.find_learning_rate`)
 sees the loss over eight decades of rate in ~100 steps. So the adjuster runs
 it once, from the model's state before the first step (the test puts that
 state back). The suggestion is then judged by the run (`judge="branches"`,
-`kadapt.meta.start_judge`): a few steps at the live rate, the suggestion and
+`kadapt.meta.start.start_judge`): a few steps at the live rate, the suggestion and
 rates near it, each from the same snapshot, scored on held batches, and the
 live rate kept unless one is clearly better. `judge="always"` moves the live
 rate to the suggestion wherever the two are more than `factor` apart, as the
@@ -28,8 +28,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from kadapt.meta.start_judge import BRANCH_SHARE
-from kadapt.meta.start_judge import StartJudge
+from kadapt.meta.start.start_judge import BRANCH_SHARE
+from kadapt.meta.start.start_judge import StartJudge
 from kadapt.range_test import curve
 from kadapt.range_test.batches import DEFAULT_BATCH_SIZE
 from kadapt.validation import check_range
@@ -60,7 +60,7 @@ class RangeTestStart:
     geometric mean each train up to 10 steps on the same batches and are
     scored by the loss on held batches (rows none of them trained on); the
     live rate moves only to a candidate that lowers the held loss more than
-    twice as much (`kadapt.meta.start_judge.StartJudge`). The test then takes
+    twice as much (`kadapt.meta.start.start_judge.StartJudge`). The test then takes
     at most 30% of the budget and the branches 20%. With `continue_branch`
     (the default) the run goes on from the end of the chosen rate's branch
     (the live rate's where it is kept): those steps are the run's own
@@ -78,7 +78,7 @@ class RangeTestStart:
         rule: `"valley"`, `"steepest"` or `"minimum/10"` (see
             `kadapt.find_learning_rate`). Defaults to `"valley"`.
         seed: Int or `None`. The shuffling of array rows. Defaults to `None`.
-        judge: `"branches"`, `"always"` or a `kadapt.meta.start_judge.StartJudge`
+        judge: `"branches"`, `"always"` or a `kadapt.meta.start.start_judge.StartJudge`
             (`"branches"` is `StartJudge()`). Defaults to `"branches"`.
         continue_branch: Bool. With a judge of branches, whether the run goes
             on from the chosen rate's branch (`True`) or from the state before
@@ -164,7 +164,8 @@ def _check_judge(judge):
     if isinstance(judge, StartJudge):
         return judge
     if judge not in JUDGES:
-        raise ValueError(f"Argument `judge` must be one of {list(JUDGES)} or a kadapt.meta.start_judge.StartJudge. "
+        raise ValueError(f"Argument `judge` must be one of {list(JUDGES)} or a "
+                         "kadapt.meta.start.start_judge.StartJudge. "
                          f"Received: judge={judge!r}")
     return StartJudge() if judge == "branches" else None
 

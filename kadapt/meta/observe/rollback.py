@@ -7,7 +7,7 @@ the budget and the adjuster's own rate and momentum keep going forward.
 `kadapt.batching.training_state` keeps device copies (and metric variables)
 for undoing a probe's trial steps. The adjuster keeps its own: host copies
 (`RollbackPoint`, from the read its observation is made of), or, where it
-observes on the device (`kadapt.meta.device_observer`), copies in a device
+observes on the device (`kadapt.meta.observe.device_observer`), copies in a device
 buffer (`BufferedPoint`), read to the host only to restore or save them.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from kadapt.meta.host_reads import ModelReading
-from kadapt.meta.host_reads import read_model
+from kadapt.meta.observe.host_reads import ModelReading
+from kadapt.meta.observe.host_reads import read_model
 
 # The live channels and the step count: not part of what a rollback undoes.
 NOT_ROLLED_BACK = frozenset({"iteration", "learning_rate", "learning_rate_multiplier", "momentum", "beta_1"})
@@ -45,7 +45,7 @@ class RollbackPoint:
 
 @dataclasses.dataclass(frozen=True)
 class BufferedPoint:
-    """A rollback point held on the device: buffer `slot` of a `kadapt.meta.device_observer.DeviceObserver`.
+    """A rollback point held on the device: buffer `slot` of a `kadapt.meta.observe.device_observer.DeviceObserver`.
 
     Args:
         observer: The `DeviceObserver` whose buffer holds the state.
@@ -109,7 +109,7 @@ def restore(model: keras.Model, point: RollbackPoint | BufferedPoint, restart_mo
 
 
 def to_state(point: RollbackPoint | BufferedPoint | None) -> dict | None:
-    """`point` as arrays and JSON values (`kadapt.meta.adjuster_state`); `None` stays `None`."""
+    """`point` as arrays and JSON values (`kadapt.meta.live.adjuster_state`); `None` stays `None`."""
     if point is None:
         return None
     if isinstance(point, BufferedPoint):

@@ -10,7 +10,7 @@ also counts as finished when records of its run are stored (a store
 collected before claims existed).
 
 Each function runs in a transaction of a `RecordStore`
-(`kadapt.meta.record_store`), whose methods `claim_task`, `renew_claims`,
+(`kadapt.meta.records.record_store`), whose methods `claim_task`, `renew_claims`,
 `finish_task`, `claims` and `finished_tasks` are the API. A change to the
 queue is serialized with every other: on SQLite by the store's write
 transactions (`BEGIN IMMEDIATE`), on a server by an advisory lock.
@@ -22,8 +22,8 @@ import math
 from collections.abc import Callable, Iterable
 
 from kadapt.extras import require
-from kadapt.meta.store_format import CLAIMS
-from kadapt.meta.store_format import RECORDS
+from kadapt.meta.records.store_format import CLAIMS
+from kadapt.meta.records.store_format import RECORDS
 
 sa = require("sqlalchemy", extra="store")
 

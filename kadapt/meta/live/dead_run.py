@@ -19,7 +19,7 @@ Two signatures, checked at every epoch end from the first:
   the second epoch and the fall.
 
 The rule is pure: the state (`RunHealth`) goes in and comes out; the caller
-(`kadapt.callbacks.DeadRunRescue`) acts on the trigger. At most
+(`kadapt.meta.DeadRunRescue`) acts on the trigger. At most
 `max_actions` triggers are returned; after that every epoch is judged healthy
 (the run goes on as it is).
 """
@@ -63,7 +63,7 @@ class DeadRunRule:
 
     Args:
         chance_loss: Float > 0. The constant predictor's loss in the monitored
-            loss's terms (`kadapt.meta.chance_loss.chance_loss`,
+            loss's terms (`kadapt.meta.live.chance_loss.chance_loss`,
             `regression_chance_loss`).
         tolerance: Float in [0, 1). How near chance counts as at chance, and
             the least relative fall that counts as learning. Defaults to `0.02`.

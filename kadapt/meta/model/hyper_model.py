@@ -5,11 +5,11 @@ from __future__ import annotations
 import keras
 
 from kadapt.extras import require
-from kadapt.meta import actions as action_lib
-from kadapt.meta.features import FEATURE_NAMES
-from kadapt.meta.features import WINDOW
-from kadapt.meta.meta_model import MaskedScoreError
-from kadapt.meta.meta_model import MetaSpec
+from kadapt.meta.model import actions as action_lib
+from kadapt.meta.model.features import FEATURE_NAMES
+from kadapt.meta.model.features import WINDOW
+from kadapt.meta.model.meta_model import MaskedScoreError
+from kadapt.meta.model.meta_model import MetaSpec
 
 keras_tuner = require("keras_tuner", extra="tuner")
 require("tensorboard", extra="tuner")  # KerasTuner imports it in every trial on the TensorFlow backend

@@ -12,11 +12,11 @@ import keras
 import numpy as np
 
 from kadapt.extras import require
-from kadapt.meta.adjustment_record import AdjustmentRecord
-from kadapt.meta.ensemble import pack_ensemble
-from kadapt.meta.hyper_model import MetaHyperModel
-from kadapt.meta.meta_model import decision_data
-from kadapt.meta.meta_model import evaluate_policies
+from kadapt.meta.model.adjustment_record import AdjustmentRecord
+from kadapt.meta.model.ensemble import pack_ensemble
+from kadapt.meta.model.hyper_model import MetaHyperModel
+from kadapt.meta.model.meta_model import decision_data
+from kadapt.meta.model.meta_model import evaluate_policies
 from kadapt.tuning.distributed_search import distributed_search
 from kadapt.validation import check_range
 
@@ -44,7 +44,7 @@ def train_meta_model(store: Iterable[AdjustmentRecord], directory: str | os.Path
     trained on every family for the median early-stopped epoch count. With
     `ensemble` K > 1, every model (the report's and the saved one) is K fits
     of the best hyperparameters from seeds `seed` ... `seed + K - 1`, packed
-    into one model that averages them (`kadapt.meta.ensemble.pack_ensemble`).
+    into one model that averages them (`kadapt.meta.model.ensemble.pack_ensemble`).
 
     Under KerasTuner's distributed mode (`KERASTUNER_TUNER_ID`,
     `KERASTUNER_ORACLE_IP`, `KERASTUNER_ORACLE_PORT`; see
