@@ -86,12 +86,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _steady_peaks(tf, args):
     """A command that measures or trains under `--memory-budget` in one process runs with one
-    inter-op thread (`kadapt.environment.steady_peaks`) and says so; a worker's threads are its share."""
-    if getattr(args, "memory_budget", None) is None or os.environ.get("TF_CONFIG"):
+    inter-op thread (`kadapt.environment.steady_peaks`) and says so (on standard error beside
+    `--json`); a worker's threads are its share, and a budget that does not parse is the
+    command's own one-line error, before any output."""
+    from kadapt.batching.memory_budget import parse_memory_size
+
+    budget = getattr(args, "memory_budget", None)
+    if budget is None or os.environ.get("TF_CONFIG"):
+        return
+    try:
+        parse_memory_size(budget, "memory_budget")
+    except (TypeError, ValueError):
         return
     line = environment.steady_peaks(tf)
     if line is not None:
-        print(f"threads: {line}")
+        print(f"threads: {line}", file=sys.stderr if getattr(args, "json", False) else sys.stdout)
 
 
 def _loads_tensorflow(args):
