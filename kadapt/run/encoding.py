@@ -125,7 +125,7 @@ def training_rows(stats: Statistics, kinds: dict, parts: list) -> list:
     """The float32 matrices of `parts` (dicts of model columns) by the index
     form of the encoder (`column_encoder(..., strings=False)`) on every
     backend: the matrix the saved encoder makes of the same rows, without
-    handing TensorFlow a string per row (tests/test_tables.py holds the two equal)."""
+    handing TensorFlow a string per row (tests/test_tables_as_kept.py holds the two equal)."""
     encoder, _ = column_encoder(stats, kinds, strings=False)
     return [encode(encoder, indexed(x, stats.vocabularies)) for x in parts]
 

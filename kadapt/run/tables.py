@@ -153,8 +153,6 @@ def _numpy_column(pa, path, flag, name, column, compact=False):
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) \
             or pa.types.is_decimal(kind) or pa.types.is_null(kind):
         values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
-        if compact:  # checked before float32 could turn a huge number into infinity
-            _check_no_infinity(path, flag, name, values)
         return values.astype("float32") if compact else values
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
         return column.cast(pa.timestamp("s")).to_numpy(zero_copy_only=False)
@@ -178,7 +176,7 @@ def _check_no_infinity(path, flag, name, values, first_row=0):
 
 
 def _iso_dates(pa, strings):
-    """Whether every value of a string column's given values is an ISO 8601 date (and time)."""
+    """Whether every one of `strings` (a column's distinct given values) is an ISO 8601 date (and time)."""
     compute = require("pyarrow.compute", extra="tables")
     return len(strings) > 0 and compute.all(compute.match_substring_regex(strings, ISO_DATE)).as_py()
 
