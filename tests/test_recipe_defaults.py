@@ -30,7 +30,7 @@ def _images(side):
                                                   (28, "off", 0)])
 def test_augment_auto_shifts_images_of_16_pixels_and_more(side, augment, shift):
     from kadapt.run.config import RunConfig
-    from kadapt.run.recipe_options import recipe_config
+    from kadapt.run.train_plan import recipe_config
 
     recipe = recipe_config(RunConfig(data="x.npz", augment=augment), _images(side))
     assert recipe.test_time_augmentation["shift"] == shift

@@ -18,8 +18,8 @@ from kadapt.run.config import with_batch_size
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
 from kadapt.run.networks import build_network
-from kadapt.run.recipe_options import network_name
-from kadapt.run.recipe_options import recipe_config
+from kadapt.run.train_plan import network_name
+from kadapt.run.train_plan import recipe_config
 
 OPTIONS = ("data", "target", "test", "task", "stream", "model", "batch_size", "augment", "validation_split", "seed",
            "train_rows") + tuple(field.name for field in command_line_switches())

@@ -48,13 +48,13 @@ from kadapt.run.plots import draw_plots
 from kadapt.run.probe_text import budget_line
 from kadapt.run.probe_text import check_probe_allocator
 from kadapt.run.probe_text import trial_line
-from kadapt.run.recipe_options import augmentation_text
-from kadapt.run.recipe_options import network_name
-from kadapt.run.recipe_options import optimizer_choice
-from kadapt.run.recipe_options import recipe_config
 from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
 from kadapt.run.run_directory import whole_file
+from kadapt.run.train_plan import augmentation_text
+from kadapt.run.train_plan import network_name
+from kadapt.run.train_plan import optimizer_choice
+from kadapt.run.train_plan import recipe_config
 
 # model.keras and its temporary copy, the backup's checkpoint and its previous one, each with the
 # optimizer's slots (Adam: two per weight), and the best epoch's weights.
