@@ -32,8 +32,8 @@ def test_a_resumed_auto_run_keeps_the_rate_its_range_test_found(tmp_path):
 
     resumed = start_run({"learning_rate": "auto"}, str(run), resume=True)
 
-    assert resumed.recipe.learning_rate == 0.0123
-    assert resumed.range_test == resolved["range_test"]  # written again into config.json by `train`
+    assert resumed.plan.recipe.learning_rate == 0.0123
+    assert resumed.plan.range_test == resolved["range_test"]  # written again into config.json by `train`
 
 
 def test_a_learning_rate_that_is_neither_a_number_nor_auto_is_refused():

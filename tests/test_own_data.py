@@ -369,8 +369,9 @@ def test_the_training_targets_are_made_once_and_shared_by_the_rescue_and_the_jud
     np.testing.assert_array_equal(data.train_targets, np.eye(5, dtype="float32")[y])
     config = RunConfig(data="x.npy,y.npy", batch_size=8, seed=1)
     directory = RunDirectory(tmp_path)
-    run = types.SimpleNamespace(member=None, config=config, data=data, directory=directory,
-                                recipe=types.SimpleNamespace(label_smoothing=0.0, learning_rate=0.1))
+    recipe = types.SimpleNamespace(label_smoothing=0.0, learning_rate=0.1)
+    run = types.SimpleNamespace(member=None, data=data, directory=directory,
+                                plan=types.SimpleNamespace(config=config, recipe=recipe))
     assert dead_run_rescue(run).range_test.y is data.train_targets
     trial = meta_adjuster(config, directory, data).restart_trial
     assert trial.y is data.train_targets and trial.validation_data[1] is data.val_targets

@@ -30,9 +30,9 @@ def _images(side):
                                                   (28, "off", 0)])
 def test_augment_auto_shifts_images_of_16_pixels_and_more(side, augment, shift):
     from kadapt.run.config import RunConfig
-    from kadapt.run.train_plan import recipe_config
+    from kadapt.run.train_plan import plan_training
 
-    recipe = recipe_config(RunConfig(data="x.npz", augment=augment), _images(side))
+    recipe = plan_training(RunConfig(data="x.npz", augment=augment), _images(side)).recipe
     assert recipe.test_time_augmentation["shift"] == shift
     assert (recipe.translate > 0) == (shift == 1)
 

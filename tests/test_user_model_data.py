@@ -209,7 +209,7 @@ def test_train_predict_and_resume_a_user_network_on_npy_files(trained, capsys):
     (trained / "run.json").write_text(json.dumps({**run, "status": "interrupted"}))
     sys.modules.pop(MODULE)
     resumed = start_run(dict.fromkeys(("data", "model")), str(trained), resume=True)
-    assert resumed.model_name == f"{MODULE}:build" and resumed.model.name == "user_net"
+    assert resumed.plan.network == f"{MODULE}:build" and resumed.model.name == "user_net"
     assert MODULE in sys.modules
 
 

@@ -97,7 +97,7 @@ def run_kadapt(seed, options, meta):
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         run = start_run({"data": "fashion_mnist", "seed": seed, "meta": meta, **options}, Path(folder) / "run")
-        curve = TestAccuracy(run.data.x_test, run.data.y_test, start, run.recipe.test_time_augmentation)
+        curve = TestAccuracy(run.data.x_test, run.data.y_test, start, run.plan.recipe.test_time_augmentation)
         record = train(run, echo=lambda line: print("  " + line, flush=True), callbacks=[curve])
         decisions = run.directory.read_jsonl("meta_decisions.jsonl")
     seconds = dict(record["seconds"])

@@ -46,6 +46,10 @@ class OptimizerChoice:
     def to_dict(self):
         return dataclasses.asdict(self)
 
+    def text(self):
+        """One line for the run's output, e.g. "sgd, learning rate 0.2, triangular schedule (why)"."""
+        return f"{self.optimizer}, learning rate {self.learning_rate}, {self.schedule} schedule ({self.reason})"
+
 
 def choose_optimizer(network, images, optimizer=AUTO, learning_rate=None, schedule=None):
     """The `OptimizerChoice` for `network` on `images` (or other rows).

@@ -27,7 +27,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
     weights kept before the history is written.
 
     Args:
-        run: `Run`. Its config, directory and data.
+        run: `Run`. Its plan, directory and data.
         steps: Dict with `total_steps` and `train_rows` (expanded samples included).
         schedule_callbacks: The recipe's (`recipe_callbacks`).
         best_weights: The recipe's `best_weights_callback`, or `None`.
@@ -35,7 +35,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
             checkpointed one on a resume, else 0. The backup checks that it
             restores that epoch.
     """
-    config, directory = run.config, run.directory
+    config, directory = run.plan.config, run.directory
     (directory / files.META_DECISIONS).touch()  # empty with --meta off
     # Two checkpoints, and none cut short by Ctrl-C.
     backup = InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True,
@@ -72,12 +72,12 @@ def dead_run_rescue(run):
     where the test reads none), as the schedule's peak."""
     if run.member is not None:
         return None  # each worker would range-test on its own rows, and could set another rate
-    config, data = run.config, run.data
-    chance = data.chance_loss(run.recipe.label_smoothing, on_validation=_monitor(data) == "val_loss")
+    config, data = run.plan.config, run.data
+    chance = data.chance_loss(run.plan.recipe.label_smoothing, on_validation=_monitor(data) == "val_loss")
     x, y, *_ = data.in_memory(IN_MEMORY_ROWS)
     range_test = RangeTestStart(x, y, batch_size=config.batch_size, seed=config.seed)
     return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
-                         peak_learning_rate=run.recipe.learning_rate, log_dir=run.directory.path,
+                         peak_learning_rate=run.plan.recipe.learning_rate, log_dir=run.directory.path,
                          backup_dir=run.directory / files.BACKUP)
 
 

@@ -10,16 +10,14 @@ import numpy as np
 from kadapt.range_test import RangeTestResult
 from kadapt.range_test import find_learning_rate
 from kadapt.range_test import curve
-from kadapt.recipes import training as recipe
+from kadapt.recipes import training
 from kadapt.recipes.config import command_line_switches
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
-from kadapt.run.config import with_batch_size
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
 from kadapt.run.networks import build_network
-from kadapt.run.train_plan import network_name
-from kadapt.run.train_plan import recipe_config
+from kadapt.run.train_plan import plan_training
 
 OPTIONS = ("data", "target", "test", "task", "stream", "model", "batch_size", "augment", "validation_split", "seed",
            "train_rows") + tuple(field.name for field in command_line_switches())
@@ -38,15 +36,15 @@ def find_rate(options: dict, sweep: dict, out: str | None = None, echo=print) ->
     """
     config = resolve_config(options)
     data = load_data(config)
-    config = with_batch_size(config, len(data.x_train))
-    settings = recipe_config(config, data)
+    plan = plan_training(config, data)
+    config, recipe = plan.config, plan.recipe
     keras.utils.set_random_seed(config.seed)
-    model = build_network(network_name(config, data), data, settings)
-    rows = recipe.expanded(data.x_train, data.train_targets, settings, data.num_classes, config.seed)
-    recipe.compile_recipe(model, settings, schedule_steps(config, len(rows[0]))[1], data.task)
-    batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed)
+    model = build_network(plan.network, data, recipe)
+    rows = training.expanded(data.x_train, data.train_targets, recipe, data.num_classes, config.seed)
+    training.compile_recipe(model, recipe, schedule_steps(config, len(rows[0]))[1], data.task)
+    batches = training.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed)
     try:
-        result = find_learning_rate(model, recipe.augmented_batches(batches.repeat(), settings, config.seed),
+        result = find_learning_rate(model, training.augmented_batches(batches.repeat(), recipe, config.seed),
                                     **sweep)
     except ValueError as error:
         raise UsageError(" ".join(str(error).split())) from None

@@ -3,16 +3,20 @@ schedule, augmentation, label smoothing, test-time augmentation) with
 probe -> plan -> accumulate, the MetaAdjuster, evaluation and save, in a run
 directory.
 
-`start_run` checks everything the user gave before it writes anything;
-`train` then runs the job in the run directory. An interrupt (Ctrl-C) leaves
+`start_run` checks everything the user gave before it writes anything,
+resolving the options once into a `kadapt.run.train_plan.TrainPlan` that
+everything after reads; `train` then runs the job in the run directory. An interrupt (Ctrl-C) leaves
 the directory consistent: config, the epochs that finished, the steps
 logged, `run.json` with status "interrupted" and the `BackupAndRestore`
 state that `--resume` continues from.
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 import keras
 
@@ -26,16 +30,14 @@ from kadapt.batching.trivial_fit import step_bytes_bound
 from kadapt.batching.trivial_fit import trivially_fits
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import global_policy
-from kadapt.precision import pinned_precision
-from kadapt.recipes import training as recipe
-from kadapt.recipes.config import AUTO
+from kadapt.recipes import training
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
 from kadapt.run.callbacks import meta_adjuster
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
-from kadapt.run.config import with_batch_size
+from kadapt.run.data import TrainingData
 from kadapt.run.data import load_data
 from kadapt.run.errors import UsageError
 from kadapt.run.image_folders import ImageSize
@@ -51,10 +53,14 @@ from kadapt.run.probe_text import trial_line
 from kadapt.run.report import scores_text
 from kadapt.run.run_directory import RunDirectory
 from kadapt.run.run_directory import whole_file
-from kadapt.run.train_plan import augmentation_text
-from kadapt.run.train_plan import network_name
-from kadapt.run.train_plan import optimizer_choice
-from kadapt.run.train_plan import recipe_config
+from kadapt.run.train_plan import TrainPlan
+from kadapt.run.train_plan import plan_training
+
+if TYPE_CHECKING:
+    from kadapt.meta import MetaAdjuster
+    from kadapt.run.jax_workers import JaxProcess
+    from kadapt.run.run_lock import RunLock
+    from kadapt.run.workers import ClusterMember
 
 # model.keras and its temporary copy, the backup's checkpoint and its previous one, each with the
 # optimizer's slots (Adam: two per weight), and the best epoch's weights.
@@ -64,23 +70,23 @@ LOG_BYTES = 2**20
 
 @dataclasses.dataclass
 class Run:
-    """What `start_run` prepared: the config, its recipe, directory, data,
-    network (and its name) and MetaAdjuster (`None` with `--meta off`)."""
+    """What `start_run` prepared: the plan, directory, data, network and
+    MetaAdjuster (`None` with `--meta off`).
 
-    config: object
-    recipe: object
+    `plan` is replaced once, by `train`, where a range test finds the rate
+    (`TrainPlan.with_found_rate`); nothing else changes after `start_run`."""
+
+    plan: TrainPlan
     directory: RunDirectory
-    data: object
-    model_name: str
-    model: object
-    meta_adjuster: object
+    data: TrainingData
+    model: keras.Model
+    precision: PrecisionChoice  # the one the network was built under
     resume: bool
-    member: object = None  # a multi-worker run's `ClusterMember` (TensorFlow) or `JaxProcess`, else None
-    probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
-    precision: object = None  # the `kadapt.precision.PrecisionChoice` the network was built under
-    range_test: dict | None = None  # with --learning-rate auto, what config.json records of the range test
+    meta_adjuster: MetaAdjuster | None = None
+    member: ClusterMember | JaxProcess | None = None  # a multi-worker run's part, else None
+    probe_model: keras.Model | None = None  # a multi-worker run's network outside the strategy, for the probe
     clock: PhaseClock = dataclasses.field(default_factory=PhaseClock)  # the seconds of each phase
-    lock: object = None  # the `kadapt.run.run_lock.RunLock` on the directory (None in a worker that is not the chief)
+    lock: RunLock | None = None  # the lock on the directory (None in a worker that is not the chief)
 
     def __enter__(self):
         return self
@@ -96,12 +102,20 @@ class Run:
     def scope(self):
         """Where the network that trains is built: the strategy's scope in a
         TensorFlow multi-worker run (else a no-op)."""
-        return self.member.scope() if self.member else contextlib.nullcontext()
+        return _in_strategy(self.member)
 
     def local(self):
         """Where this worker computes alone (the probe, the meta-model, the test
         scores): outside a JAX run's distribution (else a no-op)."""
-        return self.member.local() if self.member else contextlib.nullcontext()
+        return _alone(self.member)
+
+
+def _in_strategy(member):
+    return member.scope() if member else contextlib.nullcontext()
+
+
+def _alone(member):
+    return member.local() if member else contextlib.nullcontext()
 
 
 def start_run(options, out, overwrite=False, resume=False, member=None, clock=None):
@@ -124,56 +138,54 @@ def start_run(options, out, overwrite=False, resume=False, member=None, clock=No
     else:
         lock, replace = directory.claim(overwrite, resume)
     try:
-        run = _prepare(options, directory, replace, resume, member, clock)
+        return _prepare(options, directory, replace, resume, member, PhaseClock() if clock is None else clock, lock)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
-    run.lock = lock
-    return run
 
 
-def _prepare(options, directory, replace, resume, member, clock):
+def _prepare(options, directory, replace, resume, member, clock, lock):
     """`start_run`'s `Run`, in `directory`, which this process holds."""
     out = directory.path
-    clock = PhaseClock() if clock is None else clock
-    saved = directory.read_json(files.CONFIG)["options"] if resume else None
-    config = resolve_config(options, saved)
+    config = resolve_config(options, directory.read_json(files.CONFIG)["options"] if resume else None)
     if member is not None and not member.is_chief:
         directory, replace = RunDirectory(member.scratch_directory(out, resume)), True
     with clock.phase("data"):
         data = load_data(config)
-    config = with_batch_size(config, len(data.x_train))
-    if member is not None:
-        _check_split(config.batch_size, member.workers)
-        if data.streamed:
-            raise UsageError(f"--data {config.data} is streamed from disk, which --workers does not do yet: train "
-                             "it in one process, or pass --stream off where it fits in memory.")
-    settings, found = _found_rate(recipe_config(config, data), directory if resume else None, member)
+    if member is not None and data.streamed:
+        raise UsageError(f"--data {config.data} is streamed from disk, which --workers does not do yet: train "
+                         "it in one process, or pass --stream off where it fits in memory.")
+    recorded = (directory.read_json(files.CONFIG) or {}).get("resolved", {}) if resume else None
+    plan = plan_training(config, data, recorded, member.workers if member else None)
     if member is not None and member.process_share is not None:
-        _check_last_batch(config, settings, data, member.workers)
-    name = network_name(config, data)
+        _check_last_batch(plan, data, member.workers)
     with clock.phase("network"):
-        precision = _precision(config, settings, name, data, directory if resume else None, member)
-        run = Run(config, settings, directory, data, name, None, None, resume, member, precision=precision,
-                  range_test=found, clock=clock)
-        keras.utils.set_random_seed(config.seed)
-        with run.local(), global_policy(precision.policy):
-            run.model = build_network(name, data, settings)
-    directory.check_space(_run_bytes(run.model))
-    if member is not None:
-        # Variables made under the strategy draw other initial values than the same seed gives
-        # one process; the workers start from the one-process network's weights instead. That
-        # network (outside the strategy) is also the one the probe's trial steps train.
-        run.probe_model = run.model
-        with run.scope(), global_policy(precision.policy):
-            run.model = build_network(name, data, settings)
-        run.model.set_weights(run.probe_model.get_weights())
-    with run.local():
-        run.meta_adjuster = meta_adjuster(config, directory, data, member)
+        precision = plan.precision or _measured_precision(plan, data)
+        model, probe_model = _networks(plan, data, precision, member)
+    directory.check_space(_run_bytes(model))
+    with _alone(member):
+        adjuster = meta_adjuster(plan.config, directory, data, member)
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
-    return run
+    return Run(plan, directory, data, model, precision, resume, adjuster, member, probe_model, clock, lock)
+
+
+def _networks(plan, data, precision, member):
+    """`(network that trains, its twin outside the strategy for the probe or None)`.
+
+    Variables made under the strategy draw other initial values than the same seed
+    gives one process; a multi-worker run's workers start from the one-process
+    network's weights instead, and that network is the one the probe's trial steps train."""
+    keras.utils.set_random_seed(plan.config.seed)
+    with _alone(member), global_policy(precision.policy):
+        model = build_network(plan.network, data, plan.recipe)
+    if member is None:
+        return model, None
+    with _in_strategy(member), global_policy(precision.policy):
+        twin = build_network(plan.network, data, plan.recipe)
+    twin.set_weights(model.get_weights())
+    return twin, model
 
 
 def _run_bytes(model):
@@ -181,49 +193,26 @@ def _run_bytes(model):
     return RUN_COPIES * 4 * model.count_params() + LOG_BYTES
 
 
-def _precision(config, settings, name, data, resumed, member):
-    """The recipe's `PrecisionChoice` (`--precision`); a resumed run keeps the one it recorded."""
-    recorded = (resumed.read_json(files.CONFIG) or {}).get("resolved", {}).get("precision") if resumed else None
-    if recorded:
-        return PrecisionChoice(**recorded)
-    if member is not None and settings.precision == "auto":  # timed in each worker, they could choose apart
-        return pinned_precision() or PrecisionChoice("float32", {}, (
-            "--precision auto measures in one process, and the workers could choose differently: float32 "
-            "(pass --precision bfloat16 or float16 for 16-bit steps)"))
-
+def _measured_precision(plan, data):
+    """`--precision auto` in one process: the `PrecisionChoice` timed on the plan's network."""
     def build():
-        return recipe.compile_recipe(build_network(name, data, settings), settings, total_steps=1, task=data.task)
+        return training.compile_recipe(build_network(plan.network, data, plan.recipe), plan.recipe, total_steps=1,
+                                       task=data.task)
 
-    return recipe.recipe_precision(settings, build, data.x_train, data.num_classes, config.batch_size, network=name)
-
-
-def _found_rate(settings, resumed, member):
-    """`(recipe, range test record)`; with `--learning-rate auto`, a resumed run
-    takes the rate its range test found (the record is `None` where none ran yet)."""
-    if settings.learning_rate != AUTO:
-        return settings, None
-    if member is not None:
-        raise UsageError("--learning-rate auto runs a range test in each worker, and the workers could find "
-                         "different rates: find one with `kadapt find-lr` and pass it as --learning-rate.")
-    found = (resumed.read_json(files.CONFIG) or {}).get("resolved", {}).get("range_test") if resumed else None
-    return (settings.replace(learning_rate=found["learning_rate"]), found) if found else (settings, None)
+    return training.recipe_precision(plan.recipe, build, data.x_train, data.num_classes, plan.config.batch_size,
+                                     network=plan.network)
 
 
-def _check_split(batch_size, workers):
-    if batch_size % workers:
-        raise UsageError(f"--batch-size {batch_size} is the global batch of {workers} workers: use a "
-                         f"multiple of {workers}, e.g. {batch_size - batch_size % workers or workers}.")
-
-
-def _check_last_batch(config, settings, data, workers):
+def _check_last_batch(plan, data, workers):
     """Where each worker feeds an equal part of every batch (JAX), the last batch of an
     epoch must split too: the training rows must be a multiple of the workers (the
     batch is), which only the rows can fix."""
-    rows = _training_rows(len(data.x_train), settings.expand)
+    config, expand = plan.config, plan.recipe.expand
+    rows = _training_rows(len(data.x_train), expand)
     if rows % workers == 0:
         return
     fit = next((n for n in range(len(data.x_train) + len(data.x_val), 0, -1)
-                if _training_rows(n - int(n * config.validation_split), settings.expand) % workers == 0), None)
+                if _training_rows(n - int(n * config.validation_split), expand) % workers == 0), None)
     example = (f", e.g. with --train-rows {fit} (the rows before --validation-split {config.validation_split})"
                if fit else "")
     raise UsageError(
@@ -244,33 +233,30 @@ def train(run, echo=print, callbacks=(), verbose=1):
     something at every epoch end. `verbose` is `Model.fit`'s: 1 a progress
     bar, 2 one line per epoch (for logs and pipes), 0 nothing."""
     started = time.time()
-    config, directory, data, clock = run.config, run.directory, run.data, run.clock
+    plan, directory, data, clock = run.plan, run.directory, run.data, run.clock
     with clock.phase("pipeline"):
-        rows = recipe.expanded(data.x_train, data.train_targets, run.recipe, data.num_classes, config.seed)
+        rows = training.expanded(data.x_train, data.train_targets, plan.recipe, data.num_classes, plan.config.seed)
         steps = {"train_rows": len(rows[0]),
-                 **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(config, len(rows[0]))))}
+                 **dict(zip(("steps_per_epoch", "total_steps"), schedule_steps(plan.config, len(rows[0]))))}
         with run.scope():
-            recipe.compile_recipe(run.model, run.recipe, steps["total_steps"], data.task)
+            training.compile_recipe(run.model, plan.recipe, steps["total_steps"], data.task)
     for note in data.notes:
         echo(f"data: {note}")
     if data.images:
         echo(images_text(data.images))
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
-    choice = optimizer_choice(config, data)
-    echo(f"optimizer: {choice.optimizer}, learning rate {choice.learning_rate}, {choice.schedule} schedule "
-         f"({choice.reason})")
-    resolved = {**steps, "optimizer": choice.to_dict(), "model": run.model_name, "data": data.summary(),
-                "precision": run.precision.to_dict(), "augmentation": augmentation_text(run.recipe),
-                "recipe": dataclasses.asdict(run.recipe), "test_time_augmentation": run.recipe.test_time_augmentation,
-                **({"range_test": run.range_test} if run.range_test else {})}
-    _write_config(directory, config, resolved)
+    echo(f"optimizer: {plan.optimizer.text()}")
+    resolved = {**steps, "optimizer": plan.optimizer.to_dict(), "model": plan.network, "data": data.summary(),
+                "precision": run.precision.to_dict(), **plan.record()}
+    _write_config(directory, plan.config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
     try:
         with clock.phase("probe"):
             micro = _micro_batch_size(run, echo)
         with clock.phase("range test"):
-            resolved.update(_range_test(run, rows, steps, micro, echo))
-        _write_config(directory, config, {**resolved, "plan": _plan(_share(run), micro)})
+            run.plan = _range_test(run, rows, steps, micro, echo)
+        resolved.update(run.plan.record(), plan=_batch_plan(_share(run), micro))
+        _write_config(directory, plan.config, resolved)
         with run.scope():
             trainer = _trainer(run, micro)
         directory.update_run(status="training", micro_batch_size=micro)
@@ -288,20 +274,20 @@ def train(run, echo=print, callbacks=(), verbose=1):
 
 
 def _range_test(run, rows, steps, micro, echo):
-    """With `--learning-rate auto`: the range test on the trainer, its rate
-    into `run.recipe` (the network compiled again with it); returns what
-    `config.json` records of it (a resume reads the rate back)."""
-    batches = recipe.shuffled_batches(*rows, run.config.batch_size, run.data.num_classes, run.config.seed)
-    run.recipe, result = recipe.with_found_learning_rate(
-        run.recipe, run.model, steps["total_steps"], batches, lambda: _trainer(run, micro), run.config.seed,
+    """The run's plan, with `--learning-rate auto` at the rate the range test on
+    the trainer finds (the network compiled again with it); `config.json`
+    records it, and a resume reads the rate back (`plan_training`)."""
+    config = run.plan.config
+    batches = training.shuffled_batches(*rows, config.batch_size, run.data.num_classes, config.seed)
+    _, result = training.with_found_learning_rate(
+        run.plan.recipe, run.model, steps["total_steps"], batches, lambda: _trainer(run, micro), config.seed,
         run.data.task)
     if result is None:
-        return {}
+        return run.plan
     echo(f"range test: learning rate {result.suggestion:.4g} ({result.rule}, {result.steps_run} steps"
          f"{', stopped at divergence' if result.diverged else ''})")
-    run.range_test = {"learning_rate": result.suggestion, "rule": result.rule, "steps_run": result.steps_run,
-                      "diverged": result.diverged}
-    return {"recipe": dataclasses.asdict(run.recipe), "range_test": run.range_test}
+    return run.plan.with_found_rate({"learning_rate": result.suggestion, "rule": result.rule,
+                                     "steps_run": result.steps_run, "diverged": result.diverged})
 
 
 def _write_config(directory, config, resolved):
@@ -319,7 +305,7 @@ def _micro_batch_size(run, echo):
     if skipped is not None:
         echo(f"probe skipped: {skipped}")
         run.directory.write_json(files.PROBE, {"skipped": skipped, "micro_batch_size": _share(run)})
-        echo(f"plan: {_plan(_share(run), _share(run))['text']}")
+        echo(f"plan: {_batch_plan(_share(run), _share(run))['text']}")
         return _share(run)
     result = _probe(run, echo)
     micro = result.micro_batch_size
@@ -330,20 +316,20 @@ def _micro_batch_size(run, echo):
     run.directory.write_json(files.PROBE, {**result.to_dict(), "probed_micro_batch_size": result.micro_batch_size,
                                            "micro_batch_size": micro})
     draw_plots(run.directory)
-    echo(f"plan: {_plan(_share(run), micro)['text']}")
+    echo(f"plan: {_batch_plan(_share(run), micro)['text']}")
     return micro
 
 
 def _share(run):
     """The rows of a logical batch that this worker trains: all of them on one worker."""
-    return run.config.batch_size // (run.member.workers if run.member else 1)
+    return run.plan.config.batch_size // (run.member.workers if run.member else 1)
 
 
 def _probe_skipped(run):
     """Why the probe need not run (`kadapt.batching.trivial_fit`), or `None`: it runs
     with a `--memory-budget` (the user asked for the measured path) or several workers."""
     units = model_output_units(run.model)
-    if run.config.memory_budget is not None or run.member is not None or units is None:
+    if run.plan.config.memory_budget is not None or run.member is not None or units is None:
         return None
     budget = _budget(None)
     bound = step_bytes_bound(run.model.count_params(), units, _share(run))
@@ -354,16 +340,16 @@ def _probe_skipped(run):
 
 
 def _probe(run, echo):
-    config, data = run.config, run.data
+    config, data = run.plan.config, run.data
     budget = _budget(config.memory_budget)
     check_probe_allocator(budget.device)
-    echo(budget_line(run.model_name, budget))
+    echo(budget_line(run.plan.network, budget))
     model = run.model
     if run.member is not None:
         # The probe's trial steps run on this worker alone (their sizes may differ between
         # workers), on the twin of the network outside the strategy.
         with run.local():
-            model = recipe.compile_recipe(run.probe_model, run.recipe, 1, data.task)
+            model = training.compile_recipe(run.probe_model, run.plan.recipe, 1, data.task)
     rows = slice(0, 2 * _share(run))
     sample = (data.x_train[rows], data.train_targets[rows])
 
@@ -389,15 +375,15 @@ def _budget(memory_budget):
     return device_budget(memory_budget)
 
 
-def _plan(batch_size, micro):
-    plan = plan_batch(batch_size, micro)
-    return {**dataclasses.asdict(plan), "text": str(plan)}
+def _batch_plan(batch_size, micro):
+    batches = plan_batch(batch_size, micro)
+    return {**dataclasses.asdict(batches), "text": str(batches)}
 
 
 def _trainer(run, micro):
     if run.member is not None:
         micro = run.member.trainer_micro_batch(micro)  # JAX: a micro-batch of the mesh counts global rows
-    trainer = recipe.micro_batched(run.model, micro, memory_budget=run.config.memory_budget)
+    trainer = training.micro_batched(run.model, micro, memory_budget=run.plan.config.memory_budget)
     trainer(run.data.x_train[:1])  # BackupAndRestore restores into a built model
     return trainer
 
@@ -409,7 +395,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
     order and each batch's augmentation a function of the seed and the
     epoch or batch index; a resumed run's stream starts at the checkpointed
     epoch, so it trains the batches the uninterrupted run would have."""
-    config, data = run.config, run.data
+    config, data = run.plan.config, run.data
     validation, validation_batch_size = None, micro
     if data.streamed and len(data.x_val):  # rows on disk, read in order a micro-batch at a time
         validation, validation_batch_size = data.x_val.dataset(micro, data.val_targets), None
@@ -417,7 +403,7 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
         validation = (data.x_val, data.val_targets)
     backup = run.directory / files.BACKUP
     first_epoch = InterruptSafeBackup.checkpointed_epoch(backup) if run.resume else 0
-    batches = recipe.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
+    batches = training.shuffled_batches(*rows, config.batch_size, data.num_classes, config.seed, epochs=config.epochs,
                                       first_epoch=first_epoch)
     arranged = []
 
@@ -427,8 +413,8 @@ def _fit(run, trainer, rows, steps, micro, extra_callbacks, verbose):
         return arranged
 
     try:
-        _, best = recipe.fit_recipe(
-            trainer, batches, run.recipe, epochs=config.epochs, steps_per_epoch=steps["steps_per_epoch"],
+        _, best = training.fit_recipe(
+            trainer, batches, run.plan.recipe, epochs=config.epochs, steps_per_epoch=steps["steps_per_epoch"],
             total_steps=steps["total_steps"], arrange_callbacks=arrange, validation_data=validation,
             seed=config.seed, first_epoch=first_epoch, backup_dir=backup, verbose=verbose,
             share=run.member.process_share if run.member else None, validation_batch_size=validation_batch_size)
@@ -444,7 +430,7 @@ def _finish(run, trainer, best, started, echo):
     with clock.phase("evaluation"), run.local():
         # Each worker scores the whole test set (on JAX, a copy of the network outside the distribution)
         network = run.member.local_copy(run.model) if run.member else run.model
-        scores = recipe.evaluate_recipe(network, data.x_test, data.y_test, run.recipe, data.task)
+        scores = training.evaluate_recipe(network, data.x_test, data.y_test, run.plan.recipe, data.task)
     with clock.phase("saving"):
         _save_model(run)
     history = directory.read_json(files.HISTORY, {})

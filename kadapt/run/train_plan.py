@@ -1,9 +1,39 @@
-"""From `kadapt train`'s options to the recipe: the `FastFitConfig` and the network."""
+"""`TrainPlan`: every setting of a `kadapt train` run, resolved once.
 
+`plan_training` turns the `RunConfig` (the flags as given or defaulted) and
+the facts of the data it loaded (its rows, whether they are images, their
+shape, the task) into one frozen plan. Everything after it reads the plan:
+the network, the compile, the printed lines, `config.json` and the fit
+(`kadapt.run.pipeline`). Each "auto" of the command is decided here, with the
+reason printed:
+
+- `--batch-size` not given: the recipe's for the rows (`kadapt.recipes.batch_size`);
+- `--model auto`: `fast_resnet` for images of at least 16x16 pixels, else `mlp`;
+- `--optimizer auto`, and a rate or schedule not given: `choose_optimizer`'s;
+- `--augment auto`: shifts for images of at least 16x16 pixels; `--restore-best`
+  not given: off for rows that are not images; a regression: no label smoothing;
+- `--precision`: the one asked, the one a resumed run recorded, or float32 for
+  several workers; `auto` in one process stays open (`TrainPlan.precision` is
+  `None`): it is measured on the network (`kadapt.recipes.training.recipe_precision`);
+- `--learning-rate auto`: the rate a resumed run's range test found; else it
+  stays `"auto"` until the range test after the probe (`TrainPlan.with_found_rate`).
+
+The micro-batch is measured, not planned: the probe runs on the built network.
+"""
+
+import dataclasses
+
+from kadapt.precision import PrecisionChoice
+from kadapt.precision import asked_precision
+from kadapt.precision import pinned_precision
 from kadapt.recipes.config import AUTO
 from kadapt.recipes.config import FastFitConfig
+from kadapt.recipes.optimizer_choice import OptimizerChoice
 from kadapt.recipes.optimizer_choice import choose_optimizer
 from kadapt.recipes.optimizer_choice import with_choice
+from kadapt.run.config import RunConfig
+from kadapt.run.config import with_batch_size
+from kadapt.run.data import TrainingData
 from kadapt.run.errors import UsageError
 
 FLIP_INVARIANT = ("fashion_mnist",)  # a mirrored digit is another symbol
@@ -13,9 +43,80 @@ FAST_RESNET_MIN_PIXELS = 16  # three 2x poolings and a global one need 16x16 ima
 AUGMENT_MIN_PIXELS = 16
 _MIXING = ("cutout", "cutmix", "mixup")
 _IMAGE_ONLY = _MIXING + ("expand",)
+WORKERS_PRECISION = ("--precision auto measures in one process, and the workers could choose differently: float32 "
+                     "(pass --precision bfloat16 or float16 for 16-bit steps)")
 
 
-def network_name(config, data):
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """What a `kadapt train` run trains, resolved from its flags and data (`plan_training`).
+
+    Attributes:
+        config: `RunConfig`. The options as given or defaulted, the logical
+            batch filled in.
+        network: String. The `--model` that trains, never `"auto"`.
+        recipe: `kadapt.recipes.FastFitConfig`. The recipe it trains with:
+            the chosen optimizer, schedule and rate (a number, or `"auto"`
+            until the range test finds it), augmentation, restore-best.
+        optimizer: `kadapt.recipes.optimizer_choice.OptimizerChoice`. The
+            optimizer, rate and schedule as chosen from the flags, and why.
+        precision: `kadapt.precision.PrecisionChoice`, or `None` where
+            `--precision auto` is measured on the network.
+        range_test: Dict or `None`. What `config.json` records of the range
+            test that found the rate.
+    """
+
+    config: RunConfig
+    network: str
+    recipe: FastFitConfig
+    optimizer: OptimizerChoice
+    precision: PrecisionChoice | None = None
+    range_test: dict | None = None
+
+    def with_found_rate(self, range_test: dict) -> "TrainPlan":
+        """The plan training at the rate a range test found (`range_test["learning_rate"]`)."""
+        recipe = self.recipe.replace(learning_rate=range_test["learning_rate"])
+        return dataclasses.replace(self, recipe=recipe, range_test=range_test)
+
+    def record(self) -> dict:
+        """What `config.json` records of the recipe: its augmentation, switches and range test."""
+        return {"augmentation": augmentation_text(self.recipe), "recipe": dataclasses.asdict(self.recipe),
+                "test_time_augmentation": self.recipe.test_time_augmentation,
+                **({"range_test": self.range_test} if self.range_test else {})}
+
+
+def plan_training(config: RunConfig, data: TrainingData, recorded: dict | None = None,
+                  workers: int | None = None) -> TrainPlan:
+    """The `TrainPlan` of `config` on `data`.
+
+    Args:
+        config: `RunConfig`.
+        data: `kadapt.run.data.TrainingData`.
+        recorded: Dict or `None`. A resumed run's `config.json` "resolved":
+            its precision and range test stand. Defaults to `None`.
+        workers: Int or `None`. The workers of a multi-worker run. Defaults to `None`.
+
+    Raises:
+        UsageError: A setting that cannot apply to these rows or workers.
+    """
+    recorded = recorded or {}
+    config = with_batch_size(config, len(data.x_train))
+    if workers is not None:
+        _check_split(config.batch_size, workers)
+    network = _network(config, data)
+    choice = choose_optimizer(network, data.is_image, config.recipe.get("optimizer", AUTO),
+                              config.recipe.get("learning_rate"), config.recipe.get("schedule"))
+    recipe = _recipe(config, data, choice)
+    plan = TrainPlan(config, network, recipe, choice, _precision(recipe.precision, recorded, workers))
+    if recipe.learning_rate != AUTO:
+        return plan
+    if workers is not None:
+        raise UsageError("--learning-rate auto runs a range test in each worker, and the workers could find "
+                         "different rates: find one with `kadapt find-lr` and pass it as --learning-rate.")
+    return plan.with_found_rate(recorded["range_test"]) if recorded.get("range_test") else plan
+
+
+def _network(config, data):
     """The `--model` to build: `"auto"` is `fast_resnet` for images of at least
     16x16 pixels and `mlp` for the rest."""
     if config.model != "auto":
@@ -24,11 +125,10 @@ def network_name(config, data):
     return "fast_resnet" if big_images else "mlp"
 
 
-def recipe_config(config, data):
-    """The `FastFitConfig` of a `RunConfig` on `data` (`TrainingData`).
+def _recipe(config, data, choice):
+    """The `FastFitConfig` of a `RunConfig` on `data`, training with `choice`.
 
-    Options the user did not give keep the recipe's defaults; the optimizer,
-    its rate and schedule are `optimizer_choice`'s. Images are
+    Options the user did not give keep the recipe's defaults. Images are
     shifted (and mirrored where the classes survive it: Fashion-MNIST) with
     `--augment on`, and with `auto` when they are at least 16x16 pixels;
     rows that are not images are never augmented, and asking for it there is
@@ -53,15 +153,24 @@ def recipe_config(config, data):
     given.setdefault("flip", augment and config.data in FLIP_INVARIANT)
     given.setdefault("translate", defaults.translate if augment else 0.0)
     # the given switches were judged by RunConfig; the choice first: Schedule-Free takes only its schedule
-    return with_choice(defaults, optimizer_choice(config, data)).replace(**given)
+    return with_choice(defaults, choice).replace(**given)
 
 
-def optimizer_choice(config, data):
-    """The `OptimizerChoice` of a `RunConfig` on `data`: `--optimizer`, or one
-    chosen for the network (`kadapt.recipes.optimizer_choice`)."""
-    given = config.recipe
-    return choose_optimizer(network_name(config, data), data.is_image, given.get("optimizer", AUTO),
-                            given.get("learning_rate"), given.get("schedule"))
+def _precision(asked, recorded, workers):
+    """The `PrecisionChoice` decided without timing steps, or `None` (measured on the network)."""
+    if recorded.get("precision"):
+        return PrecisionChoice(**recorded["precision"])
+    if asked != AUTO:
+        return asked_precision(asked)
+    if workers is not None:  # timed in each worker, they could choose apart
+        return pinned_precision() or PrecisionChoice("float32", {}, WORKERS_PRECISION)
+    return None
+
+
+def _check_split(batch_size, workers):
+    if batch_size % workers:
+        raise UsageError(f"--batch-size {batch_size} is the global batch of {workers} workers: use a "
+                         f"multiple of {workers}, e.g. {batch_size - batch_size % workers or workers}.")
 
 
 def _big_enough(data):
