@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kadapt import cli
-from kadapt.recipes import training as recipe
+from kadapt.recipes import training
 from kadapt.recipes.config import FastFitConfig
 from kadapt.recipes.disk_rows import RowStore
 from kadapt.recipes.task import RegressionSums
@@ -112,11 +112,11 @@ def test_disk_rows_stream_every_row_once_an_epoch_in_a_seeded_order(monkeypatch)
     writer.write(np.stack([np.arange(rows), -np.arange(rows)], axis=1))
     x = writer.close()
     labels = np.arange(rows) % 3
-    targets = recipe.expanded(x, x_targets := _label_targets(labels), FastFitConfig(), 3)[1]
+    targets = training.expanded(x, x_targets := _label_targets(labels), FastFitConfig(), 3)[1]
     assert targets is x_targets
 
     def epochs(first_epoch=0, seed=7):
-        stream = recipe.shuffled_batches(x, targets, 96, 3, seed=seed, epochs=3, first_epoch=first_epoch)
+        stream = training.shuffled_batches(x, targets, 96, 3, seed=seed, epochs=3, first_epoch=first_epoch)
         return [(b.numpy(), t.numpy()) for b, t in stream]
 
     batches = epochs()

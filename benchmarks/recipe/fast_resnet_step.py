@@ -21,7 +21,7 @@ environment.load_tensorflow()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kadapt.recipes import training as recipe  # noqa: E402
+from kadapt.recipes import training  # noqa: E402
 from kadapt.recipes.config import FastFitConfig  # noqa: E402
 
 module = importlib.import_module("kadapt.models.fast_resnet")  # the module, not the function it exports
@@ -41,10 +41,10 @@ def build(combination, images, seed=0):
     module._combination = combination
     try:
         keras.utils.set_random_seed(seed)
-        model = recipe.recipe_network(FastFitConfig(), images, 10)
+        model = training.recipe_network(FastFitConfig(), images, 10)
     finally:
         module._combination = CURRENT
-    return recipe.compile_recipe(model, FastFitConfig(optimizer="sgd"), 1000)  # the recipe's for fast_resnet
+    return training.compile_recipe(model, FastFitConfig(optimizer="sgd"), 1000)  # the recipe's for fast_resnet
 
 
 def synthetic_batch(batch):
@@ -52,7 +52,7 @@ def synthetic_batch(batch):
     one-hot labels of 10 classes."""
     rng = np.random.default_rng(0)
     images = rng.random((5000, 28, 28, 1), dtype=np.float32)
-    return images, images[:batch], recipe.one_hot(rng.integers(0, 10, batch), 10)
+    return images, images[:batch], training.one_hot(rng.integers(0, 10, batch), 10)
 
 
 def main():

@@ -23,7 +23,7 @@ environment.load_tensorflow()
 import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
-from kadapt.recipes import training as recipe  # noqa: E402
+from kadapt.recipes import training  # noqa: E402
 from kadapt.recipes.config import FastFitConfig  # noqa: E402
 
 ROWS = 54_000  # kadapt train's training rows (the last 6,000 of 60,000 validate)
@@ -38,15 +38,15 @@ def main():
     (x, y), _ = kadapt.datasets.fashion_mnist()
     x, y = np.asarray(x[:ROWS], "float32")[..., None], y[:ROWS]  # as fast_fit takes them
     config = FastFitConfig()
-    steps = recipe.steps_per_epoch(ROWS, args.batch)
+    steps = training.steps_per_epoch(ROWS, args.batch)
 
     def epoch(augment):
-        batches = recipe.shuffled_batches(x, y, args.batch, 10, seed=0)
-        batches = recipe.augmented_batches(batches, config, seed=0) if augment else batches.prefetch(-1)
+        batches = training.shuffled_batches(x, y, args.batch, 10, seed=0)
+        batches = training.augmented_batches(batches, config, seed=0) if augment else batches.prefetch(-1)
         return lambda: sum(1 for _ in batches)
 
-    model = recipe.compile_recipe(recipe.recipe_network(config, x, 10), config.replace(optimizer="sgd"), steps)
-    sample = list(recipe.augmented_batches(recipe.shuffled_batches(x, y, args.batch, 10, seed=0), config, seed=0)
+    model = training.compile_recipe(training.recipe_network(config, x, 10), config.replace(optimizer="sgd"), steps)
+    sample = list(training.augmented_batches(training.shuffled_batches(x, y, args.batch, 10, seed=0), config, seed=0)
                   .take(args.steps))
     model.train_on_batch(*sample[0])  # the trace and compile, untimed
 

@@ -25,7 +25,7 @@ from harness import alternate  # noqa: E402
 from harness import ratio_lines  # noqa: E402
 from kadapt.precision import global_policy  # noqa: E402
 from kadapt.precision import supported_policies  # noqa: E402
-from kadapt.recipes import training as recipe  # noqa: E402
+from kadapt.recipes import training  # noqa: E402
 from kadapt.recipes.config import FastFitConfig  # noqa: E402
 
 ARMS = {"float32": ("float32", False), "mixed_bfloat16": ("mixed_bfloat16", False),
@@ -37,8 +37,8 @@ def build(images, policy=None, jit_compile=False):
     `choose_precision` sets it for each policy it times)."""
     with global_policy(policy or keras.mixed_precision.global_policy().name):
         keras.utils.set_random_seed(0)
-        model = recipe.recipe_network(FastFitConfig(), images, 10)
-    model = recipe.compile_recipe(model, FastFitConfig(optimizer="sgd"), 1000)  # the recipe's for fast_resnet
+        model = training.recipe_network(FastFitConfig(), images, 10)
+    model = training.compile_recipe(model, FastFitConfig(optimizer="sgd"), 1000)  # the recipe's for fast_resnet
     model.jit_compile = jit_compile
     return model
 
