@@ -8,8 +8,10 @@ from kadapt.precision import global_policy
 from kadapt.recipes import training
 from kadapt.recipes.batch_size import RECIPE_BATCH_SIZE
 from kadapt.recipes.batch_size import recipe_batch_size
-from kadapt.recipes.config import AUTO
 from kadapt.recipes.config import FastFitConfig
+from kadapt.recipes.optimizer_choice import RECIPE_NETWORK
+from kadapt.recipes.optimizer_choice import choose_optimizer
+from kadapt.recipes.optimizer_choice import with_choice
 from kadapt.validation import check_range
 
 # The recipe feeds tf.data pipelines, on any Keras backend.
@@ -94,8 +96,9 @@ def fast_fit(
     ```
     """
     config = config or FastFitConfig()
-    if config.optimizer == AUTO:
-        config = config.replace(optimizer="sgd")  # the recipe's, measured on fast_resnet
+    # "auto" as `kadapt train` decides it for fast_resnet on images: the recipe's SGD; a given rate and schedule stand
+    config = with_choice(config, choose_optimizer(RECIPE_NETWORK, True, config.optimizer, config.learning_rate,
+                                                  config.schedule))
     check_range("epochs", epochs, low=1, integer=True)
     batch_size = _batch_size(x, batch_size)
     if seed is not None:
