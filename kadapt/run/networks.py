@@ -7,6 +7,9 @@ import keras
 
 from kadapt.models import fast_resnet
 from kadapt.models import small_cnn
+from kadapt.models.table_mlp import SAMPLE_ROWS
+from kadapt.models.table_mlp import network_text  # noqa: F401  (the pipeline prints it)
+from kadapt.models.table_mlp import table_mlp
 from kadapt.recipes import FastFitConfig
 from kadapt.run.data import TrainingData
 from kadapt.run.errors import UsageError
@@ -18,7 +21,9 @@ IMAGE_MODELS = ("small_cnn", "fast_resnet")
 
 def build_network(name: str, data: TrainingData, recipe: FastFitConfig) -> keras.Model:
     """The network `kadapt train` trains: `fast_resnet` with the recipe's
-    switches and its whitening computed from `data.x_train`, or `build_model`.
+    switches and its whitening computed from `data.x_train`; for a table's
+    rows, `mlp` is `kadapt.models.table_mlp` with its pieces cut at the
+    training rows' quantiles; else `build_model`.
 
     Args:
         name: String. A `--model` other than `"auto"`: a built-in name or
@@ -26,6 +31,8 @@ def build_network(name: str, data: TrainingData, recipe: FastFitConfig) -> keras
         data: `TrainingData`.
         recipe: `kadapt.recipes.FastFitConfig`.
     """
+    if name == "mlp" and data.columns:
+        return table_mlp(data.in_memory(SAMPLE_ROWS)[0], data.num_classes, rows=len(data.x_train))
     if name != "fast_resnet":
         return build_model(name, data.input_shape, data.num_classes)
     from kadapt.recipes.training import recipe_network

@@ -44,6 +44,7 @@ from kadapt.run.image_folders import ImageSize
 from kadapt.run.image_folders import images_text
 from kadapt.run.image_folders import raw_image_model
 from kadapt.run.networks import build_network
+from kadapt.run.networks import network_text
 from kadapt.run.phases import FirstStepClock
 from kadapt.run.phases import PhaseClock
 from kadapt.run.plots import draw_plots
@@ -246,7 +247,11 @@ def train(run, echo=print, callbacks=(), verbose=1):
         echo(images_text(data.images))
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     echo(f"optimizer: {plan.optimizer.text()}")
-    resolved = {**steps, "optimizer": plan.optimizer.to_dict(), "model": plan.network, "data": data.summary(),
+    network = network_text(run.model)
+    if network:
+        echo(f"network: {network}")
+    resolved = {**steps, "optimizer": plan.optimizer.to_dict(), "model": plan.network,
+                **({"network": network} if network else {}), "data": data.summary(),
                 "precision": run.precision.to_dict(), **plan.record()}
     _write_config(directory, plan.config, resolved)
     directory.update_run(status="probing", started_at=_now(), resumed=run.resume)
