@@ -120,3 +120,22 @@ def test_a_generator_s_rows_are_sampled_for_the_chance_level():
         network.fit(batches(), steps_per_epoch=6, epochs=2, verbose=0, callbacks=[adjuster])
     assert not [w for w in caught if str(w.message).startswith("MetaAdjuster:")]
     assert adjuster.rescue.rule.chance_loss == pytest.approx(chance_loss(y[:TRAIN_ROWS], 3))
+
+
+def test_the_rescue_s_state_rides_in_the_adjuster_s_and_a_resumed_fit_restores_it(tmp_path):
+    from kadapt.meta.live.adjuster_state import load_state
+
+    x, y = imbalanced_rows()
+    network = classifier(30.0)
+    first = kadapt.MetaAdjuster(verbose=0, log_dir=tmp_path, backup_dir=tmp_path / "backup")
+    fit(network, first, x, y, epochs=2)
+    [rescue] = rescues(first, "diverged")
+    saved = load_state(tmp_path / "backup" / "meta-adjuster-epoch-2.npz")
+    assert saved["rescue"]["decisions"] == [rescue] and not list((tmp_path / "backup").glob("dead-run-rescue*"))
+    resumed = kadapt.MetaAdjuster(verbose=0, log_dir=tmp_path, backup_dir=tmp_path / "backup")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        network.fit(x, y, validation_split=0.25, batch_size=32, epochs=3, initial_epoch=2, verbose=0,
+                    callbacks=[resumed])
+    assert resumed.rescue.decisions == [rescue] and resumed.rescue.state.actions == 1  # restored, not afresh
+    assert rescue in resumed.decisions
