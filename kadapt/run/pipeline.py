@@ -31,7 +31,7 @@ from kadapt.recipes import training as recipe
 from kadapt.recipes.config import AUTO
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
-from kadapt.run.callbacks import meta_adjuster
+from kadapt.run.callbacks import meta_model
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
@@ -65,7 +65,7 @@ LOG_BYTES = 2**20
 @dataclasses.dataclass
 class Run:
     """What `start_run` prepared: the config, its recipe, directory, data,
-    network (and its name) and MetaAdjuster (`None` with `--meta off`)."""
+    network (and its name) and meta-model (`None` with `--meta off`)."""
 
     config: object
     recipe: object
@@ -73,7 +73,7 @@ class Run:
     data: object
     model_name: str
     model: object
-    meta_adjuster: object
+    meta_model: object
     resume: bool
     member: object = None  # a multi-worker run's `ClusterMember` (TensorFlow) or `JaxProcess`, else None
     probe_model: object = None  # a multi-worker run's network outside the strategy, for the probe
@@ -170,7 +170,7 @@ def _prepare(options, directory, replace, resume, member, clock):
             run.model = build_network(name, data, settings)
         run.model.set_weights(run.probe_model.get_weights())
     with run.local():
-        run.meta_adjuster = meta_adjuster(config, directory, data, member)
+        run.meta_model = meta_model(config)
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
     return run
@@ -463,7 +463,7 @@ def _finish(run, trainer, best, started, echo):
     echo(f"{scores_text(record)} after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
     decisions = directory.read_jsonl(files.META_DECISIONS)
-    if run.meta_adjuster is not None or decisions:  # with --meta off, the dead-run rescue's
+    if run.meta_model is not None or decisions:  # with --meta off, the dead-run rescue's
         echo(_decisions_text(decisions))
     echo(clock.text())
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")
