@@ -195,7 +195,8 @@ class MetaAdjuster(keras.callbacks.Callback):
             part: `True` builds one on the compiled loss's chance level and a
             range test on the sampled rows, a `DeadRunRescue` (without a
             `log_dir` or `backup_dir` of its own) is used as given, `False`
-            turns it off. Defaults to `True`.
+            turns it off. The one built here is off under a multi-worker
+            strategy (said once), as in `kadapt train`. Defaults to `True`.
         chance_loss: Positive float or `None`. The loss of the best constant
             prediction, for the rescue's at-chance rule where it cannot be
             derived (a custom loss); `None` derives it. Defaults to `None`.
@@ -309,11 +310,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
         self._derives_trial = self.restart_trial == "auto"
         self._runner = None if self.meta_model is None else self._begin_adjusting()
-        if self.rescue is not None:
-            if self._rescue_is_own:  # derived afresh for each fit, from its own rows
-                self.rescue.rule = None if self.chance_loss is None else DeadRunRule(self.chance_loss)
-                self.rescue.range_test = None
-            self.rescue.on_train_begin(logs)
+        self._part = self._rescue_part()
+        if self._part is not None:
+            self._part.on_train_begin(logs)
         self._fit_rows = None
         if self._derives_rule() or self._derives_range_test() or self._derives_trial:
             # Seeded from NumPy's global generator: `keras.utils.set_random_seed` makes it repeat.
@@ -346,11 +345,23 @@ class MetaAdjuster(keras.callbacks.Callback):
         return AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
                                 self.decision_log, agreement, trial, self._charge)
 
+    def _rescue_part(self):
+        """The rescue part for this fit; its own derived afresh from this fit's rows, and off (said
+        once) under a multi-worker strategy, where each worker would act on its own rows."""
+        if self.rescue is None or not self._rescue_is_own:
+            return self.rescue
+        if WorkerAgreement.of(self.model).strategy is not None:
+            warnings.warn(derived_parts.RESCUE_OFF, RuntimeWarning, stacklevel=3)
+            return None
+        self.rescue.rule = None if self.chance_loss is None else DeadRunRule(self.chance_loss)
+        self.rescue.range_test = None
+        return self.rescue
+
     def _derives_rule(self):
-        return self.rescue is not None and self.rescue.rule is None
+        return self._part is not None and self._part.rule is None
 
     def _derives_range_test(self):
-        return self.rescue is not None and self._rescue_is_own
+        return self._part is not None and self._rescue_is_own
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self._began:
@@ -364,8 +375,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._observed_at = None  # the epoch before ended in validation: not the steps' time
         self.decision_log.begin_epoch()
         self._epoch_start_step = self._step
-        if self.rescue is not None:
-            self.rescue.on_epoch_begin(epoch, logs)
+        if self._part is not None:
+            self._part.on_epoch_begin(epoch, logs)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Here rather than at train begin: fit has built the model and optimizer by now, and on
@@ -373,16 +384,16 @@ class MetaAdjuster(keras.callbacks.Callback):
         if not self._range_tested:
             self._range_tested = True
             self._start_from_range_test()
-        if self.rescue is not None:  # after the range test: the rescue's initial point is where the run starts
-            self.rescue.on_train_batch_begin(batch, logs)
+        if self._part is not None:  # after the range test: the rescue's initial point is where the run starts
+            self._part.on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
         if self._outside_steps and self._step - self._budget_base >= (self._total_steps() or math.inf):
             self.model.stop_training = True  # steps trained outside fit count to the budget
-        if self.rescue is not None:
-            self.rescue.on_train_batch_end(batch, logs)
+        if self._part is not None:
+            self._part.on_train_batch_end(batch, logs)
         if self._runner is None:
             return
         self._runner.after_step(float(logs["loss"]) if logs and "loss" in logs else None)
@@ -411,8 +422,8 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._check_target(float(logs[self.monitor]))
         else:
             self._adjust_at_epoch_end(epoch, logs)
-        if self.rescue is not None:  # last: a rescue's rollback has the last word
-            self.rescue.on_epoch_end(epoch, logs)
+        if self._part is not None:  # last: a rescue's rollback has the last word
+            self._part.on_epoch_end(epoch, logs)
         if self.backup_dir is not None:
             self._save(epoch + 1)
 
@@ -438,8 +449,8 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._fit_rows = None
         if self._runner is not None:
             self._runner.finish()
-        if self.rescue is not None:
-            self.rescue.on_train_end(logs)
+        if self._part is not None:
+            self._part.on_train_end(logs)
 
     def _derive_parts(self):
         """At the first epoch's end: the parts not given, from the rows fit trained on in it
@@ -448,10 +459,10 @@ class MetaAdjuster(keras.callbacks.Callback):
         rows.untap()
         lines = []
         if self._derives_rule():
-            self.rescue.rule, line = derived_parts.chance_rule(self.model.loss, rows)
+            self._part.rule, line = derived_parts.chance_rule(self.model.loss, rows)
             lines.append(line)
         if self._derives_range_test():
-            self.rescue.range_test = derived_parts.range_test(rows, self._seed)
+            self._part.range_test = derived_parts.range_test(rows, self._seed)
         if self._derives_trial and self._runner is not None:
             self._runner.restart_trial, line = derived_parts.restart_trial(rows, self._seed)
             lines.append(line)
@@ -517,8 +528,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         decisions so far. Call it while training (after `on_train_begin`).
         """
         state = {} if self._runner is None else self._runner.get_state()
-        if self.rescue is not None:
-            state["rescue"] = self.rescue.get_state()
+        if self._part is not None:
+            state["rescue"] = self._part.get_state()
         return {**state, "range_test_steps": self._range_test_steps,
                 "outside_steps": self._outside_steps, "decisions": copy.deepcopy(self.decisions)}
 
@@ -530,11 +541,11 @@ class MetaAdjuster(keras.callbacks.Callback):
         """
         if self._runner is not None:
             self._runner.set_state(state)
-        if self.rescue is not None:
+        if self._part is not None:
             if "rescue" not in state:
                 raise ValueError("The MetaAdjuster state holds no dead-run rescue's, and this adjuster has one: it "
                                  "was saved with rescue=False. Resume with the same arguments, or start afresh.")
-            self.rescue.set_state(state["rescue"])
+            self._part.set_state(state["rescue"])
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
         self._outside_steps = int(state.get("outside_steps", self._range_test_steps))

@@ -21,6 +21,8 @@ from kadapt.meta.start.range_test_start import RangeTestStart
 
 CHANCE_OFF = ("MetaAdjuster: the dead-run rescue's at-chance rule is off: {why}. Pass chance_loss=<the loss of "
               "the best constant prediction> to turn it on (a divergence is still rescued).")
+RESCUE_OFF = ("MetaAdjuster: the dead-run rescue is off: each worker of a multi-worker strategy would act on its "
+              "own rows. Pass rescue=kadapt.meta.DeadRunRescue(...) built on the whole data to turn it on.")
 RESTART_OFF = ("MetaAdjuster: the judged restart is off: {why}. Pass restart_trial=kadapt.meta.RestartTrial(x, y, "
                "batch_size=...) to turn it on.")
 

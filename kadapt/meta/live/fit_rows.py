@@ -113,8 +113,8 @@ class FitRows:
             return
         try:
             leaves = [np.asarray(keras.ops.convert_to_numpy(leaf)) for leaf in keras.tree.flatten((x, y))]
-        except (TypeError, ValueError) as error:
-            self.reason = f"fit's batches are not arrays ({type(error).__name__})"
+        except Exception as error:  # noqa: BLE001  (a sample is optional: its reason is said, fit goes on)
+            self.reason = f"fit's batches cannot be read to the host ({type(error).__name__}: {error})"
             return
         if any(leaf.dtype.kind not in "biuf" or not leaf.ndim for leaf in leaves):
             self.reason = "fit's batches hold values other than numbers in rows"
