@@ -139,3 +139,12 @@ def test_the_rescue_s_state_rides_in_the_adjuster_s_and_a_resumed_fit_restores_i
                     callbacks=[resumed])
     assert resumed.rescue.decisions == [rescue] and resumed.rescue.state.actions == 1  # restored, not afresh
     assert rescue in resumed.decisions
+
+
+def test_an_accumulating_model_s_chance_level_is_that_of_the_loss_it_wraps():
+    x, y = imbalanced_rows()
+    adjuster = kadapt.MetaAdjuster(verbose=0)
+    network = kadapt.accumulate(classifier(0.1), micro_batch_size=16)
+    network.compile(kadapt.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _, lines = fit(network, adjuster, x, y, epochs=2)
+    assert lines == [] and adjuster.rescue.rule.chance_loss == pytest.approx(chance_loss(y[:TRAIN_ROWS], 3))

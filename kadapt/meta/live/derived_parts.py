@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kadapt.batching.logical_batch_loss import LogicalBatchLoss
 from kadapt.meta.live.chance_loss import compiled_chance_loss
 from kadapt.meta.live.dead_run import DeadRunRule
 from kadapt.meta.live.fit_rows import FitRows
@@ -33,10 +34,15 @@ def chance_rule(loss: Any, rows: FitRows) -> tuple[DeadRunRule, str | None]:
     sample = rows.arrays()
     if sample is None:
         return DeadRunRule(math.inf), CHANCE_OFF.format(why=f"fit's targets could not be sampled ({rows.reason})")
+    if isinstance(loss, LogicalBatchLoss):  # an accumulating model's: its value is the loss it wraps
+        loss = loss.loss
     chance = compiled_chance_loss(loss, sample[1])
     if chance is None:
-        name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
-        why = (f"the chance level of the loss {name!r} is unknown (known: Keras' sparse, categorical and binary "
+        if isinstance(loss, str) or callable(loss):
+            name = repr(loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__))
+        else:
+            name = "of each output"  # a list or dict of losses
+        why = (f"the chance level of the loss {name} is unknown (known: Keras' sparse, categorical and binary "
                "cross-entropies, mean squared and mean absolute errors, one output)")
         return DeadRunRule(math.inf), CHANCE_OFF.format(why=why)
     if not (math.isfinite(chance) and chance > 0):
