@@ -603,7 +603,8 @@ def _check_rescue(rescue, monitor, verbose):
     if rescue is False or rescue is None:
         return None
     if not isinstance(rescue, DeadRunRescue):
-        raise TypeError(f"Argument `rescue` must be True, False or a kadapt.meta.DeadRunRescue. Received: rescue={rescue!r}")
+        raise TypeError("Argument `rescue` must be True, False or a kadapt.meta.DeadRunRescue. "
+                        f"Received: rescue={rescue!r}")
     if rescue.log_dir is not None or rescue.backup_dir is not None:
         raise ValueError("Argument `rescue` must have no log_dir or backup_dir of its own: as a part of the "
                          "MetaAdjuster it writes to the adjuster's decision log and state. Received: "

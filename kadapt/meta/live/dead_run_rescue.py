@@ -155,13 +155,13 @@ class DeadRunRescue(keras.callbacks.Callback):
         before = self._multiplier_now()
         multiplier, how = self._new_multiplier(max(before, self._trained_multiplier), verdict.trigger)
         set_learning_rate_multiplier(optimizer, multiplier)
+        chance = self.rule.chance_loss if math.isfinite(self.rule.chance_loss) else None  # JSON has no inf
         self._log({"step": int(optimizer.iterations.numpy()), "epoch": epoch, "trigger": verdict.trigger,
                    "adjustment": {"learning_rate_multiplier": multiplier}, "predicted_gain": None,
                    "action": f"rollback to the {'initial' if math.isinf(self._best) else 'best healthy'} "
                              f"weights, lr x{multiplier / before:.3g} ({how})",
                    "rollback": True, "reason": verdict.reason,
-                   "features": {"loss": loss, self.monitor: monitored,
-                                "chance_loss": self.rule.chance_loss if math.isfinite(self.rule.chance_loss) else None}})
+                   "features": {"loss": loss, self.monitor: monitored, "chance_loss": chance}})
 
     def _new_multiplier(self, multiplier, trigger):
         """`(multiplier, how)`: from the range test's suggestion, else `multiplier` (the epoch's,
