@@ -38,7 +38,9 @@ def chance_rule(loss: Any, rows: FitRows) -> tuple[DeadRunRule, str | None]:
         loss = loss.loss
     chance = compiled_chance_loss(loss, sample[1])
     if chance is None:
-        if isinstance(loss, str) or callable(loss):
+        if loss is None:
+            name = "(none compiled: the model adds its own)"
+        elif isinstance(loss, str) or callable(loss):
             name = repr(loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__))
         else:
             name = "of each output"  # a list or dict of losses
