@@ -119,7 +119,8 @@ def test_a_first_early_cut_near_the_starting_loss_starts_the_fit_again(restart):
     # of the budget) sends the run back to its initial weights unless `restart=False`.
     model = linear_model(kadapt.optimizers.SGD(0.001, momentum=0.0))
     adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=1,
-                            trigger=Trigger(patience=2, cooldown=100, min_delta=0.99), verbose=0, restart=restart)
+                            trigger=Trigger(patience=2, cooldown=100, min_delta=0.99), verbose=0, restart=restart,
+                            rescue=False, restart_trial=None)
     fit(model, adjuster, epochs=12)
     x, y = regression_data()
     rates = [0.0001] * 9 if restart else [0.001] * 3 + [0.0001] * 9
@@ -143,7 +144,7 @@ def test_a_judged_restart_goes_on_from_its_branch_or_charges_its_steps(rate, tak
     trial = kadapt.meta.RestartTrial(x, y, validation_data=(x, y), batch_size=ROWS, share=1.0)
     adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every=check_every,
                             trigger=Trigger(patience=100, cooldown=0, consult_every=2), verbose=0,
-                            restart_trial=trial)
+                            restart_trial=trial, rescue=False)
     fit(model, adjuster, epochs=12)
     first = [0.1 * rate] * 3 if taken else [rate] * 3  # the branch's steps, or the run's before the cut
     rates = first + [0.1 * rate] * 2 + [0.01 * rate] * 2 + [0.001 * rate] * 2
@@ -165,7 +166,7 @@ def test_a_second_fit_counts_its_budget_from_its_own_first_step():
     trial = kadapt.meta.RestartTrial(x, y, validation_data=(x, y), batch_size=ROWS, share=1.0)
     adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_10), monitor="loss", check_every="epoch",
                             trigger=Trigger(patience=100, cooldown=0, consult_every=2), verbose=0,
-                            restart_trial=trial)
+                            restart_trial=trial, rescue=False)
     fit(model, adjuster, epochs=12)
     assert int(model.optimizer.iterations.numpy()) == 9
     fit(model, adjuster, epochs=12)
@@ -271,7 +272,8 @@ def test_a_diverging_run_is_rolled_back_and_its_learning_rate_lowered(tmp_path):
 
     model = linear_model(kadapt.optimizers.SGD(10.0))
     # The meta-model prefers raising the LR; after a rollback only reductions are allowed.
-    adjuster = MetaAdjuster(constant_meta_model(4), monitor="loss", check_every=1, log_dir=tmp_path, verbose=0)
+    adjuster = MetaAdjuster(constant_meta_model(4), monitor="loss", check_every=1, log_dir=tmp_path, verbose=0,
+                            rescue=False)
     history = fit(model, adjuster, epochs=60)
     divergences = [d for d in adjuster.decisions if d["trigger"] == "divergence"]
     assert divergences and all(d["adjustment"]["learning_rate_multiplier"] < 1 for d in divergences)

@@ -65,7 +65,7 @@ def test_one_run_gives_the_adjuster_and_the_collector_the_same_windows():
     x, y = _data()
     task = types.SimpleNamespace(data=(x, y, x, y), batch_size=BATCH, seed=0, build=lambda total_steps: model)
     run = TaskRun(task, CollectionConfig(total_epochs=EPOCHS), np.random.default_rng(0))
-    adjuster = MetaAdjuster(constant_meta_model(KEEP), trigger=Trigger(patience=10**6), verbose=0)
+    adjuster = MetaAdjuster(constant_meta_model(KEEP), trigger=Trigger(patience=10**6), verbose=0, rescue=False)
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(x, y),
               validation_batch_size=ROWS, callbacks=[adjuster, _Collector(run)])
     assert len(adjuster.history) == len(run.history) == EPOCHS

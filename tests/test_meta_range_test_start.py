@@ -43,7 +43,7 @@ def linear_model(learning_rate):
 def silent_adjuster(x, y, judge="always", **options):
     """Acts only on the range test: its trigger never fires."""
     start = RangeTestStart(x, y, batch_size=BATCH, max_steps=TEST_STEPS, seed=0, judge=judge, **options)
-    return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start,
+    return MetaAdjuster(constant_meta_model(KEEP), monitor="loss", verbose=0, range_test=start, rescue=False,
                         trigger=Trigger(patience=10**9, cooldown=0, explode_factor=1e300))
 
 

@@ -43,7 +43,7 @@ def _fit(directory, interrupt=False, keep_state=True, explode=False):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer=kadapt.optimizers.SGD(0.05, momentum=0.5), loss="mse")
     backup = InterruptSafeBackup(backup_dir=str(directory / "backup"))
-    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_3), monitor="loss", verbose=0, log_dir=directory,
+    adjuster = MetaAdjuster(constant_meta_model(LR_DOWN_3), monitor="loss", verbose=0, log_dir=directory, rescue=False,
                             trigger=Trigger(patience=2, cooldown=0, min_delta=0.99),
                             backup_dir=directory / "backup" if keep_state else None)
     x = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)

@@ -355,10 +355,10 @@ def test_predict_refuses_a_lambda_in_one_line_saying_why(tmp_path):
 def test_the_training_targets_are_made_once_and_shared_by_the_rescue_and_the_judged_restart(tmp_path):
     """One-hot rows of many classes are large: `kadapt train`'s rescue (its range test) and judged
     restart (its branch and score) hold the run's one read-only copy, not copies of their own."""
+    import contextlib
     import types
 
-    from kadapt.run.callbacks import dead_run_rescue
-    from kadapt.run.callbacks import meta_adjuster
+    from kadapt.run.callbacks import self_tuning
     from kadapt.run.data import TrainingData
     from kadapt.run.run_directory import RunDirectory
 
@@ -370,10 +370,11 @@ def test_the_training_targets_are_made_once_and_shared_by_the_rescue_and_the_jud
     config = RunConfig(data="x.npy,y.npy", batch_size=8, seed=1)
     directory = RunDirectory(tmp_path)
     recipe = types.SimpleNamespace(label_smoothing=0.0, learning_rate=0.1)
-    run = types.SimpleNamespace(member=None, data=data, directory=directory,
-                                plan=types.SimpleNamespace(config=config, recipe=recipe))
-    assert dead_run_rescue(run).range_test.y is data.train_targets
-    trial = meta_adjuster(config, directory, data).restart_trial
+    run = types.SimpleNamespace(member=None, data=data, directory=directory, meta_model="default",
+                                plan=types.SimpleNamespace(config=config, recipe=recipe), local=contextlib.nullcontext)
+    adjuster = self_tuning(run)
+    assert adjuster.rescue.range_test.y is data.train_targets
+    trial = adjuster.restart_trial
     assert trial.y is data.train_targets and trial.validation_data[1] is data.val_targets
 
 

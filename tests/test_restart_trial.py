@@ -182,5 +182,5 @@ def test_bad_restart_trial_arguments(kwargs, error, message):
 
 
 def test_the_adjuster_takes_only_a_restart_trial():
-    with pytest.raises(TypeError, match="Argument `restart_trial` must be a kadapt.meta.RestartTrial"):
+    with pytest.raises(TypeError, match="Argument `restart_trial` must be \"auto\", a kadapt.meta.RestartTrial or None"):
         kadapt.MetaAdjuster(restart_trial=(np.zeros((4, 3)), np.zeros((4, 1))))

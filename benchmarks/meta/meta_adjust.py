@@ -118,8 +118,10 @@ def measure_overhead(meta_model, rounds, epochs, step_modes, width=None):
     build = task.build if width is None else lambda: wide_mlp(width, task)
     x, y, x_val, y_val = task.data
     arms = {"without": [], "without (A/A)": [],
-            "epoch": [TimedMetaAdjuster(meta_model, trigger=never_fires(), verbose=0)],
-            **{f"every {n} steps": [TimedMetaAdjuster(meta_model, check_every=n, trigger=never_fires(), verbose=0)]
+            "epoch": [TimedMetaAdjuster(meta_model, trigger=never_fires(), verbose=0, rescue=False,
+                                         restart_trial=None)],
+            **{f"every {n} steps": [TimedMetaAdjuster(meta_model, check_every=n, trigger=never_fires(), verbose=0,
+                                                     rescue=False, restart_trial=None)]
                for n in step_modes}}
     models = {name: build() for name in arms}
     wall, cpu, hooks = ({name: [] for name in arms} for _ in range(3))

@@ -161,22 +161,23 @@ def train_run(task: task_lib.Task, epochs: int, callbacks: Sequence[keras.callba
 
 def meta_run(task: task_lib.Task, epochs: int, meta_model: str | os.PathLike | keras.Model,
              rescue: bool = False, **adjuster_options: Any) -> dict[str, Any]:
-    """The `MetaAdjuster` on `task`; with `rescue`, `DeadRunRescue` after it, as `kadapt train`
-    runs the two (`task_rescue`): its actions are in the result's `"rescues"`."""
+    """The `MetaAdjuster` on `task`; with `rescue`, its dead-run rescue part as `kadapt train`
+    builds it (`task_rescue`), else none: its actions are in the result's `"rescues"`."""
     adjuster = MetaAdjuster(meta_model, monitor="val_loss", verbose=0,
-                            **{"restart_trial": restart_trial(task), **adjuster_options})
-    callbacks = [adjuster, task_rescue(task)] if rescue else [adjuster]
-    result = train_run(task, epochs, callbacks)
+                            **{"restart_trial": restart_trial(task), **adjuster_options},
+                            rescue=task_rescue(task) if rescue else False)
+    result = train_run(task, epochs, [adjuster])
     kept = ("epoch", "trigger", "action", "predicted_gain", "range_test", "restart_trial")  # the judges' scores
-    result["decisions"] = [{key: d[key] for key in kept if key in d} for d in adjuster.decisions]
+    rescued = {id(d) for d in adjuster.rescue.decisions} if rescue else set()
+    result["decisions"] = [{key: d[key] for key in kept if key in d} for d in adjuster.decisions if id(d) not in rescued]
     if rescue:
         result["rescues"] = [{key: d[key] for key in ("epoch", "trigger", "reason") if key in d}
-                             for d in callbacks[1].decisions]
+                             for d in adjuster.rescue.decisions]
     return result
 
 
 def task_rescue(task: task_lib.Task) -> DeadRunRescue:
-    """`DeadRunRescue` on `task` as `kadapt train` builds it (`kadapt.run.callbacks.dead_run_rescue`):
+    """The rescue part on `task` as `kadapt train` builds it (`kadapt.run.callbacks.dead_run_rescue`):
     `DeadRunRule` at the constant predictor's loss on the training targets, a new rate from a range
     test on the training rows (`range_start`), the validation loss watched."""
     y = task.data[1]
@@ -189,7 +190,7 @@ def task_rescue(task: task_lib.Task) -> DeadRunRescue:
 
 def restart_trial(task: task_lib.Task) -> RestartTrial:
     """The data a judged restart trains and scores its branch on, as `kadapt train` gives it
-    (`kadapt.run.callbacks.meta_adjuster`): the training rows, the validation rows held."""
+    (`kadapt.run.callbacks.self_tuning`): the training rows, the validation rows held."""
     x, y, x_val, y_val = task.data
     return RestartTrial(x, y, validation_data=(x_val, y_val), batch_size=task.batch_size, seed=task.seed)
 

@@ -6,6 +6,7 @@ from kadapt.meta import DeadRunRescue
 from kadapt.meta import MetaAdjuster
 from kadapt.meta import RangeTestStart
 from kadapt.meta import RestartTrial
+from kadapt.meta import load_meta_model
 from kadapt.meta.live.dead_run import DeadRunRule
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
@@ -23,8 +24,8 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
     """Backup first (it restores weights before the others look at them) and
     its committer last (an epoch's checkpoint follows that epoch's records);
     the schedule's momentum set before the step logger reads it; the step
-    logger before the MetaAdjuster changes anything at batch end; the best
-    weights kept before the history is written.
+    logger before the MetaAdjuster (`self_tuning`) changes anything at batch
+    end; the best weights kept before the history is written.
 
     Args:
         run: `Run`. Its plan, directory and data.
@@ -36,7 +37,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
             restores that epoch.
     """
     config, directory = run.plan.config, run.directory
-    (directory / files.META_DECISIONS).touch()  # empty with --meta off
+    (directory / files.META_DECISIONS).touch()  # empty with --meta off, until a rescue
     # Two checkpoints, and none cut short by Ctrl-C.
     backup = InterruptSafeBackup(backup_dir=str(directory / files.BACKUP), double_checkpoint=True,
                                  first_epoch=first_epoch, save_scope=run.local)
@@ -44,8 +45,7 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
         backup,
         *schedule_callbacks,
         StepLogger(directory / files.STEPS, config.batch_size, steps["train_rows"]),
-        run.meta_adjuster,
-        dead_run_rescue(run),  # after the MetaAdjuster: a rescue's rollback has the last word
+        self_tuning(run),
         best_weights,  # before the history: an epoch on disk is one whose checkpoint follows at once
         HistoryWriter(directory / files.HISTORY),
         keras.callbacks.TensorBoard(log_dir=str(directory / files.TENSORBOARD), write_graph=False),
@@ -58,10 +58,32 @@ def training_callbacks(run, steps, schedule_callbacks, best_weights, first_epoch
     return [c for c in callbacks if c is not None]
 
 
+def self_tuning(run):
+    """The run's one `kadapt.meta.MetaAdjuster`: the meta-model (`run.meta_model`;
+    none with `--meta off`), the dead-run rescue as its part (`dead_run_rescue`,
+    on with or without the meta-model), and a judged restart on the training
+    and validation rows (`kadapt.meta.RestartTrial`; not in a multi-worker run,
+    where each worker would judge on its own rows). It writes
+    `meta_decisions.jsonl` and saves its state (the rescue's within) beside the
+    backup at every epoch end, so `--resume` continues its history, rollback
+    points, ceiling, rescue and decision log. What the run's data gives is
+    passed, so nothing is derived from a sample of fit's rows. `None` in a
+    multi-worker run with `--meta off` (no rescue there either)."""
+    config, data, directory = run.plan.config, run.data, run.directory
+    rescue = dead_run_rescue(run)
+    if run.meta_model is None and rescue is None:
+        return None  # a multi-worker run with --meta off: nothing to tune
+    trial = None if run.member is not None or run.meta_model is None else _restart_trial(config, data)
+    with run.local():  # the meta-model's weights are read outside a JAX run's distribution
+        return MetaAdjuster(meta_model=run.meta_model, monitor=_monitor(data), check_every="epoch",
+                            log_dir=str(directory.path), backup_dir=str(directory / files.BACKUP),
+                            restart_trial=trial, rescue=rescue or False)
+
+
 def dead_run_rescue(run):
-    """`kadapt.meta.DeadRunRescue` on the run's data: on by default, with or
-    without the MetaAdjuster (`--meta off` turns the meta-model off, not this rule);
-    `None` in a multi-worker run.
+    """`kadapt.meta.DeadRunRescue` on the run's data, the part of `self_tuning`'s
+    MetaAdjuster: on by default, with or without the meta-model (`--meta off`
+    turns the meta-model off, not this rule); `None` in a multi-worker run.
 
     Chance is the loss of the constant predictor fit on the training targets,
     on the rows the rescue monitors (`TrainingData.chance_loss`: the smoothed
@@ -77,32 +99,23 @@ def dead_run_rescue(run):
     x, y, *_ = data.in_memory(IN_MEMORY_ROWS)
     range_test = RangeTestStart(x, y, batch_size=config.batch_size, seed=config.seed)
     return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
-                         peak_learning_rate=run.plan.recipe.learning_rate, log_dir=run.directory.path,
-                         backup_dir=run.directory / files.BACKUP)
+                         peak_learning_rate=run.plan.recipe.learning_rate)
 
 
 def _monitor(data):
     return "val_loss" if len(data.x_val) else "loss"
 
 
-def meta_adjuster(config, directory, data, member=None):
-    """`kadapt.meta.MetaAdjuster` logging to `directory`, or `None` for `--meta off`.
+def meta_model(config):
+    """The meta-model `--meta` names, loaded, or `None` for `--meta off`.
 
-    Its state is saved beside the backup at every epoch end, so `--resume`
-    continues its history, rollback point, ceiling and decision log. A judged
-    restart trains its branch on the training rows and scores it on the
-    validation rows (`kadapt.meta.RestartTrial`); not in a multi-worker run
-    (`member`), where each worker would judge on its own rows.
-
-    Built before the run starts, so a meta-model that cannot be loaded is a
+    Loaded before the run starts, so a meta-model that cannot be loaded is a
     `UsageError` before anything is written.
     """
     if config.meta == "off":
         return None
     try:
-        return MetaAdjuster(meta_model=config.meta, monitor=_monitor(data), check_every="epoch",
-                            log_dir=str(directory.path), backup_dir=str(directory / files.BACKUP),
-                            restart_trial=None if member is not None else _restart_trial(config, data))
+        return load_meta_model(config.meta)
     except (ValueError, TypeError, OSError) as error:
         raise UsageError(f"--meta {config.meta}: {' '.join(str(error).split())}") from None
 

@@ -8,7 +8,6 @@ import keras
 from kadapt.models import fast_resnet
 from kadapt.models import small_cnn
 from kadapt.models.table_mlp import SAMPLE_ROWS
-from kadapt.models.table_mlp import network_text  # noqa: F401  (the pipeline prints it)
 from kadapt.models.table_mlp import table_mlp
 from kadapt.recipes import FastFitConfig
 from kadapt.run.data import TrainingData

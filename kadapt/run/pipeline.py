@@ -28,12 +28,13 @@ from kadapt.batching.trivial_fit import SKIP_FRACTION
 from kadapt.batching.trivial_fit import model_output_units
 from kadapt.batching.trivial_fit import step_bytes_bound
 from kadapt.batching.trivial_fit import trivially_fits
+from kadapt.models.table_mlp import network_text
 from kadapt.precision import PrecisionChoice
 from kadapt.precision import global_policy
 from kadapt.recipes import training
 from kadapt.run import run_directory as files
 from kadapt.run.backup import InterruptSafeBackup
-from kadapt.run.callbacks import meta_adjuster
+from kadapt.run.callbacks import meta_model
 from kadapt.run.callbacks import training_callbacks
 from kadapt.run.config import resolve_config
 from kadapt.run.config import schedule_steps
@@ -44,7 +45,6 @@ from kadapt.run.image_folders import ImageSize
 from kadapt.run.image_folders import images_text
 from kadapt.run.image_folders import raw_image_model
 from kadapt.run.networks import build_network
-from kadapt.run.networks import network_text
 from kadapt.run.phases import FirstStepClock
 from kadapt.run.phases import PhaseClock
 from kadapt.run.plots import draw_plots
@@ -58,7 +58,6 @@ from kadapt.run.train_plan import TrainPlan
 from kadapt.run.train_plan import plan_training
 
 if TYPE_CHECKING:
-    from kadapt.meta import MetaAdjuster
     from kadapt.run.jax_workers import JaxProcess
     from kadapt.run.run_lock import RunLock
     from kadapt.run.workers import ClusterMember
@@ -72,7 +71,7 @@ LOG_BYTES = 2**20
 @dataclasses.dataclass
 class Run:
     """What `start_run` prepared: the plan, directory, data, network and
-    MetaAdjuster (`None` with `--meta off`).
+    meta-model (`None` with `--meta off`).
 
     `plan` is replaced once, by `train`, where a range test finds the rate
     (`TrainPlan.with_found_rate`); nothing else changes after `start_run`."""
@@ -83,7 +82,7 @@ class Run:
     model: keras.Model
     precision: PrecisionChoice  # the one the network was built under
     resume: bool
-    meta_adjuster: MetaAdjuster | None = None
+    meta_model: keras.Model | None = None  # the MetaAdjuster's (`None` with `--meta off`)
     member: ClusterMember | JaxProcess | None = None  # a multi-worker run's part, else None
     probe_model: keras.Model | None = None  # a multi-worker run's network outside the strategy, for the probe
     clock: PhaseClock = dataclasses.field(default_factory=PhaseClock)  # the seconds of each phase
@@ -166,10 +165,10 @@ def _prepare(options, directory, replace, resume, member, clock, lock):
         model, probe_model = _networks(plan, data, precision, member)
     directory.check_space(_run_bytes(model))
     with _alone(member):
-        adjuster = meta_adjuster(plan.config, directory, data, member)
+        loaded = meta_model(plan.config)
     if not (resume and member is not None and not member.is_chief):
         directory.create(replace)
-    return Run(plan, directory, data, model, precision, resume, adjuster, member, probe_model, clock, lock)
+    return Run(plan, directory, data, model, precision, resume, loaded, member, probe_model, clock, lock)
 
 
 def _networks(plan, data, precision, member):
@@ -454,7 +453,7 @@ def _finish(run, trainer, best, started, echo):
     echo(f"{scores_text(record)} after {record['steps_completed']} steps, {record['wall_seconds']:.0f} s; "
          f"weights of {record['weights']['text']}")
     decisions = directory.read_jsonl(files.META_DECISIONS)
-    if run.meta_adjuster is not None or decisions:  # with --meta off, the dead-run rescue's
+    if run.meta_model is not None or decisions:  # with --meta off, the dead-run rescue's
         echo(_decisions_text(decisions))
     echo(clock.text())
     echo(f"run directory {directory.path}; plots: {', '.join(str(p) for p in plots)}")

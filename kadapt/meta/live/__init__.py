@@ -4,5 +4,7 @@
 the model; `triggers` say when to consult the meta-model; `restart_trial`
 judges a restart; `decision_log` and `adjuster_state` are what it writes and
 resumes from; `worker_agreement` keeps every worker on the chief's decision;
-`dead_run` (with `chance_loss`) recognises a run left at chance or blown up.
+`dead_run` (with `chance_loss`) recognises a run left at chance or blown up, and
+`dead_run_rescue` acts on it, a part of the adjuster; `fit_rows` samples the rows
+fit trains on, from which `derived_parts` builds the parts not given.
 """

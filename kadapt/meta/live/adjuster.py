@@ -11,13 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
+from kadapt.meta.live import derived_parts
 from kadapt.meta.live.adjuster_state import load_state
 from kadapt.meta.live.adjuster_state import save_state
 from kadapt.meta.live.adjustment_runner import AdjustmentRunner
 from kadapt.meta.live.adjustment_runner import Progress
+from kadapt.meta.live.dead_run import DeadRunRule
+from kadapt.meta.live.dead_run_rescue import DeadRunRescue
 from kadapt.meta.live.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
 from kadapt.meta.live.decision_log import DecisionLog
+from kadapt.meta.live.fit_rows import FitRows
 from kadapt.meta.live.policy import AdjustmentPolicy
 from kadapt.meta.live.policy import RESTART_WITHIN
 from kadapt.meta.live.policy import model_predictor
@@ -44,6 +49,23 @@ CONSULT_EVERY = 3
 
 class MetaAdjuster(keras.callbacks.Callback):
     """Watches the loss and lets a meta-model adjust the learning rate and momentum mid-fit.
+
+    One callback holds everything `kadapt train` tunes itself with: the
+    meta-model's adjustments (below), the dead-run rescue of a run left at
+    chance or diverged (`kadapt.meta.DeadRunRescue`, a part of it: `rescue`),
+    the judged restart (`restart_trial`), one decision log and one state to
+    resume from. Keras shows a callback none of fit's data, so where the
+    rescue's chance level, its range test or the restart's rows are not
+    given, they are derived from a uniform sample of the rows fit trains on
+    in its first epoch (`kadapt.meta.live.fit_rows.FitRows`: the train
+    function is wrapped for that epoch, the model's step untouched): the
+    chance level is the compiled loss of the best constant prediction on the
+    sampled targets (`compiled_chance_loss`: Keras' cross-entropies, mean
+    squared and mean absolute errors). Where a part cannot be derived (a
+    custom loss, rows that are not arrays of numbers), it is off and one
+    line says which and how to turn it on. The parts act at each epoch end
+    after the meta-model's decision, the rescue last: its rollback has the
+    last word.
 
     At every observation (each epoch end, or every `check_every` steps) it
     adds a row to the run's feature history (`kadapt.meta.features`). When
@@ -124,8 +146,9 @@ class MetaAdjuster(keras.callbacks.Callback):
     small all-gather each), so all workers adjust at the same step alike.
 
     Args:
-        meta_model: `"default"`, the path of a `.keras` meta-model, or a loaded
-            one. Defaults to `"default"`.
+        meta_model: `"default"`, the path of a `.keras` meta-model, a loaded
+            one, or `None`: no adjustments, the rescue and `target` only
+            (`kadapt train --meta off`). Defaults to `"default"`.
         monitor: String. The loss or metric of the logs to watch and compare
             with `target`. Defaults to `"val_loss"`.
         target: Float or `None`. Stop when `monitor` reaches it. Defaults to `None`.
@@ -164,24 +187,36 @@ class MetaAdjuster(keras.callbacks.Callback):
             else the cut applies where the run is, the branch's steps charged
             to the budget. The decision log writes both losses under
             `"restart_trial"`. Not under a multi-worker strategy; none with
-            `restart=False`. Defaults to `None` (such a cut applies where
-            the run is).
+            `restart=False`. `"auto"`: on the sampled rows of fit's first
+            epoch (the held rows among them: rows the run trained on, so the
+            comparison leans to the run), off under a multi-worker strategy.
+            `None`: such a cut applies where the run is. Defaults to `"auto"`.
+        rescue: Bool or `kadapt.meta.DeadRunRescue`. The dead-run rescue as a
+            part: `True` builds one on the compiled loss's chance level and a
+            range test on the sampled rows, a `DeadRunRescue` (without a
+            `log_dir` or `backup_dir` of its own) is used as given, `False`
+            turns it off. The one built here is off under a multi-worker
+            strategy (said once), as in `kadapt train`. Defaults to `True`.
+        chance_loss: Positive float or `None`. The loss of the best constant
+            prediction, for the rescue's at-chance rule where it cannot be
+            derived (a custom loss); `None` derives it. Defaults to `None`.
 
     Example:
 
     ```python
-    model.compile(optimizer=kadapt.optimizers.SGD(0.5, momentum=0.9), loss=...)
+    model.compile(optimizer=kadapt.optimizers.SGD(0.5, momentum=0.9), loss="sparse_categorical_crossentropy")
     model.fit(x, y, validation_split=0.2, epochs=20,
-              callbacks=[kadapt.MetaAdjuster(target=0.1, log_dir="runs/a")])
+              callbacks=[kadapt.MetaAdjuster(log_dir="runs/a")])
     ```
     """
 
-    def __init__(self, meta_model: str | os.PathLike | keras.Model = "default", monitor: str = "val_loss",
+    def __init__(self, meta_model: str | os.PathLike | keras.Model | None = "default", monitor: str = "val_loss",
                  target: float | None = None, mode: str = "auto", check_every: str | int = "epoch",
                  trigger: Trigger | None = None, log_dir: str | os.PathLike | None = None, verbose: int = 1,
                  min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None,
                  range_test: RangeTestStart | None = None, min_cut_gain: float = MIN_CUT_GAIN,
-                 restart: bool = True, restart_trial: RestartTrial | None = None) -> None:
+                 restart: bool = True, restart_trial: RestartTrial | str | None = "auto",
+                 rescue: bool | DeadRunRescue = True, chance_loss: float | None = None) -> None:
         super().__init__()
         if not isinstance(restart, bool):
             raise TypeError(f"Argument `restart` must be True or False. Received: restart={restart!r}")
@@ -189,8 +224,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         check_range("min_gain", min_gain, low=0.0)
         check_range("min_cut_gain", min_cut_gain, low=0.0)
         self.min_gain, self.min_cut_gain = float(min_gain), float(min_cut_gain)
-        self.meta_model = _load(meta_model)
-        self._predict = model_predictor(self.meta_model)  # reads its weights once: they do not change
+        self.meta_model = None if meta_model is None else _load(meta_model)
+        # Reads the meta-model's weights once: they do not change.
+        self._predict = None if self.meta_model is None else model_predictor(self.meta_model)
         self.monitor, self.target = _check_monitor(monitor), _check_target(target)
         self.mode = _check_mode(mode, monitor)
         if check_every != "epoch":
@@ -205,19 +241,41 @@ class MetaAdjuster(keras.callbacks.Callback):
         if range_test is not None and not isinstance(range_test, RangeTestStart):
             raise TypeError("Argument `range_test` must be a kadapt.meta.RangeTestStart or None. "
                             f"Received: range_test={range_test!r}")
+        if range_test is not None and self.meta_model is None:
+            raise ValueError("Argument `range_test` starts the meta-model's run, and there is none: pass a "
+                             "meta_model, or range_test=None. Received: meta_model=None")
         self.range_test = range_test
-        if restart_trial is not None and not isinstance(restart_trial, RestartTrial):
-            raise TypeError("Argument `restart_trial` must be a kadapt.meta.RestartTrial or None. "
+        if restart_trial != "auto" and restart_trial is not None and not isinstance(restart_trial, RestartTrial):
+            raise TypeError("Argument `restart_trial` must be \"auto\", a kadapt.meta.RestartTrial or None. "
                             f"Received: restart_trial={restart_trial!r}")
-        self.restart_trial = restart_trial if restart else None
+        self.restart_trial = restart_trial if restart and self.meta_model is not None else None
+        if chance_loss is not None:
+            check_range("chance_loss", chance_loss, low=0.0, low_open=True)
+        self.chance_loss = chance_loss
+        self.rescue, self._rescue_is_own = _check_rescue(rescue, self.monitor, verbose), rescue is True
         self.decision_log = DecisionLog(self.log_dir, verbose)
+        if self.rescue is not None:
+            self.rescue.decision_log = self.decision_log
 
     def __deepcopy__(self, memo):
         # KerasTuner deep-copies callbacks per trial: share the (read-only) meta-model.
         clone = copy.copy(self)
         clone._trigger_template = copy.deepcopy(self._trigger_template, memo)
         clone.decision_log = DecisionLog(self.log_dir, self.verbose)
+        if self.rescue is not None:  # its own, writing to the clone's log (it holds the model: not deep)
+            clone.rescue = copy.copy(self.rescue)
+            clone.rescue.decisions, clone.rescue.decision_log = [], clone.decision_log
         return clone
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        if self.rescue is not None:
+            self.rescue.set_model(model)
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        if self.rescue is not None:
+            self.rescue.set_params(params)
 
     @property
     def decisions(self) -> list[dict[str, Any]]:
@@ -240,6 +298,30 @@ class MetaAdjuster(keras.callbacks.Callback):
         return self._runner.trigger
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.decision_log.begin()
+        self._began, self._epoch = False, 0
+        self._step = int(self.model.optimizer.iterations.numpy())
+        self._interval_start = (0, 0.0)
+        self._last_epoch_ending = False
+        self._range_tested, self._range_test_steps = self.range_test is None, 0
+        self._outside_steps = 0  # trained outside fit's loop: a range test's, branches', a restart trial's
+        self._budget_base = 0  # the steps counted before this fit's budget (set at its first epoch)
+        self._cost = None if self.check_every == "epoch" else ObservationCost(self.check_every)
+        self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
+        self._derives_trial = self.restart_trial == "auto"
+        self._runner = None if self.meta_model is None else self._begin_adjusting()
+        self._part = self._rescue_part()
+        if self._part is not None:
+            self._part.on_train_begin(logs)
+        self._fit_rows = None
+        if self._derives_rule() or self._derives_range_test() or self._derives_trial:
+            # Seeded from NumPy's global generator: `keras.utils.set_random_seed` makes it repeat.
+            self._seed = int(np.random.randint(2**31))
+            self._fit_rows = FitRows(seed=self._seed)
+            self._fit_rows.tap(self.model)
+
+    def _begin_adjusting(self):
+        """The runner of the meta-model's adjustments for this fit."""
         optimizer = self.model.optimizer
         allowed = action_lib.optimizer_mask(optimizer)
         if not allowed[[i for i in range(len(allowed)) if i != action_lib.KEEP]].any():
@@ -251,22 +333,35 @@ class MetaAdjuster(keras.callbacks.Callback):
         policy = AdjustmentPolicy(self._predict, allowed, self.min_gain, self._trigger_template.patience,
                                   self.min_cut_gain, restart_within=RESTART_WITHIN if self.restart else 0.0)
         agreement = WorkerAgreement.of(self.model)
-        if self.restart_trial is not None and agreement.strategy is not None:
+        if self._derives_trial and agreement.strategy is not None:
+            self._derives_trial = False
+            warnings.warn(derived_parts.RESTART_OFF.format(why="each worker of a multi-worker strategy would judge "
+                                                                "on its own rows"), RuntimeWarning, stacklevel=2)
+        if isinstance(self.restart_trial, RestartTrial) and agreement.strategy is not None:
             raise ValueError("Argument `restart_trial` cannot judge a restart under a multi-worker strategy: "
                              "each worker would train and score the branch on its own rows. Received: "
                              f"restart_trial={self.restart_trial!r}. Pass restart_trial=None in a multi-worker job.")
-        self._runner = AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
-                                        self.decision_log, agreement, self.restart_trial, self._charge)
-        self._step, self._epoch = int(optimizer.iterations.numpy()), 0
-        self._interval_start = (0, 0.0)
-        self._last_epoch_ending = False
-        self._began = False
-        self._range_tested, self._range_test_steps = self.range_test is None, 0
-        self._outside_steps = 0  # trained outside fit's loop: a range test's, branches', a restart trial's
-        self._budget_base = 0  # the steps counted before this fit's budget (set at its first epoch)
-        self._cost = None if self.check_every == "epoch" else ObservationCost(self.check_every)
-        self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
-        self.decision_log.begin()
+        trial = self.restart_trial if isinstance(self.restart_trial, RestartTrial) else None
+        return AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
+                                self.decision_log, agreement, trial, self._charge)
+
+    def _rescue_part(self):
+        """The rescue part for this fit; its own derived afresh from this fit's rows, and off (said
+        once) under a multi-worker strategy, where each worker would act on its own rows."""
+        if self.rescue is None or not self._rescue_is_own:
+            return self.rescue
+        if WorkerAgreement.of(self.model).strategy is not None:
+            warnings.warn(derived_parts.RESCUE_OFF, RuntimeWarning, stacklevel=3)
+            return None
+        self.rescue.rule = None if self.chance_loss is None else DeadRunRule(self.chance_loss)
+        self.rescue.range_test = None
+        return self.rescue
+
+    def _derives_rule(self):
+        return self._part is not None and self._part.rule is None
+
+    def _derives_range_test(self):
+        return self._part is not None and self._rescue_is_own
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self._began:
@@ -280,6 +375,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._observed_at = None  # the epoch before ended in validation: not the steps' time
         self.decision_log.begin_epoch()
         self._epoch_start_step = self._step
+        if self._part is not None:
+            self._part.on_epoch_begin(epoch, logs)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Here rather than at train begin: fit has built the model and optimizer by now, and on
@@ -287,12 +384,18 @@ class MetaAdjuster(keras.callbacks.Callback):
         if not self._range_tested:
             self._range_tested = True
             self._start_from_range_test()
+        if self._part is not None:  # after the range test: the rescue's initial point is where the run starts
+            self._part.on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Counted here rather than read from `iterations`, which would cost a device sync per step.
         self._step = self._epoch_start_step + batch + 1
         if self._outside_steps and self._step - self._budget_base >= (self._total_steps() or math.inf):
             self.model.stop_training = True  # steps trained outside fit count to the budget
+        if self._part is not None:
+            self._part.on_train_batch_end(batch, logs)
+        if self._runner is None:
+            return
         self._runner.after_step(float(logs["loss"]) if logs and "loss" in logs else None)
         if not logs or "loss" not in logs:
             return
@@ -309,10 +412,23 @@ class MetaAdjuster(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs if logs is not None else {}
+        if self._fit_rows is not None:
+            self._derive_parts()
         if self.monitor not in logs:
             raise ValueError(
                 f"MetaAdjuster monitors `{self.monitor}`, which is not in the epoch logs "
                 f"({sorted(logs)}). Pass validation data to fit, or monitor one of those.")
+        if self._runner is None:
+            self._check_target(float(logs[self.monitor]))
+        else:
+            self._adjust_at_epoch_end(epoch, logs)
+        if self._part is not None:  # last: a rescue's rollback has the last word
+            self._part.on_epoch_end(epoch, logs)
+        if self.backup_dir is not None:
+            self._save(epoch + 1)
+
+    def _adjust_at_epoch_end(self, epoch, logs):
+        """The meta-model's observation at an epoch end, and the rates it leaves in the logs."""
         loss = float(logs.get("loss", math.nan))
         observed = self.check_every == "epoch" or not _finite(loss)
         self._last_epoch_ending = epoch + 1 >= (self.params.get("epochs") or math.inf)
@@ -326,11 +442,32 @@ class MetaAdjuster(keras.callbacks.Callback):
         rates = self._runner.rates if observed else self._runner.read_rates()
         logs["meta_learning_rate"], logs["meta_momentum"] = rates
         logs["meta_adjustments"] = self.decision_log.count_this_epoch
-        if self.backup_dir is not None:
-            self._save(epoch + 1)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._runner.finish()
+        if self._fit_rows is not None:  # fit ended within its first epoch
+            self._fit_rows.untap()
+            self._fit_rows = None
+        if self._runner is not None:
+            self._runner.finish()
+        if self._part is not None:
+            self._part.on_train_end(logs)
+
+    def _derive_parts(self):
+        """At the first epoch's end: the parts not given, from the rows fit trained on in it
+        (`derived_parts`); one line for each that is off."""
+        rows, self._fit_rows = self._fit_rows, None
+        rows.untap()
+        lines = []
+        if self._derives_rule():
+            self._part.rule, line = derived_parts.chance_rule(self.model.loss, rows)
+            lines.append(line)
+        if self._derives_range_test():
+            self._part.range_test = derived_parts.range_test(rows, self._seed)
+        if self._derives_trial and self._runner is not None:
+            self._runner.restart_trial, line = derived_parts.restart_trial(rows, self._seed)
+            lines.append(line)
+        for line in filter(None, lines):
+            warnings.warn(line, RuntimeWarning, stacklevel=3)
 
     def _watch_cost(self, started, ended):
         """Feeds the observation's wall time and that of the steps before it (within one epoch:
@@ -390,7 +527,10 @@ class MetaAdjuster(keras.callbacks.Callback):
         optimizer slots), the schedule's last rates, the initial rate and the
         decisions so far. Call it while training (after `on_train_begin`).
         """
-        return {**self._runner.get_state(), "range_test_steps": self._range_test_steps,
+        state = {} if self._runner is None else self._runner.get_state()
+        if self._part is not None:
+            state["rescue"] = self._part.get_state()
+        return {**state, "range_test_steps": self._range_test_steps,
                 "outside_steps": self._outside_steps, "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -399,7 +539,13 @@ class MetaAdjuster(keras.callbacks.Callback):
         The decision log (`log_dir/meta_decisions.jsonl`) is rewritten to hold
         exactly the restored decisions.
         """
-        self._runner.set_state(state)
+        if self._runner is not None:
+            self._runner.set_state(state)
+        if self._part is not None:
+            if "rescue" not in state:
+                raise ValueError("The MetaAdjuster state holds no dead-run rescue's, and this adjuster has one: it "
+                                 "was saved with rescue=False. Resume with the same arguments, or start afresh.")
+            self._part.set_state(state["rescue"])
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
         self._outside_steps = int(state.get("outside_steps", self._range_test_steps))
@@ -447,6 +593,23 @@ def _load(meta_model):
         return load_meta_model(meta_model)
     raise TypeError(f"Argument `meta_model` must be \"default\", a .keras path or a keras.Model. "
                     f"Received: meta_model={meta_model!r}")
+
+
+def _check_rescue(rescue, monitor, verbose):
+    """The rescue part: `True` builds one (its rule and range test derived at the first epoch
+    end), a `DeadRunRescue` is taken as it is, `False` or `None` is none."""
+    if rescue is True:
+        return DeadRunRescue(None, monitor="val_loss" if monitor.startswith("val_") else "loss", verbose=bool(verbose))
+    if rescue is False or rescue is None:
+        return None
+    if not isinstance(rescue, DeadRunRescue):
+        raise TypeError("Argument `rescue` must be True, False or a kadapt.meta.DeadRunRescue. "
+                        f"Received: rescue={rescue!r}")
+    if rescue.log_dir is not None or rescue.backup_dir is not None:
+        raise ValueError("Argument `rescue` must have no log_dir or backup_dir of its own: as a part of the "
+                         "MetaAdjuster it writes to the adjuster's decision log and state. Received: "
+                         f"log_dir={rescue.log_dir}, backup_dir={rescue.backup_dir}")
+    return rescue
 
 
 def _check_monitor(monitor):

@@ -69,3 +69,94 @@ def regression_chance_loss(targets, scored=None) -> float:
     targets = np.asarray(targets, "float64").reshape(len(targets), -1)
     scored = targets if scored is None else np.asarray(scored, "float64").reshape(len(scored), -1)
     return float(np.square(scored - targets.mean(axis=0)).mean(axis=0).mean())
+
+
+def binary_chance_loss(targets, label_smoothing: float = 0.0) -> float:
+    """The binary cross-entropy of the best constant prediction: each output's (smoothed) mean
+    target p, scoring -(p log p + (1 - p) log(1 - p)), averaged over the outputs as Keras averages.
+
+    Example:
+
+    >>> round(binary_chance_loss([[0.0], [1.0]]), 4)  # ln 2
+    0.6931
+    """
+    targets = np.asarray(targets, "float64")
+    targets = targets.reshape(-1, targets.shape[-1] if targets.ndim > 1 else 1)
+    mean = np.clip((1.0 - label_smoothing) * targets.mean(axis=0) + 0.5 * label_smoothing, 1e-7, 1 - 1e-7)
+    return float(-(mean * np.log(mean) + (1.0 - mean) * np.log(1.0 - mean)).mean())
+
+
+def absolute_chance_loss(targets) -> float:
+    """The mean absolute error of the best constant prediction: each output's median, scoring
+    the targets' mean distance from it.
+
+    Example:
+
+    >>> absolute_chance_loss([1.0, 2.0, 6.0])  # the median 2: (1 + 0 + 4) / 3
+    1.6666666666666667
+    """
+    targets = np.asarray(targets, "float64").reshape(len(targets), -1)
+    return float(np.abs(targets - np.median(targets, axis=0)).mean())
+
+
+def compiled_chance_loss(loss, targets) -> float | None:
+    """The chance level of a model compiled with `loss` (`model.loss`), on `targets`: the loss
+    of the best constant prediction, or `None` where `loss` is not one of Keras' losses this
+    knows (the cross-entropies, sparse, categorical or binary, with their label smoothing; the
+    mean squared and mean absolute errors), by name, function or `keras.losses` object.
+
+    Whether the network outputs logits or probabilities does not matter: either can output
+    the best constant. Soft (or smoothed) categorical targets are scored as their mean
+    distribution, which the constant's cross-entropy against each row averages to.
+
+    Example:
+
+    >>> round(compiled_chance_loss("sparse_categorical_crossentropy", np.array([0, 1, 2])), 4)  # ln 3
+    1.0986
+    >>> compiled_chance_loss(lambda y, p: (y - p) ** 2, np.array([0.0, 1.0])) is None
+    True
+    """
+    kind, smoothing = _loss_kind(loss)
+    if kind == "sparse_categorical_crossentropy":
+        labels = np.asarray(targets).reshape(-1)
+        if labels.dtype.kind == "f" and not np.array_equal(labels, np.round(labels)):
+            return None
+        return chance_loss(labels, max(2, int(labels.max()) + 1))
+    if kind == "categorical_crossentropy":
+        targets = np.asarray(targets, "float64")
+        mean = targets.reshape(-1, targets.shape[-1]).mean(axis=0)
+        smoothed = (1.0 - smoothing) * mean + smoothing / len(mean)
+        present = smoothed[smoothed > 0]
+        return float(-(present * np.log(present)).sum())
+    if kind == "binary_crossentropy":
+        return binary_chance_loss(targets, smoothing)
+    if kind == "mean_squared_error":
+        return regression_chance_loss(targets)
+    if kind == "mean_absolute_error":
+        return absolute_chance_loss(targets)
+    return None
+
+
+_NAMES = {"sparse_categorical_crossentropy": "sparse_categorical_crossentropy",
+          "categorical_crossentropy": "categorical_crossentropy", "binary_crossentropy": "binary_crossentropy",
+          "mse": "mean_squared_error", "mean_squared_error": "mean_squared_error",
+          "mae": "mean_absolute_error", "mean_absolute_error": "mean_absolute_error"}
+
+
+def _loss_kind(loss):
+    """`(kind, label_smoothing)`: the kind is a key of `_NAMES`' values, or `None`."""
+    import keras
+
+    classes = {keras.losses.SparseCategoricalCrossentropy: "sparse_categorical_crossentropy",
+               keras.losses.CategoricalCrossentropy: "categorical_crossentropy",
+               keras.losses.BinaryCrossentropy: "binary_crossentropy",
+               keras.losses.MeanSquaredError: "mean_squared_error",
+               keras.losses.MeanAbsoluteError: "mean_absolute_error"}
+    functions = {getattr(keras.losses, name): kind for name, kind in _NAMES.items() if hasattr(keras.losses, name)}
+    if isinstance(loss, str):
+        return _NAMES.get(loss), 0.0
+    if type(loss) in classes:
+        return classes[type(loss)], float(loss.get_config().get("label_smoothing", 0.0) or 0.0)
+    if callable(loss) and loss in functions:
+        return functions[loss], 0.0
+    return None, 0.0

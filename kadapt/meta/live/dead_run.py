@@ -64,7 +64,8 @@ class DeadRunRule:
     Args:
         chance_loss: Float > 0. The constant predictor's loss in the monitored
             loss's terms (`kadapt.meta.live.chance_loss.chance_loss`,
-            `regression_chance_loss`).
+            `regression_chance_loss`); `math.inf` turns the at-chance
+            signature off (the chance level is unknown), leaving divergence.
         tolerance: Float in [0, 1). How near chance counts as at chance, and
             the least relative fall that counts as learning. Defaults to `0.02`.
         jump: Float > 1. How many times its lowest a training loss must be

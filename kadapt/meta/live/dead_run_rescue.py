@@ -52,8 +52,15 @@ class DeadRunRescue(keras.callbacks.Callback):
     healthy run is not touched: the callback only reads the epoch's logs and
     copies weights.
 
+    It is also a part of the `MetaAdjuster` (its `rescue`, on by default),
+    which builds the rule from the compiled loss and the targets `fit` trains
+    on, writes the part's decisions to its own `decision_log` and saves the
+    part's state (`get_state`) in its own; alone, it writes and saves its own.
+
     Args:
-        rule: `DeadRunRule`. When to act, and how often at most.
+        rule: `DeadRunRule` or `None`. When to act, and how often at most;
+            `None`: set `rule` before the first epoch ends (the `MetaAdjuster`
+            sets it from the targets of fit's first epoch).
         monitor: String. `"val_loss"`, or `"loss"` without validation data.
             Defaults to `"val_loss"`.
         range_test: `kadapt.meta.RangeTestStart` or `None`. Finds the new rate
@@ -79,12 +86,12 @@ class DeadRunRescue(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, rule: DeadRunRule, monitor: str = "val_loss", range_test: Any = None,
+    def __init__(self, rule: DeadRunRule | None, monitor: str = "val_loss", range_test: Any = None,
                  peak_learning_rate: float | None = None, log_dir: str | os.PathLike | None = None,
                  backup_dir: str | os.PathLike | None = None, verbose: bool = True) -> None:
         super().__init__()
-        if not isinstance(rule, DeadRunRule):
-            raise TypeError(f"Argument `rule` must be a DeadRunRule. Received: rule={rule!r}")
+        if rule is not None and not isinstance(rule, DeadRunRule):
+            raise TypeError(f"Argument `rule` must be a DeadRunRule or None. Received: rule={rule!r}")
         if monitor not in ("val_loss", "loss"):
             raise ValueError(f"Argument `monitor` must be 'val_loss' or 'loss'. Received: monitor={monitor!r}")
         if peak_learning_rate is not None:
@@ -94,10 +101,12 @@ class DeadRunRescue(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.backup_dir = None if backup_dir is None else Path(backup_dir)
         self.decisions = []
+        self.decision_log = None  # a `DecisionLog` to write to instead: the MetaAdjuster's, when a part of it
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._multiplier = live_rate_of(self.model)
         self.state, self.point, self._best, self._began = None, None, math.inf, False
+        self._initial_loss = None
         self.decisions = []
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -118,17 +127,18 @@ class DeadRunRescue(keras.callbacks.Callback):
             self.point = rollback.take(self.model)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.state is not None or not logs or "loss" not in logs:
+        if self._initial_loss is not None or not logs or "loss" not in logs:
             return
-        initial = float(logs["loss"])  # the first batch's, at the initial weights
-        self.state = self.rule.start(initial)
+        initial = self._initial_loss = float(logs["loss"])  # the first batch's, at the initial weights
         self.point = rollback.RollbackPoint(self.point.weights, self.point.optimizer, initial)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.rule is None:
+            raise ValueError("DeadRunRescue has no `rule` at the end of epoch 1: pass one, or set it before.")
         logs = logs or {}
         loss = float(logs.get("loss", math.nan))
         monitored = float(logs.get(self.monitor, loss))
-        verdict = self.rule.judge(self.state or self.rule.start(), loss, monitored)
+        verdict = self.rule.judge(self.state or self.rule.start(self._initial_loss or math.inf), loss, monitored)
         self.state = verdict.state
         if verdict.trigger is not None and epoch + 1 < (self.params.get("epochs") or math.inf):
             self._rescue(epoch, verdict, loss, monitored)  # at the last epoch a restart would end at the start
@@ -145,12 +155,13 @@ class DeadRunRescue(keras.callbacks.Callback):
         before = self._multiplier_now()
         multiplier, how = self._new_multiplier(max(before, self._trained_multiplier), verdict.trigger)
         set_learning_rate_multiplier(optimizer, multiplier)
+        chance = self.rule.chance_loss if math.isfinite(self.rule.chance_loss) else None  # JSON has no inf
         self._log({"step": int(optimizer.iterations.numpy()), "epoch": epoch, "trigger": verdict.trigger,
                    "adjustment": {"learning_rate_multiplier": multiplier}, "predicted_gain": None,
                    "action": f"rollback to the {'initial' if math.isinf(self._best) else 'best healthy'} "
                              f"weights, lr x{multiplier / before:.3g} ({how})",
                    "rollback": True, "reason": verdict.reason,
-                   "features": {"loss": loss, self.monitor: monitored, "chance_loss": self.rule.chance_loss}})
+                   "features": {"loss": loss, self.monitor: monitored, "chance_loss": chance}})
 
     def _new_multiplier(self, multiplier, trigger):
         """`(multiplier, how)`: from the range test's suggestion, else `multiplier` (the epoch's,
@@ -187,6 +198,9 @@ class DeadRunRescue(keras.callbacks.Callback):
 
     def _log(self, decision):
         self.decisions.append(decision)
+        if self.decision_log is not None:
+            self.decision_log.write(decision)
+            return
         if self.log_dir is not None:
             with open(self.log_dir / DECISIONS_FILE, "a") as file:
                 file.write(json.dumps(decision) + "\n")
@@ -194,11 +208,22 @@ class DeadRunRescue(keras.callbacks.Callback):
             print(f"\nDeadRunRescue epoch {decision['epoch'] + 1}: {decision['trigger']} -> {decision['action']}: "
                   f"{decision['reason']}", flush=True)
 
+    def get_state(self) -> dict[str, Any]:
+        """What the rescue's later actions depend on: the rule's state, the best healthy loss, the
+        rollback point and the decisions so far, as arrays and JSON values (during `fit`)."""
+        return {"health": None if self.state is None else dataclasses.asdict(self.state),
+                "best": self._best, "point": rollback.to_state(self.point), "decisions": list(self.decisions)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores what `get_state` returned, into the running `fit` of the same model."""
+        self.state = None if state["health"] is None else RunHealth(**state["health"])
+        self._best, self.decisions = float(state["best"]), list(state["decisions"])
+        self.point = rollback.from_state(state["point"], self.model)
+        self._initial_loss = self.point.value  # the run's first loss was taken before the interruption
+
     def _save(self, epochs_done):
         """The state after `epochs_done` epochs, beside the backup; the last two kept (as the MetaAdjuster's)."""
-        state = {"epoch": epochs_done, "health": None if self.state is None else dataclasses.asdict(self.state),
-                 "best": self._best, "point": rollback.to_state(self.point), "decisions": self.decisions}
-        save_state(self.backup_dir / STATE_FILE.format(epoch=epochs_done), state)
+        save_state(self.backup_dir / STATE_FILE.format(epoch=epochs_done), {"epoch": epochs_done, **self.get_state()})
         stale = self.backup_dir / STATE_FILE.format(epoch=epochs_done - 2)
         stale.unlink(missing_ok=True)
 
@@ -208,10 +233,7 @@ class DeadRunRescue(keras.callbacks.Callback):
         if not path.is_file():
             raise RuntimeError(f"Training resumes at epoch {epoch}, but {self.backup_dir} holds no DeadRunRescue "
                                "state for it. Resume with the backup_dir the interrupted run used, or start afresh.")
-        state = load_state(path)
-        self.state = None if state["health"] is None else RunHealth(**state["health"])
-        self._best, self.decisions = float(state["best"]), list(state["decisions"])
-        self.point = rollback.from_state(state["point"], self.model)
+        self.set_state(load_state(path))
         if self.log_dir is not None:
             self._rewrite_log()
 
@@ -226,7 +248,7 @@ class DeadRunRescue(keras.callbacks.Callback):
         os.replace(aside, path)
 
     def get_config(self) -> dict[str, Any]:
-        return {"rule": self.rule.get_config(), "monitor": self.monitor,
+        return {"rule": None if self.rule is None else self.rule.get_config(), "monitor": self.monitor,
                 "peak_learning_rate": self.peak_learning_rate,
                 "log_dir": None if self.log_dir is None else str(self.log_dir),
                 "backup_dir": None if self.backup_dir is None else str(self.backup_dir), "verbose": self.verbose}
