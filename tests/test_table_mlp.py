@@ -2,10 +2,13 @@
 
 import keras
 import numpy as np
+import pytest
 
 from kadapt.models.table_mlp import network_text
 from kadapt.models.table_mlp import quantile_pieces
 from kadapt.models.table_mlp import table_mlp
+
+pytestmark = pytest.mark.backends("tensorflow", "jax")
 
 
 def _rows(n=400):
