@@ -163,10 +163,11 @@ def visible_device_entry(index: int, visible: str | None) -> str:
 def steady_peaks(tf: ModuleType) -> str | None:
     """One inter-op thread for a run under a memory budget on the CPU, where
     the user chose none: independent ops then run one after the other, and a
-    step's peak memory holds still from step to step and process to process,
-    which the probe's choice rests on (benchmarks/README.md#interop_peak:
-    the spread of a step's peak 1.08-1.10x -> 1.01-1.04x, the steps no
-    slower). Call it before TensorFlow runs its first operation. Returns the
+    step's peak memory holds still from step to step, which the probe's
+    choice rests on (benchmarks/README.md#interop_peak: the spread of a
+    step's peak 1.08-1.10x -> 1.01-1.04x, the steps no slower; from process
+    to process it still moves with what the process ran before:
+    benchmarks/README.md#probe). Call it before TensorFlow runs its first operation. Returns the
     line a run prints; `None` on a GPU (its peak is its own allocator's).
     """
     if INTEROP_THREADS in os.environ:

@@ -24,7 +24,7 @@ LONG_MODULES = ("test_distributed_search.py", "test_multi_worker_train.py", "tes
                 "test_real_clients.py", "test_multi_worker_adaptive.py", "test_recipe_front_doors.py",
                 "test_environment.py", "test_collect_workers.py", "test_oom_recovery.py",
                 "test_real_clients_auto.py", "test_jax_workers.py", "test_data_parallel_jax.py",
-                "test_jax_processes.py", "test_run_processes.py")
+                "test_jax_processes.py", "test_run_processes.py", "test_probe_training_peaks.py")
 
 if BACKEND == "tensorflow":
     import tensorflow as tf

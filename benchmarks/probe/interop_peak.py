@@ -21,16 +21,9 @@ MIB = 2**20
 
 
 def conv_pool_dropout():
-    """A family the probe's benchmark did not have: two convolutions, each pooled, with dropout."""
-    import keras
+    from benchmark_models import conv_pool_dropout  # Keras loads after the threads are set
 
-    return keras.Sequential([
-        keras.Input((32, 32, 3)),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Dropout(0.25),
-        keras.layers.Conv2D(64, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Dropout(0.25), keras.layers.Flatten(), keras.layers.Dense(10),
-    ], name="conv_pool_dropout")
+    return conv_pool_dropout()
 
 
 def small_cnn():

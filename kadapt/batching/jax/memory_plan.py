@@ -14,6 +14,7 @@ import numpy as np
 from kadapt._compat import build_training_state
 from kadapt.batching.jax.data_parallel import sharded_batch
 from kadapt.batching.jax.data_parallel import sharded_state
+from kadapt.batching.jax.train_function import donated_arguments
 from kadapt.validation import check_micro_batch_size
 
 
@@ -28,7 +29,9 @@ class StepPlan:
     temporaries are one buffer assignment, so `temporary_bytes` is already
     the most the step's intermediates hold at once. Keras donates the state
     (`donate_argnums=0`), so an output that reuses a donated argument's
-    buffer (`alias_bytes`) is counted once, not twice. The sum bounds what
+    buffer (`alias_bytes`) is counted once, not twice; an accumulating
+    model with recovery on does not (`train_function.donated_arguments`), and
+    its plan holds the old state and the new one. The sum bounds what
     the step holds at once from above: an argument freed early or a
     temporary reused across phases only lowers the true figure. Compiled
     code (`code_bytes`, 0 on the CPU) is not in it: it is loaded once per
@@ -56,8 +59,9 @@ class StepPlan:
 def step_plan(model: keras.Model, batch: Any, micro_batch_size: int | None = None) -> StepPlan:
     """Plans `model.train_step` on `batch` with XLA and returns its buffers.
 
-    Lowers and compiles `jax.jit(model.train_step, donate_argnums=0)` (as
-    Keras' JAX trainer jits it) on abstract shapes (`jax.ShapeDtypeStruct`)
+    Lowers and compiles `jax.jit(model.train_step)` with the state donated as
+    training donates it (`donated_arguments`: as in Keras, but not while an
+    accumulating model's recovery is on) on abstract shapes (`jax.ShapeDtypeStruct`)
     of the model's state and of `batch`, sharded as under the current
     `keras.distribution` (the plan is then one device's): no step runs and no device memory
     is taken for the batch. It leaves no trace: the model's variables, its
@@ -94,7 +98,7 @@ def step_plan(model: keras.Model, batch: Any, micro_batch_size: int | None = Non
     specs = sharded_batch(abstract_batch(batch))  # under a mesh: one device's buffers
     with planned_micro_batch(model, micro_batch_size), built_for_plan(model, specs):
         state = sharded_state(state_variables(model), abstract_state(model))
-        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, specs).compile()
+        compiled = jax.jit(model.train_step, donate_argnums=donated_arguments(model)).lower(state, specs).compile()
     analysis = compiled.memory_analysis()
     return StepPlan(
         argument_bytes=int(analysis.argument_size_in_bytes),

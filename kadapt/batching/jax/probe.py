@@ -26,6 +26,7 @@ from kadapt.batching.jax.memory_plan import check_jax_backend
 from kadapt.batching.jax.memory_plan import planned_micro_batch
 from kadapt.batching.jax.memory_plan import state_variables
 from kadapt.batching.jax.memory_plan import step_plan
+from kadapt.batching.jax.train_function import donated_arguments
 from kadapt.batching.memory_budget import CPU_RAM_FRACTION
 from kadapt.batching.memory_budget import ENVIRONMENT_VARIABLE
 from kadapt.batching.memory_budget import MemoryBudget
@@ -203,7 +204,7 @@ def measure_step(model: keras.Model, sample: tuple, plan: StepPlan, size: int,
         groups = state_variables(model)
         saved = [(v, np.array(v.value)) for group in groups for v in group]
         state = tuple([v.value for v in group] for group in groups)
-        step = jax.jit(model.train_step, donate_argnums=0).lower(state, batch).compile()
+        step = jax.jit(model.train_step, donate_argnums=donated_arguments(model)).lower(state, batch).compile()
         before = device_memory_stats()
         try:
             jax.block_until_ready(step(state, batch))

@@ -76,12 +76,20 @@ class JaxTrainFunction:
 
         # A new function per micro-batch size: `jit` caches its traces by the function, and
         # the size is read while tracing. Donated only without recovery: see the module docstring.
-        donate = () if model.max_oom_retries else (0,)
-        fused = jax.jit(step, donate_argnums=donate)
+        fused = jax.jit(step, donate_argnums=donated_arguments(model))
         if host_loop.wanted(model):
             # The state is not donated there: the micro-steps read it after the loop began.
             return host_loop.HostLoopStep(model, fused)
         return fused
+
+
+def donated_arguments(model: keras.Model) -> tuple:
+    """The step's arguments whose buffers XLA may reuse: the state (argument 0)
+    where recovery is off, as Keras donates it; none while it is on (the
+    module docstring). XLA's memory plan compiles the step with the same
+    (`kadapt.batching.jax.memory_plan.step_plan`): an undonated state is one
+    more copy of it alive during the step."""
+    return () if getattr(model, "max_oom_retries", 0) else (0,)
 
 
 def _iterations(model, state):

@@ -44,19 +44,20 @@ class RecoveringTrainFunction:
 
     def __init__(self, model: keras.Model) -> None:
         self.model = model
-        self._step = None
-        self._traced_micro_batch_size = None
-        self._halves_traced = None
+        # One traced step (or pair of halves) per micro-batch size, kept: a size
+        # traced before runs that same trace again, so the probe's trial at a
+        # size and training at it run one compiled step, not two traces of it.
+        self._steps = {}
+        self._halves_by_size = {}
         self._needs_trace = True
-        self._retired_traces = 0
         self._reader = None
 
     @property
     def compiles(self) -> int:
         """Traces of the step so far, each an XLA compile under `jit_compile`:
         one per micro-batch size (a trace-time constant) and input shape."""
-        halves = () if self._halves_traced is None else self._halves_traced[1:]
-        return self._retired_traces + sum(traces(f) for f in (self._step, *halves))
+        halves = [f for pair in self._halves_by_size.values() for f in pair]
+        return sum(traces(f) for f in (*self._steps.values(), *halves))
 
     def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         outputs = None
@@ -139,11 +140,9 @@ class RecoveringTrainFunction:
     def _halves(self):
         """The traced `compute_step` and `finish_step` for the current micro-batch size."""
         micro = self.model.micro_batch_size
-        if self._halves_traced is None or self._halves_traced[0] != micro:
-            if self._halves_traced is not None:
-                self._retired_traces += sum(traces(f) for f in self._halves_traced[1:])
-            self._halves_traced = (micro, *two_step_functions(self.model))
-        return self._halves_traced[1:]
+        if micro not in self._halves_by_size:
+            self._halves_by_size[micro] = two_step_functions(self.model)
+        return self._halves_by_size[micro]
 
     def _traced_step(self, data):
         """`_step_function()`, traced once for any number of rows shaped as `data`'s.
@@ -168,11 +167,9 @@ class RecoveringTrainFunction:
     def _step_function(self):
         """The traced one-step function for the current micro-batch size."""
         micro = self.model.micro_batch_size
-        if self._step is None or micro != self._traced_micro_batch_size:
-            self._retired_traces += traces(self._step)
-            self._step = replica_step_function(self.model, self.model.train_step)
-            self._traced_micro_batch_size = micro
-        return self._step
+        if micro not in self._steps:
+            self._steps[micro] = replica_step_function(self.model, self.model.train_step)
+        return self._steps[micro]
 
 
 def _values_function(variables):
