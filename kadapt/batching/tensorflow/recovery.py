@@ -45,7 +45,9 @@ class RecoveringTrainFunction:
     def __init__(self, model: keras.Model) -> None:
         self.model = model
         self._step = None
+        self._one_micro_batch_step = None
         self._traced_micro_batch_size = None
+        self._larger_batch_seen = False
         self._halves_traced = None
         self._needs_trace = True
         self._retired_traces = 0
@@ -56,7 +58,7 @@ class RecoveringTrainFunction:
         """Traces of the step so far, each an XLA compile under `jit_compile`:
         one per micro-batch size (a trace-time constant) and input shape."""
         halves = () if self._halves_traced is None else self._halves_traced[1:]
-        return self._retired_traces + sum(traces(f) for f in (self._step, *halves))
+        return self._retired_traces + sum(traces(f) for f in (self._step, self._one_micro_batch_step, *halves))
 
     def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         outputs = None
@@ -146,7 +148,7 @@ class RecoveringTrainFunction:
         return self._halves_traced[1:]
 
     def _traced_step(self, data):
-        """`_step_function()`, traced once for any number of rows shaped as `data`'s.
+        """`_step_function(data)`, traced once for any number of rows shaped as `data`'s.
 
         Keras traces its step for the dataset's element spec, whose batch
         dimension is unknown; this function sees each batch as a concrete
@@ -158,21 +160,40 @@ class RecoveringTrainFunction:
         metrics' and optimizer's variables made before it (Keras makes them in
         the first trace without a distribution strategy, and a trace that
         makes variables is traced again)."""
-        function = self._step_function()
+        function = self._step_function(data)
         if not self.model.run_eagerly and traces(function) == 0:
             # Variables made in a trace make `tf.function` trace again: make them first.
             build_training_state(self.model, data)
             function.get_concrete_function(rows_unknown(data))
         return function
 
-    def _step_function(self):
-        """The traced one-step function for the current micro-batch size."""
+    def _step_function(self, data):
+        """The traced one-step function for the current micro-batch size: while
+        no batch has had more rows than a micro-batch, the step of one
+        micro-batch (`one_micro_batch_step`: one build of the network's pass
+        in the trace, not three), then the step of any batch for every batch
+        after (one more trace, only where a larger batch follows smaller ones)."""
         micro = self.model.micro_batch_size
-        if self._step is None or micro != self._traced_micro_batch_size:
-            self._retired_traces += traces(self._step)
+        if micro != self._traced_micro_batch_size:
+            self._retired_traces += traces(self._step) + traces(self._one_micro_batch_step)
+            self._step = self._one_micro_batch_step = None
+            self._traced_micro_batch_size, self._larger_batch_seen = micro, False
+        self._larger_batch_seen = self._larger_batch_seen or not _at_most(data, micro)
+        if not self._larger_batch_seen:
+            if self._one_micro_batch_step is None:
+                self._one_micro_batch_step = replica_step_function(self.model, self.model.one_micro_batch_step)
+            return self._one_micro_batch_step
+        if self._step is None:
             self._step = replica_step_function(self.model, self.model.train_step)
-            self._traced_micro_batch_size = micro
         return self._step
+
+
+def _at_most(data, rows):
+    """Whether the batch `data` has at most `rows` rows (its first tensor's, where known; `rows` an int)."""
+    if not isinstance(rows, int):
+        return False
+    shapes = [tuple(t.shape) for t in tf.nest.flatten(data) if len(getattr(t, "shape", ())) > 0]
+    return bool(shapes) and shapes[0][0] is not None and shapes[0][0] <= rows
 
 
 def _values_function(variables):
