@@ -73,6 +73,40 @@ def test_a_fit_with_a_short_last_batch_traces_the_step_once(max_oom_retries, tmp
     assert int(accumulated.optimizer.iterations) == 9
 
 
+def _count_network_builds(monkeypatch):
+    """A list that grows by one each time a trace builds a micro-batch's forward and backward pass."""
+    from kadapt.batching.tensorflow.train_step import TensorFlowAccumulation
+
+    builds, micro_step = [], TensorFlowAccumulation._micro_step
+    monkeypatch.setattr(TensorFlowAccumulation, "_micro_step",
+                        lambda self, *args: builds.append(1) or micro_step(self, *args))
+    return builds
+
+
+def test_batches_of_one_micro_batch_build_the_network_once_in_the_trace(monkeypatch):
+    # kadapt train's plan where the logical batch fits (1 micro-batch of 256): the loop over
+    # further micro-batches and the short last one never run, and were two more builds.
+    builds = _count_network_builds(monkeypatch)
+    plain, accumulated = _model(None, batch_norm=True), kadapt.accumulate(_model(None, batch_norm=True), 12)
+    x, y = _data()
+    for model in (plain, accumulated):
+        model.fit(x, y, batch_size=12, epochs=2, verbose=0, shuffle=False)  # 12, 12, 8 rows
+    assert (accumulated.train_function.compiles, len(builds)) == (1, 1)
+    assert max_relative_difference(plain.get_weights(), accumulated.get_weights()) <= 1e-5
+
+
+def test_a_larger_batch_after_one_micro_batch_ones_traces_the_step_of_any_batch(monkeypatch):
+    builds = _count_network_builds(monkeypatch)
+    plain, accumulated = _model(None), kadapt.accumulate(_model(None), 8)
+    x, y = _data()
+    for model in (plain, accumulated):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)  # 2 micro-batches each
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)  # the step of any batch still
+    assert (accumulated.train_function.compiles, len(builds)) == (2, 1 + 3)
+    assert max_relative_difference(plain.get_weights(), accumulated.get_weights()) <= 1e-5
+
+
 def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch):
     # On a GPU Keras compiles the step with XLA. A real XLA allocation failure
     # cannot be had on the CPU (the process aborts), so the step of 8 rows
@@ -87,8 +121,8 @@ def test_under_xla_the_same_batch_is_retried_smaller_and_ends_exact(monkeypatch)
         def __call__(self, data):
             raise tf.errors.ResourceExhaustedError(None, None, "Out of memory while trying to allocate 1.00GiB.")
 
-    def step_function(self):
-        step = traced(self)
+    def step_function(self, data):
+        step = traced(self, data)
         return step if self.model.micro_batch_size <= 6 else OutOfMemoryStep(step)
 
     monkeypatch.setattr(recovery.RecoveringTrainFunction, "_step_function", step_function)

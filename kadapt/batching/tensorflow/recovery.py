@@ -18,7 +18,7 @@ of the process. All replicas then retry with the same smaller micro-batch.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -47,7 +47,8 @@ class RecoveringTrainFunction:
         # One traced step (or pair of halves) per micro-batch size, kept: a size
         # traced before runs that same trace again, so the probe's trial at a
         # size and training at it run one compiled step, not two traces of it.
-        self._steps = {}
+        self._steps = {}  # {micro-batch size: {"one": one micro-batch's step, "any": any batch's}}
+        self._larger_batch_seen = {}  # {micro-batch size: whether a batch of more rows came}
         self._halves_by_size = {}
         self._needs_trace = True
         self._reader = None
@@ -57,7 +58,8 @@ class RecoveringTrainFunction:
         """Traces of the step so far, each an XLA compile under `jit_compile`:
         one per micro-batch size (a trace-time constant) and input shape."""
         halves = [f for pair in self._halves_by_size.values() for f in pair]
-        return sum(traces(f) for f in (*self._steps.values(), *halves))
+        return sum(traces(f) for steps in self._steps.values() for f in steps.values()) + \
+            sum(traces(f) for f in halves)
 
     def __call__(self, iterator: Iterator) -> dict[str, Any] | None:
         outputs = None
@@ -145,7 +147,7 @@ class RecoveringTrainFunction:
         return self._halves_by_size[micro]
 
     def _traced_step(self, data):
-        """`_step_function()`, traced once for any number of rows shaped as `data`'s.
+        """`_step_function(data)`, traced once for any number of rows shaped as `data`'s.
 
         Keras traces its step for the dataset's element spec, whose batch
         dimension is unknown; this function sees each batch as a concrete
@@ -157,19 +159,36 @@ class RecoveringTrainFunction:
         metrics' and optimizer's variables made before it (Keras makes them in
         the first trace without a distribution strategy, and a trace that
         makes variables is traced again)."""
-        function = self._step_function()
+        function = self._step_function(data)
         if not self.model.run_eagerly and traces(function) == 0:
             # Variables made in a trace make `tf.function` trace again: make them first.
             build_training_state(self.model, data)
             function.get_concrete_function(rows_unknown(data))
         return function
 
-    def _step_function(self):
-        """The traced one-step function for the current micro-batch size."""
+    def _step_function(self, data):
+        """The traced one-step function for the current micro-batch size (kept
+        per size): while no batch at that size has had more rows than a micro-batch, the step of one
+        micro-batch (`one_micro_batch_step`: one build of the network's pass
+        in the trace, not three), then the step of any batch for every batch
+        after (one more trace, only where a larger batch follows smaller ones)."""
         micro = self.model.micro_batch_size
-        if micro not in self._steps:
-            self._steps[micro] = replica_step_function(self.model, self.model.train_step)
-        return self._steps[micro]
+        steps = self._steps.setdefault(micro, {})
+        larger = self._larger_batch_seen.get(micro, False) or not _at_most(data, micro)
+        self._larger_batch_seen[micro] = larger
+        kind = "any" if larger else "one"
+        if kind not in steps:
+            step = self.model.train_step if larger else self.model.one_micro_batch_step
+            steps[kind] = replica_step_function(self.model, step)
+        return steps[kind]
+
+
+def _at_most(data, rows):
+    """Whether the batch `data` has at most `rows` rows (its first tensor's, where known; `rows` an int)."""
+    if not isinstance(rows, int):
+        return False
+    shapes = [tuple(t.shape) for t in tf.nest.flatten(data) if len(getattr(t, "shape", ())) > 0]
+    return bool(shapes) and shapes[0][0] is not None and shapes[0][0] <= rows
 
 
 def _values_function(variables):

@@ -78,12 +78,23 @@ class TensorFlowAccumulation:
     def train_step(self, data: Any) -> dict[str, Any]:
         return self.finish_step(*self.compute_step(data))
 
-    def compute_step(self, data: Any) -> tuple:
+    def one_micro_batch_step(self, data: Any) -> dict[str, Any]:
+        """`train_step` for a batch of at most `micro_batch_size` rows: the same
+        first micro-batch and update, traced without the loop over further
+        micro-batches and the short last one, which never run on such a batch
+        (each is one more build of the network's forward and backward pass in
+        the trace). A subclass's own `train_step` runs as it is."""
+        if type(self).train_step is not TensorFlowAccumulation.train_step:
+            return self.train_step(data)
+        return self.finish_step(*self.compute_step(data, one_micro_batch=True))
+
+    def compute_step(self, data: Any, one_micro_batch: bool = False) -> tuple:
         """The first half of `train_step`: every micro-batch's forward and
         backward pass, with no collective after them. Returns `(gradients,
         loss, noise statistics, batch size, loss denominator)` for
         `finish_step`. A multi-worker step that runs out of memory here on one
-        worker is retried by all (`kadapt.batching.oom_recovery`)."""
+        worker is retried by all (`kadapt.batching.oom_recovery`).
+        `one_micro_batch`: the batch has at most `micro_batch_size` rows."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         batch = (x, y, sample_weight)
         batch_size = micro_batches.batch_size_of(x)
@@ -105,12 +116,13 @@ class TensorFlowAccumulation:
             total = self._micro_step(micro_batches.first_rows(batch, micro), denominator, context)
             if self.jit_compile:
                 total = (gradient_sum.reserve(total[0], num_micro), *total[1:])
-            total = self._accumulate_full(batch, denominator, num_full, num_micro, total, context)
-            total = tf.cond(
-                tf.logical_and(tail > 0, num_full > 0),
-                lambda: self._accumulate_tail(batch, denominator, num_full, num_micro, total, context),
-                lambda: total,
-            )
+            if not one_micro_batch:
+                total = self._accumulate_full(batch, denominator, num_full, num_micro, total, context)
+                total = tf.cond(
+                    tf.logical_and(tail > 0, num_full > 0),
+                    lambda: self._accumulate_tail(batch, denominator, num_full, num_micro, total, context),
+                    lambda: total,
+                )
         parts, loss, noise = total
         return gradient_sum.as_gradients(parts, self.trainable_variables), loss, noise, batch_size, denominator
 
