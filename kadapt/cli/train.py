@@ -15,8 +15,6 @@ from kadapt.recipes.config import FastFitConfig
 from kadapt.recipes.config import command_line_switches
 from kadapt.recipes.config import switch_flag
 from kadapt.run.config import AUGMENT_SETTINGS
-from kadapt.run.config import DEFAULT_EPOCHS
-from kadapt.run.config import MIN_TABLE_STEPS
 from kadapt.run.config import MODEL_NAMES
 from kadapt.run.config import TASKS
 from kadapt.run.config import RunConfig
@@ -87,8 +85,7 @@ def _add_image_arguments(parser):
 def _add_run_arguments(parser):
     add = parser.add_argument
     add("--memory-budget", help="memory a step may use, e.g. 2GiB (default: the device's)")
-    add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULT_EPOCHS}; a table: enough for "
-        f"{MIN_TABLE_STEPS} steps, if more)")
+    add("--epochs", type=int, help=f"passes over the training rows (default: {DEFAULTS.epochs})")
     add("--meta", help="MetaAdjuster meta-model: default, off, or a .keras file (default: default)")
     add("--target-accuracy", type=float, help="stop once the validation accuracy reaches this")
     add("--max-steps", type=int, help="stop after this many optimizer steps (short runs, tests)")

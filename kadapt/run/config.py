@@ -23,8 +23,6 @@ META_SETTINGS = ("default", "off")
 AUGMENT_SETTINGS = ("auto", "on", "off")
 TASKS = ("classification", "regression")
 STREAM_SETTINGS = ("auto", "on", "off")
-DEFAULT_EPOCHS = 10
-MIN_TABLE_STEPS = 1000  # a table's run trains at least this many optimizer steps, unless --epochs is given
 RECIPE_FLAGS = {field.name: switch_flag(field) for field in command_line_switches()}
 
 
@@ -41,7 +39,7 @@ class RunConfig:
     model: str = "auto"
     batch_size: int | None = None  # None: the recipe's for the training rows (kadapt.recipes.batch_size)
     memory_budget: str | None = None
-    epochs: int | None = None  # None: DEFAULT_EPOCHS, more for a small table (`with_epochs`)
+    epochs: int = 10
     # The `FastFitConfig` switches given, by field name; the others take the recipe's defaults.
     recipe: dict = dataclasses.field(default_factory=dict)
     validation_split: float = 0.1
@@ -56,7 +54,7 @@ class RunConfig:
 
     def __post_init__(self):
         _optional_positive_int("batch_size", self.batch_size)
-        _optional_positive_int("epochs", self.epochs)
+        _positive_int("epochs", self.epochs)
         _optional_positive_int("max_steps", self.max_steps)
         _optional_positive_int("train_rows", self.train_rows)
         _model(self.model)
@@ -146,18 +144,6 @@ def with_batch_size(config, train_rows):
     if config.batch_size is not None:
         return config
     return dataclasses.replace(config, batch_size=recipe_batch_size(train_rows))
-
-
-def with_epochs(config, train_rows, table):
-    """`config` with its epochs: the ones given, else `DEFAULT_EPOCHS`, and for
-    a table (`table`) as many more as make `MIN_TABLE_STEPS` optimizer steps
-    (a small table's 10 epochs at batch 16 stopped short of what it learns in
-    more: benchmarks/README.md#public_tables)."""
-    if config.epochs is not None:
-        return config
-    steps_per_epoch = math.ceil(train_rows / config.batch_size)
-    least = math.ceil(MIN_TABLE_STEPS / steps_per_epoch) if table else 0
-    return dataclasses.replace(config, epochs=max(DEFAULT_EPOCHS, least))
 
 
 def schedule_steps(config, train_rows):

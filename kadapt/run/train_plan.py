@@ -33,7 +33,6 @@ from kadapt.recipes.optimizer_choice import choose_optimizer
 from kadapt.recipes.optimizer_choice import with_choice
 from kadapt.run.config import RunConfig
 from kadapt.run.config import with_batch_size
-from kadapt.run.config import with_epochs
 from kadapt.run.data import TrainingData
 from kadapt.run.errors import UsageError
 
@@ -102,7 +101,6 @@ def plan_training(config: RunConfig, data: TrainingData, recorded: dict | None =
     """
     recorded = recorded or {}
     config = with_batch_size(config, len(data.x_train))
-    config = with_epochs(config, len(data.x_train), table=bool(data.columns))
     if workers is not None:
         _check_split(config.batch_size, workers)
     network = _network(config, data)
