@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 import kadapt  # noqa: E402
 from kadapt.recipes import predict_with_tta  # noqa: E402
+from kadapt.recipes.inference import shifted_images  # noqa: E402
 from kadapt.run.data import load_arrays  # noqa: E402
 
 # name: (predict_with_tta's arguments, passes over the rows)
@@ -70,19 +71,9 @@ def score_run(directory, x, y, rounds):
 
 def view_outputs(model, x):
     """`{view: outputs}` of the six single views of flip + shift 1."""
-    views = {"x": x, "+1": shifted(x, 1), "-1": shifted(x, -1)}
+    views = {"x": x, "+1": shifted_images(x, 1), "-1": shifted_images(x, -1)}
     views.update({f"f {name}": images[:, :, ::-1] for name, images in views.items()})
     return {name: model.predict(images, batch_size=BATCH_SIZE, verbose=0) for name, images in views.items()}
-
-
-def shifted(images, pixels):
-    """As predict_with_tta shifts: `pixels` down and right (up and left when negative), zeros shifted in."""
-    out = np.zeros_like(images)
-    if pixels >= 0:
-        out[:, pixels:, pixels:] = images[:, :images.shape[1] - pixels, :images.shape[2] - pixels]
-    else:
-        out[:, :pixels, :pixels] = images[:, -pixels:, -pixels:]
-    return out
 
 
 def table(runs):

@@ -48,10 +48,10 @@ def predict_with_tta(model, x, batch_size=512, flip=True, shift=0):
 
     if not shift:
         return view(x)
-    return 0.5 * view(x) + 0.25 * view(_shifted(x, shift)) + 0.25 * view(_shifted(x, -shift))
+    return 0.5 * view(x) + 0.25 * view(shifted_images(x, shift)) + 0.25 * view(shifted_images(x, -shift))
 
 
-def _shifted(images, pixels):
+def shifted_images(images, pixels):
     """`images` (N, H, W, C) moved `pixels` down and right (up and left when
     negative), the pixels shifted in zero."""
     out = np.zeros_like(images)
