@@ -23,6 +23,7 @@ from kadapt.run.data import load_data
 from kadapt.run.data import load_table_inputs
 from kadapt.run.coded_strings import CodedStrings
 from kadapt.run.encoding import categories
+from kadapt.run.encoding import category_limit
 from kadapt.run.encoding import column_encoder
 from kadapt.run.encoding import encode
 from kadapt.run.encoding import indexed
@@ -153,8 +154,16 @@ def test_training_rows_by_codes_are_what_the_saved_string_encoder_makes():
 
 def test_many_string_values_keep_the_most_frequent():
     values = np.array([f"v{i}" for i in range(100)] + ["v7"] * 3 + ["v42"] * 2)
-    vocabulary = categories(collections.Counter(values.tolist()))
+    vocabulary = categories(collections.Counter(values.tolist()), limit=64)
     assert len(vocabulary) == 64 and vocabulary[:2] == ["v7", "v42"]
+    assert len(categories(collections.Counter(values.tolist()))) == 100
+
+
+def test_a_long_table_keeps_fewer_values_so_its_one_hot_inputs_stay_within_a_gib():
+    assert category_limit(18_000, 1) == 1024
+    assert category_limit(2_000_000, 1) == 2**30 // (4 * 2_000_000)  # 134 inputs: 1 GiB as float32
+    assert category_limit(2_000_000, 2) == 67
+    assert category_limit(20_000_000, 3) == 64
 
 
 def test_date_parts_follow_the_calendar():

@@ -15,8 +15,8 @@ schedule as on any array), and `model.keras` is the end-to-end model raw rows
   stays harmless on rows that differ).
 - Strings: one-hot by a `keras.layers.StringLookup` over the training values,
   the missing `""` one of them, with one out-of-vocabulary slot that a value
-  unseen in training maps to; a column of more than `MAX_CATEGORIES` values
-  keeps its most frequent ones, the rest share that slot.
+  unseen in training maps to; a column of more values than `category_limit`
+  (1,024, fewer on a long table) keeps its most frequent ones, the rest share that slot.
 - Regression: the network learns the standardized target; the saved model
   ends with `Normalization(invert=True)`, output * std + mean.
 
@@ -38,7 +38,15 @@ from kadapt.run.tables import STRING
 from kadapt.run.tables import is_strings
 
 ENCODE_BATCH_SIZE = 262144
-MAX_CATEGORIES = 64
+# A string column is one-hot over at most MAX_CATEGORIES of its values, its most frequent, and fewer
+# where a table's one-hot inputs would pass ONE_HOT_BYTES as float32 over its training rows (the
+# encoded rows are held, or written, whole), MIN_CATEGORIES at least. Measured on a generated table
+# (a 1,000-value column whose values each carry an effect, 18,000 training rows; Bayes 73.2%):
+# 16 values 62.4%, 64 64.8%, 256 67.3%, 1,024 69.1%; on vega's cars, whose Name has 311, all of
+# them: Origin 85.9% (64: 84.6%), MPG 7.79 (64: 7.63). benchmarks/README.md#public_tables.
+MAX_CATEGORIES = 1024
+MIN_CATEGORIES = 64
+ONE_HOT_BYTES = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +89,9 @@ def statistics(columns: dict) -> Statistics:
                                                   zip(*stats)) if stats else (np.zeros(0),) * 6
     counts = {name: collections.Counter(values.counts() if isinstance(values, CodedStrings) else values.tolist())
               for name, values in strings.items()}
+    limit = category_limit(rows, len(strings))
     return Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
-                      {name: categories(count) for name, count in counts.items()},
+                      {name: categories(count, limit) for name, count in counts.items()},
                       {name: len(count) for name, count in counts.items()})
 
 
@@ -143,9 +152,10 @@ def notes(stats: Statistics, where: str) -> list:
         elif stats.rows and stats.low[i] == stats.high[i]:
             lines.append(f"{where.format(name)}: {stats.low[i]:g} in every training row: kept (it adds nothing)")
     for name, distinct in stats.distinct.items():
-        if distinct > MAX_CATEGORIES:
+        kept = len(stats.vocabularies[name])
+        if distinct > kept:
             lines.append(f"{where.format(name)}: {distinct} distinct values: one input for each of the "
-                         f"{MAX_CATEGORIES} most frequent, one for all the others")
+                         f"{kept} most frequent, one for all the others")
     return lines
 
 
@@ -172,10 +182,18 @@ def _indices(values, vocabulary):
     return np.where(found, order[position] + 1, 0).astype("int32")
 
 
-def categories(counts: collections.Counter) -> list:
+def categories(counts: collections.Counter, limit: int = MAX_CATEGORIES) -> list:
     """The one-hot vocabulary of a string column from its value counts: its
-    values, or its `MAX_CATEGORIES` most frequent (ties by value), most frequent first."""
-    return [str(name) for name, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_CATEGORIES]]
+    values, or its `limit` most frequent (ties by value), most frequent first."""
+    return [str(name) for name, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit]]
+
+
+def category_limit(rows: int, columns: int) -> int:
+    """How many values each of a table's `columns` string columns keeps over
+    `rows` training rows: `MAX_CATEGORIES`, fewer where the one-hot inputs
+    would pass `ONE_HOT_BYTES` as float32, `MIN_CATEGORIES` at least."""
+    fitting = ONE_HOT_BYTES // (4 * max(rows, 1) * max(columns, 1))
+    return int(max(MIN_CATEGORIES, min(MAX_CATEGORIES, fitting)))
 
 
 def filled_moments(median, shift, given, given_sum, given_squares, rows):

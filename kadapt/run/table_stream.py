@@ -374,8 +374,9 @@ class _Scan:
         median, mean, variance, missing, low, high = (np.array(values, "float64").reshape(-1) for values in
                                                       zip(*columns)) if columns else (np.zeros(0),) * 6
         strings = [name for name, kind in inputs.items() if kind == tables.STRING]
+        limit = encoding.category_limit(rows, len(strings))
         return encoding.Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
-                                   {name: encoding.categories(self.counts[name].counts) for name in strings},
+                                   {name: encoding.categories(self.counts[name].counts, limit) for name in strings},
                                    {name: len(self.counts[name].counts) for name in strings},
                                    median_rows=len(self.keys) if rows > SAMPLE_ROWS else None)
 
