@@ -40,10 +40,9 @@ from kadapt.run.tables import is_strings
 ENCODE_BATCH_SIZE = 262144
 # A string column is one-hot over at most MAX_CATEGORIES of its values, its most frequent, and fewer
 # where a table's one-hot inputs would pass ONE_HOT_BYTES as float32 over its training rows (the
-# encoded rows are held, or written, whole), MIN_CATEGORIES at least. Measured on a generated table
-# (a 1,000-value column whose values each carry an effect, 18,000 training rows; Bayes 73.2%):
-# 16 values 62.4%, 64 64.8%, 256 67.3%, 1,024 69.1%; on vega's cars, whose Name has 311, all of
-# them: Origin 85.9% (64: 84.6%), MPG 7.79 (64: 7.63). benchmarks/README.md#public_tables.
+# encoded rows are held, or written, whole), MIN_CATEGORIES at least. Each value kept adds what it
+# carries, to 1,024 on a 1,000-value column (benchmarks/recipe/many_values.py; figures in
+# benchmarks/README.md#public_tables).
 MAX_CATEGORIES = 1024
 MIN_CATEGORIES = 64
 ONE_HOT_BYTES = 2**30
