@@ -38,6 +38,8 @@ def test_every_optimizer_name_has_measured_defaults_and_a_builder():
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_the_recipe_compiles_the_named_optimizer(name):
+    import keras
+
     from kadapt.optimizers import SGD
     from kadapt.optimizers import Adam
     from kadapt.optimizers import Prodigy
@@ -47,7 +49,7 @@ def test_the_recipe_compiles_the_named_optimizer(name):
 
     optimizer = recipe_optimizer(FastFitConfig(optimizer=name, schedule="constant", learning_rate=0.01), 10)
     assert type(optimizer) is {"sgd": SGD, "adam": Adam, "prodigy": Prodigy, "schedule_free_adamw": ScheduleFreeAdamW,
-                               "schedule_free_sgd": ScheduleFreeSGD}[name]
+                               "schedule_free_sgd": ScheduleFreeSGD, "muon": keras.optimizers.Muon}[name]
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.01)
 
 
@@ -60,7 +62,7 @@ def test_an_unchosen_optimizer_is_refused_by_the_recipe():
 
 def test_an_unknown_optimizer_is_refused():
     with pytest.raises(ValueError, match=r"`optimizer` must be one of auto, sgd, adam, prodigy, "
-                                         r"schedule_free_adamw, schedule_free_sgd. Received: optimizer='lion'"):
+                                         r"schedule_free_adamw, schedule_free_sgd, muon. Received: optimizer='lion'"):
         FastFitConfig(optimizer="lion")
 
 

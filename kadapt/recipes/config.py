@@ -7,7 +7,7 @@ from kadapt.validation import check_range
 SCHEDULES = ("triangular", "cosine", "constant")
 # The optimizers a recipe can train with, by name (`kadapt.recipes.training.OPTIMIZER_BUILDERS` builds them);
 # `"auto"` lets `kadapt train` choose one for the network (`kadapt.recipes.optimizer_choice`).
-OPTIMIZERS = ("sgd", "adam", "prodigy", "schedule_free_adamw", "schedule_free_sgd")
+OPTIMIZERS = ("sgd", "adam", "prodigy", "schedule_free_adamw", "schedule_free_sgd", "muon")
 # Schedule-Free averages its iterates instead of following a schedule (`kadapt.optimizers.ScheduleFreeAdamW`).
 SCHEDULE_FREE = ("schedule_free_adamw", "schedule_free_sgd")
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
@@ -47,7 +47,11 @@ class FastFitConfig:
         optimizer: `"sgd"`: `kadapt.optimizers.SGD`, Nesterov (the speed
             records' choice, measured on `fast_resnet`); `"adam"`:
             `kadapt.optimizers.Adam`; `"prodigy"`: `kadapt.optimizers.Prodigy`
-            (its rate multiplies the step size it estimates); each on the
+            (its rate multiplies the step size it estimates); `"muon"`: Keras'
+            `keras.optimizers.Muon` with kadapt's live rate
+            (`kadapt.optimizers.live_rate`): its orthogonalized step on 2-D
+            kernels, its AdamW step on every other variable (a convolution's
+            4-D filters included); each on the
             schedule, with the decoupled weight decay. `"schedule_free_adamw"`,
             `"schedule_free_sgd"`: `kadapt.optimizers.ScheduleFreeAdamW` and
             `ScheduleFreeSGD` at the `"constant"` schedule only (they average
@@ -107,9 +111,10 @@ class FastFitConfig:
     schedule: str = switch("triangular", "triangular LR with momentum 0.9, cosine LR with cosine momentum, or "
                                          "a constant LR", choices=SCHEDULES)
     optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, prodigy, schedule_free_adamw, "
-                                  "schedule_free_sgd (learning-rate-free; their reference defaults), or auto: sgd for "
-                                  "fast_resnet and small_cnn on images, adam for any other network or rows, "
-                                  "each at its measured rate and schedule unless given", choices=(AUTO, *OPTIMIZERS))
+                                  "schedule_free_sgd (learning-rate-free; their reference defaults), muon (Keras' "
+                                  "Muon), or auto: sgd for fast_resnet and small_cnn on images, adam for any other "
+                                  "network or rows, each at its measured rate and schedule unless given",
+                            choices=(AUTO, *OPTIMIZERS))
     learning_rate: float | str = switch(0.2, "peak learning rate (where --optimizer auto chooses adam, adam's "
                                              "measured one), or auto: find it with a learning-rate range test "
                                              "before training (kadapt.find_learning_rate)")

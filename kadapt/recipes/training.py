@@ -25,6 +25,7 @@ from kadapt.optimizers import Prodigy
 from kadapt.optimizers import SGD
 from kadapt.optimizers import ScheduleFreeAdamW
 from kadapt.optimizers import ScheduleFreeSGD
+from kadapt.optimizers import live_rate
 from kadapt.precision import asked_precision
 from kadapt.precision import choose_precision
 from kadapt.range_test import find_learning_rate
@@ -130,6 +131,17 @@ def _prodigy(rate, config):
                    use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
 
 
+def _muon(rate, config):
+    # Keras' Muon takes its orthogonalized step on 2-D kernels only and AdamW's on the rest (on fast_resnet:
+    # every convolution filter, the BatchNorm biases and the classifier's bias), both at this rate
+    # (adam_lr_ratio 1; rms_rate 0.2 matches Muon's step size to Adam's). One decay for both kinds, as
+    # the other optimizers take it. bias_lr_multiplier scales gradients, which neither step sees.
+    optimizer = keras.optimizers.Muon(rate, weight_decay=config.weight_decay, adam_weight_decay=config.weight_decay,
+                                      use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+    live_rate(optimizer)  # the channel kadapt's SGD and Adam have: MetaAdjuster, rescue, learning_rate_multiplier
+    return optimizer
+
+
 def _schedule_free(optimizer):
     def build(rate, config):  # a float: the config allows Schedule-Free only the constant schedule
         return optimizer(rate, weight_decay=config.weight_decay)
@@ -140,7 +152,7 @@ def _schedule_free(optimizer):
 # One builder per name of `kadapt.recipes.config.OPTIMIZERS`: `(rate or schedule, FastFitConfig) -> optimizer`.
 OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam, "prodigy": _prodigy,
                       "schedule_free_adamw": _schedule_free(ScheduleFreeAdamW),
-                      "schedule_free_sgd": _schedule_free(ScheduleFreeSGD)}
+                      "schedule_free_sgd": _schedule_free(ScheduleFreeSGD), "muon": _muon}
 
 
 def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None, task=Task()):
