@@ -38,9 +38,14 @@ def chance_loss(labels, num_classes: int, label_smoothing: float = 0.0, scored=N
     check_range("label_smoothing", label_smoothing, low=0.0, high=1.0)
     predicted = _smoothed(labels, num_classes, label_smoothing)
     if scored is None:
-        present = predicted[predicted > 0]
-        return float(-(present * np.log(present)).sum())
+        return _entropy(predicted)
     return float(-(_smoothed(scored, num_classes, label_smoothing) * np.log(np.maximum(predicted, 1e-7))).sum())
+
+
+def _entropy(probabilities):
+    """-sum p log p over the classes of nonzero probability."""
+    present = probabilities[probabilities > 0]
+    return float(-(present * np.log(present)).sum())
 
 
 def _smoothed(labels, num_classes, label_smoothing):
@@ -125,9 +130,7 @@ def compiled_chance_loss(loss, targets) -> float | None:
     if kind == "categorical_crossentropy":
         targets = np.asarray(targets, "float64")
         mean = targets.reshape(-1, targets.shape[-1]).mean(axis=0)
-        smoothed = (1.0 - smoothing) * mean + smoothing / len(mean)
-        present = smoothed[smoothed > 0]
-        return float(-(present * np.log(present)).sum())
+        return _entropy((1.0 - smoothing) * mean + smoothing / len(mean))
     if kind == "binary_crossentropy":
         return binary_chance_loss(targets, smoothing)
     if kind == "mean_squared_error":
