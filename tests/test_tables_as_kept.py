@@ -22,11 +22,13 @@ from kadapt.run import tables
 from kadapt.run.data import load_data
 from kadapt.run.data import load_table_inputs
 from kadapt.run.coded_strings import CodedStrings
+from kadapt.run.encoding import MEDIAN_ROWS
 from kadapt.run.encoding import categories
 from kadapt.run.encoding import category_limit
 from kadapt.run.encoding import column_encoder
 from kadapt.run.encoding import encode
 from kadapt.run.encoding import indexed
+from kadapt.run.encoding import notes
 from kadapt.run.encoding import row_encoder
 from kadapt.run.encoding import statistics
 from kadapt.run.encoding import training_rows
@@ -117,6 +119,20 @@ def test_the_model_fills_missing_numbers_with_the_training_median_and_flags_them
     filled = np.where(np.isnan(values), median, values)
     expected = np.concatenate([(filled - filled.mean(0)) / filled.std(0), np.isnan(values)], axis=1)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder(values)), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_long_column_takes_the_median_of_a_sample_and_its_moments_exactly():
+    rng = np.random.default_rng(1)
+    values = rng.exponential(size=MEDIAN_ROWS + 50_000).astype("float32") * 1000 + 5e6  # far from 0: float64 sums
+    values[rng.random(len(values)) < 0.1] = np.nan
+    stats = statistics({"x": values})
+    given = values[~np.isnan(values)].astype("float64")
+    median = np.log(2) * 1000 + 5e6  # the distribution's; a 180,000-value sample's is within a few 0.1%
+    assert stats.median_rows == MEDIAN_ROWS and abs(stats.median[0] - median) < 0.02 * 1000
+    filled = np.where(np.isnan(values), stats.median[0], values.astype("float64"))
+    np.testing.assert_allclose([stats.mean[0], stats.variance[0]], [filled.mean(), filled.var()], rtol=1e-9)
+    assert (stats.missing[0], stats.low[0], stats.high[0]) == (len(values) - len(given), given.min(), given.max())
+    assert "of a 200000-row sample" in notes(stats, "column {}")[0]
 
 
 def test_missing_is_one_thing_however_it_is_written(tmp_path):

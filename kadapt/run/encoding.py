@@ -7,7 +7,8 @@ schedule as on any array), and `model.keras` is the end-to-end model raw rows
 `kadapt.load_model(...).predict` and plain Keras take rows as the user keeps them.
 
 - Numbers (array rows (N, features), or a table's numeric columns joined):
-  a missing value (NaN) becomes the column's training median and, for a
+  a missing value (NaN) becomes the column's training median (of a seeded
+  `MEDIAN_ROWS`-row sample on a longer table) and, for a
   column with missing training values, also sets a "was missing" input of its
   own (as fastai's FillMissing and scikit-learn's `SimpleImputer(add_indicator=True)`
   do); then `keras.layers.Normalization`, (x - mean) / std with the training
@@ -46,6 +47,10 @@ ENCODE_BATCH_SIZE = 262144
 MAX_CATEGORIES = 1024
 MIN_CATEGORIES = 64
 ONE_HOT_BYTES = 2**30
+# The medians of a longer column are those of a seeded sample of this many of its rows, as a streamed
+# table's are (`kadapt.run.table_stream`): a median only fills empty cells, and a full sort-by-partition
+# of each column was a tenth of a 2,000,000-row table's data phase (benchmarks/README.md#table_scale).
+MEDIAN_ROWS = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +88,8 @@ def statistics(columns: dict) -> Statistics:
     strings = {name: values for name, values in columns.items() if is_strings(values)}
     numbers = {name: np.asarray(values) for name, values in columns.items() if name not in strings}
     rows = len(next(iter(columns.values()))) if columns else 0
-    stats = [_column_statistics(values) for values in numbers.values()]
+    sample = np.sort(np.random.default_rng(0).choice(rows, MEDIAN_ROWS, replace=False)) if rows > MEDIAN_ROWS else None
+    stats = [_column_statistics(values, sample) for values in numbers.values()]
     median, mean, variance, missing, low, high = (np.array(values, "float64").reshape(-1) for values in
                                                   zip(*stats)) if stats else (np.zeros(0),) * 6
     counts = {name: collections.Counter(values.counts() if isinstance(values, CodedStrings) else values.tolist())
@@ -91,7 +97,8 @@ def statistics(columns: dict) -> Statistics:
     limit = category_limit(rows, len(strings))
     return Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
                       {name: categories(count, limit) for name, count in counts.items()},
-                      {name: len(count) for name, count in counts.items()})
+                      {name: len(count) for name, count in counts.items()},
+                      median_rows=MEDIAN_ROWS if sample is not None else None)
 
 
 def row_encoder(stats: Statistics, width: int) -> keras.Model:
@@ -207,16 +214,18 @@ def filled_moments(median, shift, given, given_sum, given_squares, rows):
     return mean + shift, variance if variance > 0 else 1.0
 
 
-def _column_statistics(values):
-    """`(median, mean, variance, missing, low, high)` of one column filled with its median; from the
-    given values' sums, so that no filled copy of a long column is made."""
-    given = values[~np.isnan(values)].astype("float64")
+def _column_statistics(values, sample=None):
+    """`(median, mean, variance, missing, low, high)` of one column filled with its median (that of
+    its rows at `sample`, where given); from the given values' sums in float64, so that no filled
+    copy of a long column is made."""
+    given = values[~np.isnan(values)]
     rows, absent = len(values), len(values) - len(given)
     if not len(given):
         return 0.0, 0.0, 1.0, absent, np.nan, np.nan
-    median = float(np.median(given))
-    mean = (given.sum() + absent * median) / rows
-    variance = (np.square(given - mean).sum() + absent * (median - mean) ** 2) / rows
+    sampled = given if sample is None else values[sample][~np.isnan(values[sample])]
+    median = float(np.median(sampled.astype("float64"))) if len(sampled) else float(np.median(given))
+    mean = (given.sum(dtype="float64") + absent * median) / rows
+    variance = (np.square(given - np.float64(mean)).sum() + absent * (median - mean) ** 2) / rows
     return median, mean, variance if variance > 0 else 1.0, absent, given.min(), given.max()
 
 

@@ -34,13 +34,13 @@ from kadapt.extras import require
 from kadapt.recipes.disk_rows import RowStore
 from kadapt.recipes.disk_rows import available_memory
 from kadapt.run import tables
+from kadapt.run.encoding import MEDIAN_ROWS as SAMPLE_ROWS  # the training rows the medians and the id check read
 from kadapt.run.errors import UsageError
 
 # Held whole, a table takes about this many times its file's size at its peak (table_scale: 7.5x).
 MEMORY_FACTOR = 8
 BATCH_ROWS = 65536  # a Parquet file's rows per batch
 CSV_BLOCK_BYTES = 1 << 22  # a CSV's bytes per batch
-SAMPLE_ROWS = 200_000  # the training rows the medians and the id check read
 COUNTED_VALUES = 100_000  # a string column's distinct values counted exactly; past twice this, the commonest kept
 TRAIN, VALIDATION, TEST, UNUSED = 0, 1, 2, 3
 
