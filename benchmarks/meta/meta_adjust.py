@@ -11,8 +11,8 @@ constant, and under cosine, the test's steps charged to the run's budget
 the MetaAdjuster's); and the MetaAdjuster starting from the range test on
 every mis-set rate, the cosine run and the constant grid-best run
 (`RangeTestStart`, judged by short branches, its steps charged); the anchors
-at their defaults, the task's optimizer replaced (Schedule-Free AdamW, Prodigy,
-Keras `Adam()`), one run each per task-seed; against `evaluation.RANGE_TARGETS`
+at their defaults, the task's optimizer replaced (`evaluation.ANCHORS`: Schedule-Free AdamW, Prodigy,
+Keras `Adam()`, Keras' `ScheduleFreeAdamW` and `Muon`), one run each per task-seed; against `evaluation.RANGE_TARGETS`
 (issue 46's targets).
 
 Overhead: a MetaAdjuster whose trigger never fires against none, on the same

@@ -71,13 +71,22 @@ def parse_row(line):
     well_range["decisions"] = _decisions(range_decisions["well-set"])
     rate, losses = cells["range_test"].split(": ")
     constant, cosine = (_run(v) for v in losses.split(" / "))
-    anchors = dict(zip(evaluation.ANCHORS, (_run(v) for v in cells["anchors"].split(" / ")), strict=True))
+    recorded = cells["anchors"].split(" / ")  # the first anchors of `ANCHORS`: a table of 2026-12-04 has three
+    anchors = dict(zip(list(evaluation.ANCHORS)[:len(recorded)], map(_run, recorded), strict=True))
     return {"family": cells["family"], "seed": int(cells["seed"]), "best_rate": float(cells["best_rate"]),
             "best_val_loss": float(cells["best_val_loss"]), "settings": settings,
             "cosine": {"without": without, "with": with_, "with_range": with_range},
             "well_set": {"without": well_without, "with_range": well_range},
             "range_test": {"learning_rate": _number(rate), "constant": constant, "cosine": cosine},
             "anchors": anchors}
+
+
+def read_table(path):
+    """The runs of the per-run table in the Markdown file at `path`, as `parse_row` makes them."""
+    # Other tables (well_set_noise's) start their rows with a family and a seed too: the per-run
+    # table's rows are those with its columns.
+    return [parse_row(line) for line in Path(path).read_text().splitlines()
+            if _ROW.match(line) and len(line.strip().strip("|").split(" | ")) == len(_COLUMNS)]
 
 
 def initial_val_loss(family, seed, best_rate):
@@ -92,12 +101,7 @@ def main():
     parser.add_argument("--out", type=Path, required=True, help="the directory of the results files")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    # Other tables (well_set_noise's) start their rows with a family and a seed too: the per-run
-    # table's rows are those with its columns.
-    rows = [line for line in args.table.read_text().splitlines()
-            if _ROW.match(line) and len(line.strip().strip("|").split(" | ")) == len(_COLUMNS)]
-    for line in rows:
-        run = parse_row(line)
+    for run in read_table(args.table):
         run["initial_val_loss"] = initial_val_loss(run["family"], run["seed"], run["best_rate"])
         path = args.out / f"base_{run['family']}_{run['seed']}.json"
         path.write_text(json.dumps({"config": {"table": str(args.table)}, "runs": [run], "overhead": None,
