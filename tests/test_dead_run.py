@@ -95,6 +95,16 @@ def test_a_warmup_above_chance_that_falls_is_healthy():
     assert verdicts(rule, 1.3, epochs) == [None] * 4
 
 
+def test_a_run_that_learns_its_training_rows_is_not_dead_at_a_validation_loss_at_chance():
+    """The public table `fair`, seed 4 (a regression that holds little signal): its epochs' training and
+    validation losses, the constant predictor's 0.6348 on the validation rows, 1 on the standardized training ones."""
+    epochs = [(1.0164, 0.6592), (0.9625, 0.6387), (0.9358, 0.6426)]
+    assert verdicts(DeadRunRule(0.6348), 1.1, epochs) == [None, None, AT_CHANCE]  # the training rows' chance unknown
+    assert verdicts(DeadRunRule(0.6348, training_chance_loss=1.0), 1.1, epochs) == [None, None, None]
+    dead = [(1.0, 0.6592), (1.0, 0.6387), (1.0, 0.6426)]  # a constant output: the training mean on every row
+    assert verdicts(DeadRunRule(0.6348, training_chance_loss=1.0), 1.1, dead) == [None, None, AT_CHANCE]
+
+
 def test_a_loss_below_chance_is_healthy_however_flat():
     rule = DeadRunRule(WINE_CHANCE)
     assert verdicts(rule, 1.3, [(0.5, 0.4)] * 3) == [None] * 3
@@ -128,6 +138,8 @@ def test_rule_arguments_are_checked():
         DeadRunRule(1.0, jump=1.0)
     with pytest.raises(ValueError, match="Argument `tolerance`"):
         DeadRunRule(1.0, tolerance=1.0)
+    with pytest.raises(ValueError, match="Argument `training_chance_loss`"):
+        DeadRunRule(1.0, training_chance_loss=-1.0)
 
 
 def test_the_constant_predictor_scored_on_other_rows_follows_the_closed_form():

@@ -89,16 +89,19 @@ def dead_run_rescue(run):
     on the rows the rescue monitors (`TrainingData.chance_loss`: the smoothed
     cross-entropy, or the standardized target's mean squared distance from
     the training mean; a heavy-tailed target's validation rows can sit well
-    above the training variance); a rescue's new rate comes from a range test on the training rows
+    above the training variance), and on the training rows for the training
+    loss (a run learning its training rows is not dead); a rescue's new rate comes from a range test on the training rows
     (after a divergence ten times its suggestion, at most a tenth of the rate that diverged; a rate / 10
     where the test reads none), as the schedule's peak."""
     if run.member is not None:
         return None  # each worker would range-test on its own rows, and could set another rate
     config, data = run.plan.config, run.data
-    chance = data.chance_loss(run.plan.recipe.label_smoothing, on_validation=_monitor(data) == "val_loss")
+    smoothing = run.plan.recipe.label_smoothing
+    chance = data.chance_loss(smoothing, on_validation=_monitor(data) == "val_loss")
     x, y, *_ = data.in_memory(IN_MEMORY_ROWS)
     range_test = RangeTestStart(x, y, batch_size=config.batch_size, seed=config.seed)
-    return DeadRunRescue(DeadRunRule(chance), monitor=_monitor(data), range_test=range_test,
+    rule = DeadRunRule(chance, training_chance_loss=data.chance_loss(smoothing))
+    return DeadRunRescue(rule, monitor=_monitor(data), range_test=range_test,
                          peak_learning_rate=run.plan.recipe.learning_rate)
 
 
