@@ -190,6 +190,12 @@ class AdjustmentRunner:
         if progress.budget_used > self.policy.restart_within:
             self.start = None  # no restart can come: the initial state is not held longer
 
+    def rate_moved(self) -> None:
+        """After a part outside the policy moved the rate (the too-high-rate check): the trigger
+        waits its cooldown, and the rates are read anew."""
+        self.trigger.adjusted()
+        self.rates = self.read_rates()
+
     def read_rates(self) -> tuple[float, float]:
         """The learning rate and momentum the optimizer applies now."""
         optimizer = self.model.optimizer

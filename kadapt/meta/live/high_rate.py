@@ -1,0 +1,150 @@
+"""`HighRateCheck`: a rate too high that still trains, found by a branch at a tenth of it.
+
+A run whose rate is 10-100x above the one that trains best may not diverge:
+its loss falls for an epoch or two, then stays high and noisy, and no trigger
+fires on a run that trains (a regression at SGD 0.2 ends at 1.26x the
+grid-best; issue 65). The evidence read here is the one such a run leaves at
+once: the noise floor its rate holds the loss on. From a snapshot at an early
+epoch end, the run at its live rate and at `factor` (a tenth) of it each train
+the same batches (one epoch's steps, at most `share` of the budget;
+`kadapt.meta.start.branch_trials.branch_scores`) and are scored on held rows:
+
+    move to factor x the rate  only if  held(factor x rate) < ratio x held(live rate)
+
+A lower rate always gains a little on a short branch (it anneals: the
+short-horizon bias), a well-set rate by some percent; a rate ten times too
+high sits on a floor its tenth drops far below (fashion_conv at 19x the
+grid-best: held loss 0.71 -> 0.45 in 36 steps). `ratio` sets the margin
+between the two (docs/meta-model.md, chosen on the development seeds).
+
+The run goes on from the end of the chosen branch (the live rate's where it is
+kept): those steps are its own, and only the other branch's are charged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+
+from kadapt.batching.training_state import restore
+from kadapt.meta.live.restart_trial import count_rows
+from kadapt.meta.live.restart_trial import rounded
+from kadapt.meta.start.branch_trials import BranchScores
+from kadapt.meta.start.branch_trials import branch_scores
+from kadapt.meta.start.range_test_start import split_batches
+from kadapt.optimizers.live_rate import live_rate_of
+from kadapt.optimizers.live_rate import set_learning_rate_multiplier
+from kadapt.range_test.batches import DEFAULT_BATCH_SIZE
+from kadapt.validation import check_range
+
+CHECK_EPOCHS = (2,)  # the epoch ends (epochs done) the check runs at: "within the first few epochs"
+FACTOR = 0.1  # the branch's rate, as a share of the live rate
+RATIO = 0.7  # the branch's held loss must be below this times the live rate's
+SHARE = 0.05  # of the budget, at most, each branch trains
+HELD_ROWS = 256  # the rows both branches are scored on
+
+
+@dataclasses.dataclass(frozen=True)
+class HighRateReading:
+    """One check's outcome: each branch's `steps`, the held loss at the snapshot (`start`), after
+    the live rate's branch (`live`) and after the lower rate's (`lower`; `inf` where one diverged),
+    and whether the run moved to the lower rate (`moved`)."""
+
+    steps: int
+    start: float
+    live: float
+    lower: float
+    moved: bool
+
+    def detail(self) -> dict[str, Any]:
+        """The check as the decision log writes it."""
+        return {"steps": self.steps, "held_loss_start": rounded(self.start), "held_loss_live": rounded(self.live),
+                "held_loss_lower": rounded(self.lower), "moved": self.moved}
+
+
+class HighRateCheck:
+    """The rows and the rule a `MetaAdjuster` reads a too-high rate that trains from (module docstring).
+
+    Args:
+        x: Array, or a list or dict of arrays: training inputs (or a sample).
+        y: Array (or a structure of arrays): the targets.
+        batch_size: Positive int: the fit's. Defaults to 32.
+        seed: Int or `None`. The shuffling of the rows. Defaults to `None`.
+        epochs: Tuple of positive ints. The epoch ends (epochs done) the check
+            runs at, while the run has not moved. Defaults to `(2,)`.
+        factor: Float in (0, 1). The lower branch's rate over the live rate.
+            Defaults to `0.1`.
+        ratio: Float in (0, 1]. The lower branch's held loss must end below
+            `ratio` times the live branch's for the run to move. Defaults to `0.7`.
+        share: Float in (0, 0.5]. The most of the budget each branch trains.
+            Defaults to `0.05`.
+
+    Example:
+
+    ```python
+    check = kadapt.meta.HighRateCheck(x_train, y_train, batch_size=64)
+    model.fit(x_train, y_train, batch_size=64, epochs=20, validation_split=0.2,
+              callbacks=[kadapt.MetaAdjuster(high_rate=check)])
+    ```
+    """
+
+    def __init__(self, x: Any, y: Any, batch_size: int | None = None, seed: int | None = None,
+                 epochs: tuple[int, ...] = CHECK_EPOCHS, factor: float = FACTOR, ratio: float = RATIO,
+                 share: float = SHARE) -> None:
+        rows = count_rows("x", x)
+        if count_rows("y", y) != rows:
+            raise ValueError(f"Arguments `x` and `y` must hold as many rows. Received: {rows} and {count_rows('y', y)}")
+        if rows < 2:
+            raise ValueError(f"Argument `x` must hold at least 2 rows (one held). Received: {rows}")
+        if batch_size is not None:
+            check_range("batch_size", batch_size, low=1, integer=True)
+        if not isinstance(epochs, (tuple, list)) or not epochs or not all(
+                isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in epochs):
+            raise ValueError(f"Argument `epochs` must be a non-empty tuple of positive ints. Received: epochs={epochs!r}")
+        check_range("factor", factor, low=0.0, high=1.0, low_open=True, high_open=True)
+        check_range("ratio", ratio, low=0.0, high=1.0, low_open=True)
+        check_range("share", share, low=0.0, high=0.5, low_open=True)
+        self.x, self.y, self.batch_size, self.seed = x, y, batch_size or DEFAULT_BATCH_SIZE, seed
+        self.epochs, self.factor, self.ratio, self.share = tuple(epochs), float(factor), float(ratio), float(share)
+
+    def num_steps(self, steps_per_epoch: int | None, total_steps: int | None) -> int:
+        """Each branch's steps: one epoch's, at most `share` of the budget (when known), at least 1."""
+        steps = steps_per_epoch or total_steps or 1
+        return max(1, min(steps, int(self.share * total_steps)) if total_steps else steps)
+
+    def read(self, model: keras.Model, steps: int) -> BranchScores:
+        """Both branches from the model's state now (restored after them): `scores` keyed by the
+        multiplier each trained at, the live one first; `ends` the state each left."""
+        live = float(keras.ops.convert_to_numpy(live_rate_of(model)))
+        return branch_scores(model, [live, live * self.factor],
+                             lambda rate: set_learning_rate_multiplier(model.optimizer, rate),
+                             *self.batches(steps), keep_ends=True)
+
+    def batches(self, steps: int) -> tuple[Any, list]:
+        """`steps` training batches (the same for both branches) and the held ones, of `(x, y)`."""
+        return split_batches(self.x, self.y, self.batch_size, steps, -(-HELD_ROWS // self.batch_size), self.seed)
+
+    def moves(self, scores: BranchScores) -> bool:
+        """Whether the lower branch ended clearly below the live one (`ratio`)."""
+        live, lower = scores.scores.values()
+        return math.isfinite(lower) and lower < self.ratio * live
+
+    def run(self, model: keras.Model, steps: int) -> HighRateReading:
+        """Reads both branches and leaves the model at the end of the one the rule takes (the live
+        one where it keeps; its state as it came where that branch did not finish)."""
+        scores = self.read(model, steps)
+        moved = self.moves(scores)
+        rates = list(scores.scores)
+        end = scores.ends.get(rates[1] if moved else rates[0])
+        if end is not None:
+            restore(end)
+        live, lower = scores.scores.values()
+        return HighRateReading(steps, scores.start, live, lower, moved)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "seed": self.seed, "epochs": self.epochs, "factor": self.factor,
+                "ratio": self.ratio, "share": self.share}
+

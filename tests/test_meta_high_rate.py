@@ -1,0 +1,113 @@
+"""`MetaAdjuster(high_rate=...)`: a rate too high that still trains is moved to a tenth of it within the
+first epochs, by a branch at that rate from a snapshot; a well-set run is not moved."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import kadapt
+from kadapt.meta import HighRateCheck
+from kadapt.meta.live import derived_parts
+from kadapt.meta.live.fit_rows import FitRows
+
+EPOCHS = 10
+# On this task (Adam, 10 epochs of 23 steps) the final validation loss is 0.102 at 0.003, 0.064 at
+# 0.03 (the best of 0.001-0.9) and 0.141 at 0.3, which trains, noisy, without diverging: 30x the
+# good rate 0.01 and 10x the best. 0.9 diverges in its first epoch.
+GOOD, TOO_HIGH = 0.03, 0.3
+
+
+def friedman_rows():
+    """960 rows of Friedman's first regression (5 uniform features), the target standardized."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(960, 5))
+    y = 10 * np.sin(np.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3] + 5 * x[:, 4]
+    y = y + rng.normal(size=960)
+    return ((x - 0.5) * 3.4).astype("float32"), ((y - y.mean()) / y.std()).astype("float32")[:, None]
+
+
+def regressor(learning_rate):
+    keras.utils.set_random_seed(0)
+    network = keras.Sequential([keras.Input((5,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
+    network.compile(kadapt.optimizers.Adam(learning_rate), "mse")
+    return network
+
+
+def fit(network, adjuster):
+    x, y = friedman_rows()
+    history = network.fit(x, y, validation_split=0.25, batch_size=32, epochs=EPOCHS, verbose=0, callbacks=[adjuster])
+    return history.history
+
+
+def checks(adjuster):
+    return [d for d in adjuster.decisions if d["trigger"] == "high_rate"]
+
+
+def test_a_run_at_a_rate_too_high_that_trains_is_moved_to_a_tenth_of_it():
+    network = regressor(TOO_HIGH)
+    adjuster = kadapt.MetaAdjuster(verbose=0, high_rate="auto")
+    history = fit(network, adjuster)
+    [check] = checks(adjuster)
+    assert check["epoch"] == 1 and check["action"] == "lr x0.1" and check["high_rate"]["moved"]
+    assert check["high_rate"]["held_loss_lower"] < 0.7 * check["high_rate"]["held_loss_live"]
+    assert check["learning_rate"] == pytest.approx(TOO_HIGH / 10)
+    assert all(math.isfinite(v) for v in history["val_loss"])
+    # The rate the next epoch trained at, read by the epoch logs (the last check moved it).
+    assert history["meta_learning_rate"][1] == pytest.approx(TOO_HIGH / 10)
+
+
+def test_a_well_set_run_is_not_moved_and_trains_on_from_its_own_branch():
+    network = regressor(GOOD)
+    adjuster = kadapt.MetaAdjuster(verbose=0, high_rate="auto")
+    history = fit(network, adjuster)
+    [check] = checks(adjuster)
+    assert check["action"] == "keep" and not check["high_rate"]["moved"]
+    assert check["learning_rate"] == pytest.approx(GOOD)
+    assert history["meta_learning_rate"][1] == pytest.approx(GOOD)
+
+
+def test_the_check_is_off_by_default_and_off_without_a_meta_model():
+    assert kadapt.MetaAdjuster(verbose=0).high_rate is None
+    assert kadapt.MetaAdjuster(None, verbose=0, high_rate="auto").high_rate is None
+
+
+def test_rows_that_cannot_be_sampled_turn_the_check_off_in_one_line():
+    rows = FitRows()
+    rows.reason = "fit's batches hold values other than numbers in rows"
+    check, line = derived_parts.high_rate_check(rows, 0)
+    assert check is None and line == (
+        "MetaAdjuster: the too-high-rate check is off: fit's rows could not be sampled (fit's batches hold values "
+        "other than numbers in rows). Pass high_rate=kadapt.meta.HighRateCheck(x, y, batch_size=...) to turn it on.")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"ratio": 0.0}, ValueError, "ratio"),
+    ({"factor": 1.0}, ValueError, "factor"),
+    ({"share": 0.9}, ValueError, "share"),
+    ({"epochs": ()}, ValueError, "epochs"),
+    ({"batch_size": 0}, ValueError, "batch_size"),
+])
+def test_bad_check_arguments(kwargs, error, message):
+    x, y = friedman_rows()
+    with pytest.raises(error, match=f"`{message}`"):
+        HighRateCheck(x, y, **kwargs)
+
+
+def test_the_adjuster_takes_only_a_check_auto_or_none():
+    with pytest.raises(TypeError, match="`high_rate`"):
+        kadapt.MetaAdjuster(verbose=0, high_rate=True)
+
+
+def test_the_branches_leave_the_rule_s_branch_end_and_count_their_steps():
+    x, y = friedman_rows()
+    network = regressor(TOO_HIGH)
+    network.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    check = HighRateCheck(x, y, batch_size=32, seed=0)
+    before = int(network.optimizer.iterations.numpy())
+    reading = check.run(network, 5)
+    assert reading.steps == 5 and reading.moved == (reading.lower < 0.7 * reading.live)
+    assert int(network.optimizer.iterations.numpy()) == before + 5  # the kept branch's steps are the run's
+    multiplier = float(keras.ops.convert_to_numpy(network.optimizer.learning_rate_multiplier))
+    assert multiplier == pytest.approx(0.1 if reading.moved else 1.0)
