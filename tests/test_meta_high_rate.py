@@ -12,6 +12,8 @@ from kadapt.meta import HighRateCheck
 from kadapt.meta.live import derived_parts
 from kadapt.meta.live.fit_rows import FitRows
 
+pytestmark = pytest.mark.backends("tensorflow", "jax")
+
 EPOCHS = 10
 # On this task (Adam, 10 epochs of 23 steps) the final validation loss is 0.102 at 0.003, 0.064 at
 # 0.03 (the best of 0.001-0.9) and 0.141 at 0.3, which trains, noisy, without diverging: 30x the
@@ -45,27 +47,29 @@ def checks(adjuster):
     return [d for d in adjuster.decisions if d["trigger"] == "high_rate"]
 
 
-def test_a_run_at_a_rate_too_high_that_trains_is_moved_to_a_tenth_of_it():
+def test_a_run_at_a_rate_too_high_that_trains_is_moved_to_a_tenth_of_it_within_four_epochs():
     network = regressor(TOO_HIGH)
     adjuster = kadapt.MetaAdjuster(verbose=0, high_rate="auto")
     history = fit(network, adjuster)
-    [check] = checks(adjuster)
-    assert check["epoch"] == 1 and check["action"] == "lr x0.1" and check["high_rate"]["moved"]
-    assert check["high_rate"]["held_loss_lower"] < 0.7 * check["high_rate"]["held_loss_live"]
-    assert check["learning_rate"] == pytest.approx(TOO_HIGH / 10)
+    [moved] = [check for check in checks(adjuster) if check["high_rate"]["moved"]]
+    assert moved["epoch"] in (1, 3) and moved["action"] == "lr x0.1"
+    assert moved["high_rate"]["held_loss_lower"] < 0.7 * moved["high_rate"]["held_loss_live"]
+    assert moved["learning_rate"] == pytest.approx(TOO_HIGH / 10)
+    # The epochs after the move train at the tenth (the epoch logs read the rate the optimizer applies).
+    after = history["meta_learning_rate"][moved["epoch"]:]
+    assert len(after) >= 5 and after == pytest.approx([TOO_HIGH / 10] * len(after))
     assert all(math.isfinite(v) for v in history["val_loss"])
-    # The rate the next epoch trained at, read by the epoch logs (the last check moved it).
-    assert history["meta_learning_rate"][1] == pytest.approx(TOO_HIGH / 10)
 
 
-def test_a_well_set_run_is_not_moved_and_trains_on_from_its_own_branch():
+def test_a_well_set_run_is_not_moved():
     network = regressor(GOOD)
     adjuster = kadapt.MetaAdjuster(verbose=0, high_rate="auto")
     history = fit(network, adjuster)
-    [check] = checks(adjuster)
-    assert check["action"] == "keep" and not check["high_rate"]["moved"]
-    assert check["learning_rate"] == pytest.approx(GOOD)
-    assert history["meta_learning_rate"][1] == pytest.approx(GOOD)
+    assert [check["epoch"] for check in checks(adjuster)] == [1, 3]
+    assert all(check["action"] == "keep" and not check["high_rate"]["moved"] for check in checks(adjuster))
+    # The other branch's steps are charged: fit ends before its tenth epoch.
+    rates = history["meta_learning_rate"]
+    assert len(rates) == EPOCHS - 1 and rates == pytest.approx([GOOD] * len(rates))
 
 
 def test_the_check_is_off_by_default_and_off_without_a_meta_model():

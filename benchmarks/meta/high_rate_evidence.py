@@ -7,10 +7,9 @@ grid-best rate and which rates are too high (finite, >= 1.2x the best's loss).
 
 Pass `branches`: for the rates at and above the grid-best (constant) and the
 cosine run at the grid-best, the first `--epochs` epochs with, at each epoch
-end, branches from a snapshot at the live rate and at 1/10 and 1/100 of it
-(`kadapt.meta.start.branch_trials.branch_scores`, as `HighRateCheck` runs them:
-one epoch's steps, at most `MAX_STEPS`, on rows sampled from the training
-set, scored on 256 held rows). The snapshot is restored: the run is unchanged.
+end, the branches `HighRateCheck.read` trains from a snapshot (the live rate
+and a tenth of it, one epoch's steps, at most 5% of the budget, on the training
+rows, scored on 256 held ones). The snapshot is restored: the run is unchanged.
 
     nice -n 10 .venv/bin/python benchmarks/meta/high_rate_evidence.py grid --seeds 0 1 2 \
         --families iris circles friedman --out runs/hr/grid_a.json
@@ -29,9 +28,6 @@ import keras
 import numpy as np
 
 from kadapt.cli import meta_evaluation as evaluation
-from kadapt.meta.start.branch_trials import branch_scores
-from kadapt.optimizers.live_rate import live_rate_of
-from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.recipes.training import steps_per_epoch
 
 
@@ -65,15 +61,10 @@ class Evidence(keras.callbacks.Callback):
         check = high_rate.HighRateCheck(x, y, batch_size=self.task.batch_size, seed=self.task.seed)
         per_epoch = steps_per_epoch(len(x), self.task.batch_size)
         steps = check.num_steps(per_epoch, per_epoch * evaluation.EPOCHS)
-        multiplier = live_rate_of(self.model)
-        live = float(keras.ops.convert_to_numpy(multiplier))
-        factors = (1.0, 0.3, 0.1, 0.01)
-        scores = branch_scores(self.model, [live * f for f in factors],
-                               lambda rate: set_learning_rate_multiplier(self.model.optimizer, rate),
-                               *check.batches(steps))
+        scores = check.read(self.model, steps)  # restored after: the run is unchanged
         self.readings.append({"epoch": epoch, "val_loss": float(logs.get("val_loss", math.nan)),
                               "loss": float(logs.get("loss", math.nan)), "steps": steps, "start": scores.start,
-                              "scores": {f"{f:g}": s for f, s in zip(factors, scores.scores.values())}})
+                              "scores": dict(zip(("1", "0.1"), scores.scores.values()))})
         if epoch + 1 >= self.epochs:
             self.model.stop_training = True
 

@@ -508,7 +508,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         """At the check's epoch ends, where nothing changed the rate at this one and the run goes
         on: both branches (`HighRateCheck.run`), their steps counted, the other branch's charged."""
         check = self._high_rate
-        if (check is None or epoch + 1 not in check.epochs or self.decision_log.count_this_epoch
+        if (check is None or epoch + 1 not in check.epochs or self._rate_changed_this_epoch()
                 or self._is_final() or not _finite(logs.get("loss"))):
             return
         reading = check.run(self.model, check.num_steps(self.params.get("steps"), self._total_steps()))
@@ -520,6 +520,11 @@ class MetaAdjuster(keras.callbacks.Callback):
                                     rates, self._step, epoch)
         logs["meta_learning_rate"], logs["meta_momentum"] = rates
         logs["meta_adjustments"] = self.decision_log.count_this_epoch
+
+    def _rate_changed_this_epoch(self):
+        """Whether a decision at this epoch rolled back or applied a change (not a "keep")."""
+        decisions = self.decisions[len(self.decisions) - self.decision_log.count_this_epoch:]
+        return any(d["rollback"] or (d["adjustment"] and d.get("applied", True)) for d in decisions)
 
     def _watch_cost(self, started, ended):
         """Feeds the observation's wall time and that of the steps before it (within one epoch:

@@ -7,7 +7,10 @@ grid-best; issue 65). The evidence read here is the one such a run leaves at
 once: the noise floor its rate holds the loss on. From a snapshot at an early
 epoch end, the run at its live rate and at `factor` (a tenth) of it each train
 the same batches (one epoch's steps, at most `share` of the budget;
-`kadapt.meta.start.branch_trials.branch_scores`) and are scored on held rows:
+`kadapt.meta.start.branch_trials.branch_scores`) and are scored on held rows,
+the lower branch with the optimizer's slots zeroed (a velocity built at the
+live rate, Keras' SGD scales it by the rate, would carry it on at that rate
+for some ten steps, measured: above the live branch's held loss):
 
     move to factor x the rate  only if  held(factor x rate) < ratio x held(live rate)
 
@@ -31,6 +34,7 @@ import keras
 
 from kadapt.batching.training_state import restore
 from kadapt.meta.live.restart_trial import count_rows
+from kadapt.meta.observe import rollback
 from kadapt.meta.live.restart_trial import rounded
 from kadapt.meta.start.branch_trials import BranchScores
 from kadapt.meta.start.branch_trials import branch_scores
@@ -40,7 +44,7 @@ from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.range_test.batches import DEFAULT_BATCH_SIZE
 from kadapt.validation import check_range
 
-CHECK_EPOCHS = (2,)  # the epoch ends (epochs done) the check runs at: "within the first few epochs"
+CHECK_EPOCHS = (2, 4)  # the epoch ends (epochs done) the check runs at: "within the first few epochs"
 FACTOR = 0.1  # the branch's rate, as a share of the live rate
 RATIO = 0.7  # the branch's held loss must be below this times the live rate's
 SHARE = 0.05  # of the budget, at most, each branch trains
@@ -119,9 +123,14 @@ class HighRateCheck:
         """Both branches from the model's state now (restored after them): `scores` keyed by the
         multiplier each trained at, the live one first; `ends` the state each left."""
         live = float(keras.ops.convert_to_numpy(live_rate_of(model)))
-        return branch_scores(model, [live, live * self.factor],
-                             lambda rate: set_learning_rate_multiplier(model.optimizer, rate),
-                             *self.batches(steps), keep_ends=True)
+        start = rollback.take(model)
+
+        def set_rate(rate):
+            set_learning_rate_multiplier(model.optimizer, rate)
+            if rate != live:  # a velocity built at the live rate would carry the lower branch on at it
+                rollback.restore(model, start, restart_momentum=True)
+
+        return branch_scores(model, [live, live * self.factor], set_rate, *self.batches(steps), keep_ends=True)
 
     def batches(self, steps: int) -> tuple[Any, list]:
         """`steps` training batches (the same for both branches) and the held ones, of `(x, y)`."""
