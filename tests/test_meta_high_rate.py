@@ -52,7 +52,7 @@ def test_a_run_at_a_rate_too_high_that_trains_is_moved_to_a_tenth_of_it_within_f
     adjuster = kadapt.MetaAdjuster(verbose=0, high_rate="auto")
     history = fit(network, adjuster)
     [moved] = [check for check in checks(adjuster) if check["high_rate"]["moved"]]
-    assert moved["epoch"] in (1, 3) and moved["action"] == "lr x0.1"
+    assert moved["epoch"] in (1, 3) and moved["action"].startswith("lr x0.1, ")
     assert moved["high_rate"]["held_loss_lower"] < 0.7 * moved["high_rate"]["held_loss_live"]
     assert moved["learning_rate"] == pytest.approx(TOO_HIGH / 10)
     # The epochs after the move train at the tenth (the epoch logs read the rate the optimizer applies).
@@ -88,7 +88,6 @@ def test_rows_that_cannot_be_sampled_turn_the_check_off_in_one_line():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"ratio": 0.0}, ValueError, "ratio"),
-    ({"factor": 1.0}, ValueError, "factor"),
     ({"share": 0.9}, ValueError, "share"),
     ({"epochs": ()}, ValueError, "epochs"),
     ({"batch_size": 0}, ValueError, "batch_size"),
@@ -110,8 +109,9 @@ def test_the_branches_leave_the_rule_s_branch_end_and_count_their_steps():
     network.fit(x, y, batch_size=32, epochs=1, verbose=0)
     check = HighRateCheck(x, y, batch_size=32, seed=0)
     before = int(network.optimizer.iterations.numpy())
-    reading = check.run(network, 5)
+    reading, lower_end = check.run(network, 5)
     assert reading.steps == 5 and reading.moved == (reading.lower < 0.7 * reading.live)
-    assert int(network.optimizer.iterations.numpy()) == before + 5  # the kept branch's steps are the run's
-    multiplier = float(keras.ops.convert_to_numpy(network.optimizer.learning_rate_multiplier))
-    assert multiplier == pytest.approx(0.1 if reading.moved else 1.0)
+    # Kept, the run is at the live branch's end; moved, as it came, the lower branch's end handed back.
+    assert int(network.optimizer.iterations.numpy()) == before + (0 if reading.moved else 5)
+    assert (lower_end is not None) == reading.moved
+    assert float(keras.ops.convert_to_numpy(network.optimizer.learning_rate_multiplier)) == 1.0

@@ -511,13 +511,19 @@ class MetaAdjuster(keras.callbacks.Callback):
         if (check is None or epoch + 1 not in check.epochs or self._rate_changed_this_epoch()
                 or self._is_final() or not _finite(logs.get("loss"))):
             return
-        reading = check.run(self.model, check.num_steps(self.params.get("steps"), self._total_steps()))
-        self._charge(2 * reading.steps, reading.steps)
+        reading, lower_end = check.run(self.model, check.num_steps(self.params.get("steps"), self._total_steps()))
+        action, how, trial = "keep", None, None
         if reading.moved:
-            self._runner.rate_moved()
+            name = self.monitor if self.mode == "min" else "val_loss"
+            watched = float(logs.get(name, logs["loss"]))
+            how, trial = self._runner.cut_too_high(lower_end, watched, self._progress())
+            action = f"lr x0.1, {how}"
+        # The run goes on from the end of a branch (the live one's, or the cut's where it is taken
+        # where the run is): those steps are its own, the other branch's are charged.
+        self._charge(2 * reading.steps, reading.steps if how in (None, "from the branch at the cut rate") else 0)
         rates = self._runner.read_rates()
-        self.decision_log.high_rate(f"lr x{check.factor:g}" if reading.moved else "keep", reading.detail(),
-                                    rates, self._step, epoch)
+        self.decision_log.high_rate(action, reading.detail(), rates, self._step, epoch,
+                                    trial=None if trial is None else trial.detail())
         logs["meta_learning_rate"], logs["meta_momentum"] = rates
         logs["meta_adjustments"] = self.decision_log.count_this_epoch
 

@@ -45,7 +45,7 @@ from kadapt.range_test.batches import DEFAULT_BATCH_SIZE
 from kadapt.validation import check_range
 
 CHECK_EPOCHS = (2, 4)  # the epoch ends (epochs done) the check runs at: "within the first few epochs"
-FACTOR = 0.1  # the branch's rate, as a share of the live rate
+FACTOR = 0.1  # the lower branch's rate over the live one: the policy's largest cut, which a move applies
 RATIO = 0.7  # the branch's held loss must be below this times the live rate's
 SHARE = 0.05  # of the budget, at most, each branch trains
 HELD_ROWS = 256  # the rows both branches are scored on
@@ -79,8 +79,6 @@ class HighRateCheck:
         seed: Int or `None`. The shuffling of the rows. Defaults to `None`.
         epochs: Tuple of positive ints. The epoch ends (epochs done) the check
             runs at, while the run has not moved. Defaults to `(2,)`.
-        factor: Float in (0, 1). The lower branch's rate over the live rate.
-            Defaults to `0.1`.
         ratio: Float in (0, 1]. The lower branch's held loss must end below
             `ratio` times the live branch's for the run to move. Defaults to `0.7`.
         share: Float in (0, 0.5]. The most of the budget each branch trains.
@@ -96,8 +94,7 @@ class HighRateCheck:
     """
 
     def __init__(self, x: Any, y: Any, batch_size: int | None = None, seed: int | None = None,
-                 epochs: tuple[int, ...] = CHECK_EPOCHS, factor: float = FACTOR, ratio: float = RATIO,
-                 share: float = SHARE) -> None:
+                 epochs: tuple[int, ...] = CHECK_EPOCHS, ratio: float = RATIO, share: float = SHARE) -> None:
         rows = count_rows("x", x)
         if count_rows("y", y) != rows:
             raise ValueError(f"Arguments `x` and `y` must hold as many rows. Received: {rows} and {count_rows('y', y)}")
@@ -108,11 +105,10 @@ class HighRateCheck:
         if not isinstance(epochs, (tuple, list)) or not epochs or not all(
                 isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in epochs):
             raise ValueError(f"Argument `epochs` must be a non-empty tuple of positive ints. Received: epochs={epochs!r}")
-        check_range("factor", factor, low=0.0, high=1.0, low_open=True, high_open=True)
         check_range("ratio", ratio, low=0.0, high=1.0, low_open=True)
         check_range("share", share, low=0.0, high=0.5, low_open=True)
         self.x, self.y, self.batch_size, self.seed = x, y, batch_size or DEFAULT_BATCH_SIZE, seed
-        self.epochs, self.factor, self.ratio, self.share = tuple(epochs), float(factor), float(ratio), float(share)
+        self.epochs, self.ratio, self.share = tuple(epochs), float(ratio), float(share)
 
     def num_steps(self, steps_per_epoch: int | None, total_steps: int | None) -> int:
         """Each branch's steps: one epoch's, at most `share` of the budget (when known), at least 1."""
@@ -130,7 +126,7 @@ class HighRateCheck:
             if rate != live:  # a velocity built at the live rate would carry the lower branch on at it
                 rollback.restore(model, start, restart_momentum=True)
 
-        return branch_scores(model, [live, live * self.factor], set_rate, *self.batches(steps), keep_ends=True)
+        return branch_scores(model, [live, live * FACTOR], set_rate, *self.batches(steps), keep_ends=True)
 
     def batches(self, steps: int) -> tuple[Any, list]:
         """`steps` training batches (the same for both branches) and the held ones, of `(x, y)`."""
@@ -141,19 +137,19 @@ class HighRateCheck:
         live, lower = scores.scores.values()
         return math.isfinite(lower) and lower < self.ratio * live
 
-    def run(self, model: keras.Model, steps: int) -> HighRateReading:
-        """Reads both branches and leaves the model at the end of the one the rule takes (the live
-        one where it keeps; its state as it came where that branch did not finish)."""
+    def run(self, model: keras.Model, steps: int) -> tuple[HighRateReading, Any]:
+        """Reads both branches; where the rule keeps the rate, leaves the model at the live branch's
+        end (as it came where that branch did not finish). Returns the reading and, where the rule
+        moves, the lower branch's end state (what `kadapt.batching.training_state.restore` takes),
+        the model left as it came."""
         scores = self.read(model, steps)
         moved = self.moves(scores)
-        rates = list(scores.scores)
-        end = scores.ends.get(rates[1] if moved else rates[0])
-        if end is not None:
-            restore(end)
+        live_rate, lower_rate = scores.scores
+        if not moved and live_rate in scores.ends:
+            restore(scores.ends[live_rate])
         live, lower = scores.scores.values()
-        return HighRateReading(steps, scores.start, live, lower, moved)
+        return HighRateReading(steps, scores.start, live, lower, moved), scores.ends.get(lower_rate) if moved else None
 
     def get_config(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "seed": self.seed, "epochs": self.epochs, "factor": self.factor,
-                "ratio": self.ratio, "share": self.share}
+        return {"batch_size": self.batch_size, "seed": self.seed, "epochs": self.epochs, "ratio": self.ratio, "share": self.share}
 
