@@ -326,6 +326,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
         self._derives_trial = self.restart_trial == "auto"
         self._high_rate, self._derives_high_rate = self._high_rate_part()
+        self._high_rate_below = 0  # the checks in a row that read the rate too high, since the last move
         self._runner = None if self.meta_model is None else self._begin_adjusting()
         self._part = self._rescue_part()
         if self._part is not None:
@@ -511,7 +512,9 @@ class MetaAdjuster(keras.callbacks.Callback):
         if (check is None or epoch + 1 not in check.epochs or self._rate_changed_this_epoch()
                 or self._is_final() or not _finite(logs.get("loss"))):
             return
-        reading, lower_end = check.run(self.model, check.num_steps(self.params.get("steps"), self._total_steps()))
+        steps = check.num_steps(self.params.get("steps"), self._total_steps())
+        reading, lower_end = check.run(self.model, steps, self._high_rate_below)
+        self._high_rate_below = 0 if reading.moved or not reading.below else self._high_rate_below + 1
         action, how, trial = "keep", None, None
         if reading.moved:
             name = self.monitor if self.mode == "min" else "val_loss"
@@ -594,7 +597,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         if self._part is not None:
             state["rescue"] = self._part.get_state()
         return {**state, "range_test_steps": self._range_test_steps,
-                "outside_steps": self._outside_steps, "decisions": copy.deepcopy(self.decisions)}
+                "outside_steps": self._outside_steps, "high_rate_below": self._high_rate_below,
+                "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores what `get_state` returned, into the running `fit` of the same model.
@@ -612,6 +616,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
         self._outside_steps = int(state.get("outside_steps", self._range_test_steps))
+        self._high_rate_below = int(state.get("high_rate_below", 0))
         self.decision_log.restore(state["decisions"])
 
     def _save(self, epochs_done):

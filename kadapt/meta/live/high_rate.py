@@ -47,6 +47,7 @@ from kadapt.validation import check_range
 CHECK_EPOCHS = (2, 4)  # the epoch ends (epochs done) the check runs at: "within the first few epochs"
 FACTOR = 0.1  # the lower branch's rate over the live one: the policy's largest cut, which a move applies
 RATIO = 0.7  # the branch's held loss must be below this times the live rate's
+AGREE = 2  # checks in a row that must read so: one reading moved well-set GRUs on the development seeds
 SHARE = 0.05  # of the budget, at most, each branch trains
 HELD_ROWS = 256  # the rows both branches are scored on
 
@@ -55,18 +56,21 @@ HELD_ROWS = 256  # the rows both branches are scored on
 class HighRateReading:
     """One check's outcome: each branch's `steps`, the held loss at the snapshot (`start`), after
     the live rate's branch (`live`) and after the lower rate's (`lower`; `inf` where one diverged),
-    and whether the run moved to the lower rate (`moved`)."""
+    whether the lower one read below `ratio` times the live one (`below`) and whether the run
+    moved (`moved`)."""
 
     steps: int
     start: float
     live: float
     lower: float
+    below: bool
     moved: bool
 
     def detail(self) -> dict[str, Any]:
         """The check as the decision log writes it."""
         return {"steps": self.steps, "held_loss_start": rounded(self.start), "held_loss_live": rounded(self.live),
-                "held_loss_lower": rounded(self.lower), "moved": self.moved}
+                "held_loss_lower": rounded(self.lower), "below": self.below,
+                "moved": self.moved}
 
 
 class HighRateCheck:
@@ -79,8 +83,11 @@ class HighRateCheck:
         seed: Int or `None`. The shuffling of the rows. Defaults to `None`.
         epochs: Tuple of positive ints. The epoch ends (epochs done) the check
             runs at, while the run has not moved. Defaults to `(2,)`.
-        ratio: Float in (0, 1]. The lower branch's held loss must end below
-            `ratio` times the live branch's for the run to move. Defaults to `0.7`.
+        ratio: Float in (0, 1]. A check reads the rate too high where the
+            lower branch's held loss ends below `ratio` times the live
+            branch's. Defaults to `0.7`.
+        agree: Int in [1, len(epochs)]. The run moves at a check where it and
+            the `agree - 1` checks before it read the rate too high. Defaults to `2`.
         share: Float in (0, 0.5]. The most of the budget each branch trains.
             Defaults to `0.05`.
 
@@ -94,7 +101,8 @@ class HighRateCheck:
     """
 
     def __init__(self, x: Any, y: Any, batch_size: int | None = None, seed: int | None = None,
-                 epochs: tuple[int, ...] = CHECK_EPOCHS, ratio: float = RATIO, share: float = SHARE) -> None:
+                 epochs: tuple[int, ...] = CHECK_EPOCHS, ratio: float = RATIO, agree: int = AGREE,
+                 share: float = SHARE) -> None:
         rows = count_rows("x", x)
         if count_rows("y", y) != rows:
             raise ValueError(f"Arguments `x` and `y` must hold as many rows. Received: {rows} and {count_rows('y', y)}")
@@ -106,9 +114,10 @@ class HighRateCheck:
                 isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in epochs):
             raise ValueError(f"Argument `epochs` must be a non-empty tuple of positive ints. Received: epochs={epochs!r}")
         check_range("ratio", ratio, low=0.0, high=1.0, low_open=True)
+        check_range("agree", agree, low=1, high=len(epochs), integer=True)
         check_range("share", share, low=0.0, high=0.5, low_open=True)
         self.x, self.y, self.batch_size, self.seed = x, y, batch_size or DEFAULT_BATCH_SIZE, seed
-        self.epochs, self.ratio, self.share = tuple(epochs), float(ratio), float(share)
+        self.epochs, self.ratio, self.agree, self.share = tuple(epochs), float(ratio), int(agree), float(share)
 
     def num_steps(self, steps_per_epoch: int | None, total_steps: int | None) -> int:
         """Each branch's steps: one epoch's, at most `share` of the budget (when known), at least 1."""
@@ -132,24 +141,28 @@ class HighRateCheck:
         """`steps` training batches (the same for both branches) and the held ones, of `(x, y)`."""
         return split_batches(self.x, self.y, self.batch_size, steps, -(-HELD_ROWS // self.batch_size), self.seed)
 
-    def moves(self, scores: BranchScores) -> bool:
+    def below(self, scores: BranchScores) -> bool:
         """Whether the lower branch ended clearly below the live one (`ratio`)."""
         live, lower = scores.scores.values()
         return math.isfinite(lower) and lower < self.ratio * live
 
-    def run(self, model: keras.Model, steps: int) -> tuple[HighRateReading, Any]:
-        """Reads both branches; where the rule keeps the rate, leaves the model at the live branch's
-        end (as it came where that branch did not finish). Returns the reading and, where the rule
-        moves, the lower branch's end state (what `kadapt.batching.training_state.restore` takes),
-        the model left as it came."""
+    def run(self, model: keras.Model, steps: int, below_before: int = 0) -> tuple[HighRateReading, Any]:
+        """Reads both branches; the rule moves where this reading and the `agree - 1` before it
+        (`below_before`: the checks in a row before this one that read below) read below. Where it
+        keeps the rate, the model is left at the live branch's end (as it came where that branch
+        did not finish). Returns the reading and, where it moves, the lower branch's end state
+        (what `kadapt.batching.training_state.restore` takes), the model left as it came."""
         scores = self.read(model, steps)
-        moved = self.moves(scores)
+        below = self.below(scores)
+        moved = below and below_before + 1 >= self.agree
         live_rate, lower_rate = scores.scores
         if not moved and live_rate in scores.ends:
             restore(scores.ends[live_rate])
         live, lower = scores.scores.values()
-        return HighRateReading(steps, scores.start, live, lower, moved), scores.ends.get(lower_rate) if moved else None
+        reading = HighRateReading(steps, scores.start, live, lower, below, moved)
+        return reading, scores.ends.get(lower_rate) if moved else None
 
     def get_config(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "seed": self.seed, "epochs": self.epochs, "ratio": self.ratio, "share": self.share}
+        return {"batch_size": self.batch_size, "seed": self.seed, "epochs": self.epochs, "ratio": self.ratio,
+                "agree": self.agree, "share": self.share}
 
