@@ -127,3 +127,12 @@ def test_the_branches_leave_the_rule_s_branch_end_and_count_their_steps():
     assert int(network.optimizer.iterations.numpy()) == before + (0 if reading.moved else 5)
     assert (lower_end is not None) == reading.moved
     assert float(keras.ops.convert_to_numpy(network.optimizer.learning_rate_multiplier)) == 1.0
+
+
+def test_a_branch_is_one_epoch_at_most_share_of_the_budget_and_none_under_ten_steps():
+    x, y = friedman_rows()
+    check = HighRateCheck(x, y)
+    assert check.num_steps(36, 720) == 36  # 5% of 720
+    assert check.num_steps(36, 400) == 20
+    assert check.num_steps(4, 80) == 0  # iris' 4 steps an epoch: no check
+    assert check.num_steps(23, None) == 23

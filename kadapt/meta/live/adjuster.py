@@ -513,6 +513,8 @@ class MetaAdjuster(keras.callbacks.Callback):
                 or self._is_final() or not _finite(logs.get("loss"))):
             return
         steps = check.num_steps(self.params.get("steps"), self._total_steps())
+        if not steps:
+            return
         reading, lower_end = check.run(self.model, steps, self._high_rate_below)
         self._high_rate_below = 0 if reading.moved or not reading.below else self._high_rate_below + 1
         action, how, trial = "keep", None, None

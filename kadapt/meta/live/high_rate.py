@@ -50,6 +50,7 @@ RATIO = 0.7  # the branch's held loss must be below this times the live rate's
 AGREE = 2  # checks in a row that must read so: one reading moved well-set GRUs on the development seeds
 SHARE = 0.05  # of the budget, at most, each branch trains
 HELD_ROWS = 256  # the rows both branches are scored on
+MIN_STEPS = 10  # shorter branches read noise (iris, 4 steps an epoch: well-set runs moved, held out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +121,11 @@ class HighRateCheck:
         self.epochs, self.ratio, self.agree, self.share = tuple(epochs), float(ratio), int(agree), float(share)
 
     def num_steps(self, steps_per_epoch: int | None, total_steps: int | None) -> int:
-        """Each branch's steps: one epoch's, at most `share` of the budget (when known), at least 1."""
-        steps = steps_per_epoch or total_steps or 1
-        return max(1, min(steps, int(self.share * total_steps)) if total_steps else steps)
+        """Each branch's steps: one epoch's, at most `share` of the budget (when known); 0 (no
+        check) where that is under `MIN_STEPS`."""
+        steps = steps_per_epoch or total_steps or 0
+        steps = min(steps, int(self.share * total_steps)) if total_steps else steps
+        return steps if steps >= MIN_STEPS else 0
 
     def read(self, model: keras.Model, steps: int) -> BranchScores:
         """Both branches from the model's state now (restored after them): `scores` keyed by the
