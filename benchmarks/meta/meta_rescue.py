@@ -195,6 +195,41 @@ def print_summary(results: list[dict], noise: list[dict] | None = None) -> None:
                       f"{alone:.4g} -> {rescued:.4g} ({actions})")
 
 
+def compare(before: list[dict], after: list[dict], arm: str = "meta_rescue") -> dict:
+    """`arm` in `after` against `before` (the same task-seeds; e.g. with and without
+    `--high-rate`): per run, the final loss over the grid-best (mis-set) or over the run without
+    the adjuster (well-set), and the high-rate check's actions; the counts over all of them."""
+    earlier = {(r["family"], r["seed"]): r for r in before}
+    counts = {"misset": 0, "within_1.2x": [0, 0], "within_1.5x": [0, 0], "well_set": 0, "harmed": [0, 0],
+              "moved_misset": 0, "moved_well_set": 0}
+    for r in after:
+        b = earlier.get((r["family"], r["seed"]))
+        if b is None:
+            continue
+        for setting, c in r["settings"].items():
+            was, now, best = _loss(b["settings"][setting][arm]), _loss(c[arm]), r["best_val_loss"]
+            counts["misset"] += 1
+            for key, bound in (("within_1.2x", 1.2), ("within_1.5x", 1.5)):
+                counts[key][0] += was <= bound * best
+                counts[key][1] += now <= bound * best
+            counts["moved_misset"] += _print_row(r, setting, was / best, now / best, c[arm])
+        for name in ("cosine", "well_set"):
+            without = _loss(r[name]["without"])
+            was, now = _loss(b[name][arm]), _loss(r[name][arm])
+            counts["well_set"] += 1
+            counts["harmed"][0] += was > 1.05 * without
+            counts["harmed"][1] += now > 1.05 * without
+            counts["moved_well_set"] += _print_row(r, name, was / without, now / without, r[name][arm])
+    print(json.dumps(counts))
+    return counts
+
+
+def _print_row(result, setting, was, now, run):
+    actions = [d["action"] for d in run["decisions"] if d.get("trigger") == "high_rate"]
+    print(f"  {result['family']}/{result['seed']} {setting}: {was:.2f}x -> {now:.2f}x; checks: {actions}")
+    return any(action != "keep" for action in actions)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", type=Path, help="meta_adjust.py or table_results.py results files")
@@ -217,7 +252,14 @@ def main():
     parser.add_argument("--settings", nargs="+", default=list(evaluation.SETTINGS), choices=evaluation.SETTINGS,
                         help="the mis-set settings to run (the well-set runs always run)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="the arms to run")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="comma-separated results files of this script: AFTER's runs against BEFORE's")
     args = parser.parse_args()
+    if args.compare:
+        before, after = ([r for path in files.split(",") for r in json.loads(Path(path).read_text())["results"]]
+                         for files in args.compare)
+        compare(before, after)
+        return
     if args.merge:
         results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
     else:

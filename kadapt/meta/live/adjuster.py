@@ -203,14 +203,17 @@ class MetaAdjuster(keras.callbacks.Callback):
             derived (a custom loss); `None` derives it. Defaults to `None`.
         high_rate: `kadapt.meta.HighRateCheck`, `"auto"` or `None`. The check
             for a rate too high that still trains
-            (`kadapt.meta.live.high_rate`): at its epoch ends (the second by
-            default), where nothing else changed the rate there, the run and
-            a branch at a tenth of its rate train one epoch's steps (at most
-            5% of the budget) from a snapshot, and the run goes on from the
-            lower branch's end where its held loss is clearly lower, else
-            from its own; the other branch's steps are charged to the budget.
-            `"auto"`: on the sampled rows of fit's first epoch, off under a
-            multi-worker strategy. Defaults to `None` (off).
+            (`kadapt.meta.live.high_rate`): at its epoch ends (the 2nd and
+            4th), where nothing else changed the rate there, the run and a
+            branch at a tenth of its rate train one epoch's steps (at most 5%
+            of the budget) from a snapshot; where two checks in a row find
+            the tenth's held loss below 0.7x the live rate's, the rate is cut
+            x0.1 as the policy's first early cut is (from the start, judged,
+            or where the run is); else the run goes on from its own branch.
+            The other branch's steps are charged to the budget. `"auto"`: on
+            the sampled rows of fit's first epoch, off under a multi-worker
+            strategy. Off by default: on the held-out families it did not
+            help (benchmarks/README.md#meta_rescue). Defaults to `None`.
 
     Example:
 

@@ -1,27 +1,31 @@
-"""`HighRateCheck`: a rate too high that still trains, found by a branch at a tenth of it.
+"""`HighRateCheck`: a rate too high that still trains, read from a branch at a tenth of it.
 
 A run whose rate is 10-100x above the one that trains best may not diverge:
 its loss falls for an epoch or two, then stays high and noisy, and no trigger
-fires on a run that trains (a regression at SGD 0.2 ends at 1.26x the
-grid-best; issue 65). The evidence read here is the one such a run leaves at
-once: the noise floor its rate holds the loss on. From a snapshot at an early
-epoch end, the run at its live rate and at `factor` (a tenth) of it each train
-the same batches (one epoch's steps, at most `share` of the budget;
+fires on a run that trains (issue 65: a regression at SGD 0.2 ends at 1.26x
+the grid-best). The evidence read here is the noise floor such a rate holds
+the loss on. At the check's epoch ends (the 2nd and 4th), from a snapshot, the
+run at its live rate and at a tenth of it each train the same batches (one
+epoch's steps, at most `share` of the budget, none under `MIN_STEPS`;
 `kadapt.meta.start.branch_trials.branch_scores`) and are scored on held rows,
-the lower branch with the optimizer's slots zeroed (a velocity built at the
-live rate, Keras' SGD scales it by the rate, would carry it on at that rate
-for some ten steps, measured: above the live branch's held loss):
+the lower branch with the optimizer's slots zeroed (Keras' SGD keeps its
+velocity scaled by the rate: carried over, it drove the lower branch above the
+live one's held loss, measured). A check reads the rate too high where
 
-    move to factor x the rate  only if  held(factor x rate) < ratio x held(live rate)
+    held(a tenth of the rate) < ratio x held(live rate)
 
-A lower rate always gains a little on a short branch (it anneals: the
-short-horizon bias), a well-set rate by some percent; a rate ten times too
-high sits on a floor its tenth drops far below (fashion_conv at 19x the
-grid-best: held loss 0.71 -> 0.45 in 36 steps). `ratio` sets the margin
-between the two (docs/meta-model.md, chosen on the development seeds).
+and the run moves where `agree` checks in a row read so. A lower rate gains a
+little on a short branch (the short-horizon bias), a well-set one by some
+percent. On the development seeds (docs/meta-model.md) the reading fell under
+0.7 on 6 of 9 too-high runs that train (0.34-0.63; circles, friedman) and read
+0.72-1.34 on 16 well-set ones, the adding GRU's aside (0.45-1.25, three of six
+under 0.7 once): one reading moves 3 of 22 well-set runs, two in a row 1.
 
-The run goes on from the end of the chosen branch (the live rate's where it is
-kept): those steps are its own, and only the other branch's are charged.
+The move is the policy's first early cut (`AdjustmentRunner.cut_too_high`):
+from the initial state where the run kept most of its starting loss, judged
+(`RestartTrial`) where it kept less, else from the lower branch's end. Where
+the rate is kept, the run goes on from the live branch's end: those steps are
+its own, and the other branch's are charged to the budget.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ import keras
 
 from kadapt.batching.training_state import restore
 from kadapt.meta.live.restart_trial import count_rows
-from kadapt.meta.observe import rollback
 from kadapt.meta.live.restart_trial import rounded
+from kadapt.meta.observe import rollback
 from kadapt.meta.start.branch_trials import BranchScores
 from kadapt.meta.start.branch_trials import branch_scores
 from kadapt.meta.start.range_test_start import split_batches
@@ -70,8 +74,7 @@ class HighRateReading:
     def detail(self) -> dict[str, Any]:
         """The check as the decision log writes it."""
         return {"steps": self.steps, "held_loss_start": rounded(self.start), "held_loss_live": rounded(self.live),
-                "held_loss_lower": rounded(self.lower), "below": self.below,
-                "moved": self.moved}
+                "held_loss_lower": rounded(self.lower), "below": self.below, "moved": self.moved}
 
 
 class HighRateCheck:
@@ -83,7 +86,7 @@ class HighRateCheck:
         batch_size: Positive int: the fit's. Defaults to 32.
         seed: Int or `None`. The shuffling of the rows. Defaults to `None`.
         epochs: Tuple of positive ints. The epoch ends (epochs done) the check
-            runs at, while the run has not moved. Defaults to `(2,)`.
+            runs at, where nothing else changed the rate. Defaults to `(2, 4)`.
         ratio: Float in (0, 1]. A check reads the rate too high where the
             lower branch's held loss ends below `ratio` times the live
             branch's. Defaults to `0.7`.
