@@ -526,9 +526,10 @@ class MetaAdjuster(keras.callbacks.Callback):
             watched = float(logs.get(name, logs["loss"]))
             how, trial = self._runner.cut_too_high(lower_end, watched, self._progress())
             action = f"lr x0.1, {how}"
-        # The run goes on from the end of a branch (the live one's, or the cut's where it is taken
-        # where the run is): those steps are its own, the other branch's are charged.
-        self._charge(2 * reading.steps, reading.steps if how in (None, "from the branch at the cut rate") else 0)
+        # The run goes on from the end of a branch (the live one's where it finished, or the cut's
+        # where it is taken where the run is): those steps are its own, the other branch's charged.
+        on_a_branch = how == "from the branch at the cut rate" or (how is None and math.isfinite(reading.live))
+        self._charge(2 * reading.steps, reading.steps if on_a_branch else 0)
         rates = self._runner.read_rates()
         self.decision_log.high_rate(action, reading.detail(), rates, self._step, epoch,
                                     trial=None if trial is None else trial.detail())
