@@ -1,9 +1,9 @@
 """The evidence of a too-high rate that trains, on the grid of meta_adjust's families (development seeds).
 
-Pass `grid`: each family-seed's constant grid runs (`meta_evaluation.GRID`,
-widened as meta_adjust widens it), plain (no adjuster), their final validation
-loss and each step's training loss (from fit's running means). That gives the
-grid-best rate and which rates are too high (finite, >= 1.2x the best's loss).
+Pass `grid`: each family-seed's constant grid runs (`meta_evaluation.GRID`, not
+widened), plain (no adjuster), their final validation loss and each step's
+training loss (from fit's running means). That gives the grid-best rate and
+which rates are too high (finite, >= 1.2x the best's loss).
 
 Pass `branches`: for the rates at and above the grid-best (constant) and the
 cosine run at the grid-best, the first `--epochs` epochs with, at each epoch
@@ -13,8 +13,8 @@ rows, scored on 256 held ones). The snapshot is restored: the run is unchanged.
 
     nice -n 10 .venv/bin/python benchmarks/meta/high_rate_evidence.py grid --seeds 0 1 2 \
         --families iris circles friedman --out runs/hr/grid_a.json
-    nice -n 10 .venv/bin/python benchmarks/meta/high_rate_evidence.py branches --grid runs/hr/grid_a.json \
-        --out runs/hr/branches_a.json
+    nice -n 10 .venv/bin/python benchmarks/meta/high_rate_evidence.py branches --epochs 4 \
+        --grid runs/hr/grid_a.json --out runs/hr/branches_a.json
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import math
 from pathlib import Path
 
 import keras
-import numpy as np
 
 from kadapt.cli import meta_evaluation as evaluation
 from kadapt.recipes.training import steps_per_epoch
@@ -39,7 +38,7 @@ class StepLosses(keras.callbacks.Callback):
         self.losses = []
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._total, self._seen = 0.0, 0
+        self._total = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
         total = float(logs["loss"]) * (batch + 1)
@@ -123,5 +122,4 @@ def main():
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()
