@@ -116,7 +116,8 @@ class HighRateCheck:
             check_range("batch_size", batch_size, low=1, integer=True)
         if not isinstance(epochs, (tuple, list)) or not epochs or not all(
                 isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in epochs):
-            raise ValueError(f"Argument `epochs` must be a non-empty tuple of positive ints. Received: epochs={epochs!r}")
+            raise ValueError("Argument `epochs` must be a non-empty tuple of positive ints. "
+                             f"Received: epochs={epochs!r}")
         check_range("ratio", ratio, low=0.0, high=1.0, low_open=True)
         check_range("agree", agree, low=1, high=len(epochs), integer=True)
         check_range("share", share, low=0.0, high=0.5, low_open=True)

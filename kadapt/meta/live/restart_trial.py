@@ -91,7 +91,8 @@ class RestartTrial:
                  seed: int | None = None, share: float = TRIAL_SHARE) -> None:
         self.rows = count_rows("x", x)
         if count_rows("y", y) != self.rows:
-            raise ValueError(f"Arguments `x` and `y` must hold as many rows. Received: {self.rows} and {count_rows('y', y)}")
+            raise ValueError("Arguments `x` and `y` must hold as many rows. "
+                             f"Received: {self.rows} and {count_rows('y', y)}")
         if self.rows < 2:
             raise ValueError(f"Argument `x` must hold at least 2 rows. Received: {self.rows}")
         if validation_data is not None:
