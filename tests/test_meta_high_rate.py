@@ -97,6 +97,19 @@ def test_rows_that_cannot_be_sampled_turn_the_check_off_in_one_line():
         "other than numbers in rows). Pass high_rate=kadapt.meta.HighRateCheck(x, y, batch_size=...) to turn it on.")
 
 
+def test_a_run_too_short_for_ten_step_branches_turns_the_check_off_in_one_line():
+    x, y = friedman_rows()
+    adjuster = kadapt.MetaAdjuster(verbose=0, high_rate="auto")
+    with pytest.warns(RuntimeWarning) as caught:
+        regressor(GOOD).fit(x, y, validation_split=0.25, batch_size=32, epochs=3, verbose=0, callbacks=[adjuster])
+    lines = [str(w.message) for w in caught if "too-high-rate" in str(w.message)]
+    assert lines == [
+        "MetaAdjuster: the too-high-rate check is off: a branch would train under 10 steps (one epoch's, at most "
+        "0.05 of the budget; more epochs or a larger `share` give it room). Pass "
+        "high_rate=kadapt.meta.HighRateCheck(x, y, batch_size=...) to turn it on."]
+    assert checks(adjuster) == []
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"ratio": 0.0}, ValueError, "ratio"),
     ({"share": 0.9}, ValueError, "share"),

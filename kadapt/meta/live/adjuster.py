@@ -516,7 +516,10 @@ class MetaAdjuster(keras.callbacks.Callback):
                 or self._is_final() or not _finite(logs.get("loss"))):
             return
         steps = check.num_steps(self.params.get("steps"), self._total_steps())
-        if not steps:
+        if not steps:  # off for this fit, said once
+            self._high_rate = None
+            warnings.warn(derived_parts.HIGH_RATE_OFF.format(why=derived_parts.HIGH_RATE_SHORT.format(
+                share=check.share)), RuntimeWarning, stacklevel=3)
             return
         reading, lower_end = check.run(self.model, steps, self._high_rate_below)
         self._high_rate_below = 0 if reading.moved or not reading.below else self._high_rate_below + 1

@@ -27,6 +27,8 @@ RESCUE_OFF = ("MetaAdjuster: the dead-run rescue is off: each worker of a multi-
               "own rows. Pass rescue=kadapt.meta.DeadRunRescue(...) built on the whole data to turn it on.")
 HIGH_RATE_OFF = ("MetaAdjuster: the too-high-rate check is off: {why}. Pass high_rate=kadapt.meta.HighRateCheck(x, y, "
                  "batch_size=...) to turn it on.")
+HIGH_RATE_SHORT = ("a branch would train under 10 steps (one epoch's, at most {share:g} of the budget; more epochs "
+                   "or a larger `share` give it room)")
 RESTART_OFF = ("MetaAdjuster: the judged restart is off: {why}. Pass restart_trial=kadapt.meta.RestartTrial(x, y, "
                "batch_size=...) to turn it on.")
 
