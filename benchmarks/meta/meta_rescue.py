@@ -34,28 +34,29 @@ import math
 from pathlib import Path
 
 from kadapt.cli import meta_evaluation as evaluation
+from kadapt.meta.live.high_rate import CHECK_EPOCHS
 from kadapt.meta.live.high_rate import HighRateCheck
 from kadapt.meta.live.triggers import Trigger
 
 ARMS = ("meta", "meta_rescue")
 
 
-def _arm(task, arm, range_start, meta_model, consult_every=None, restart=True, high_rate=False):
+def _arm(task, arm, range_start, meta_model, consult_every=None, restart=True, high_rate=None):
     """`arm` on `task`: the adjuster with `meta_model` (starting from the range test with
     `range_start`; its trigger consulting every `consult_every` observations too, the rules only
     at 0, the adjuster's default at `None`; its `restart`), with the rescue after it for `"meta_rescue"`."""
     options = {"range_test": evaluation.range_start(task)} if range_start else {}
     options["restart"] = restart
-    if high_rate:  # the too-high-rate check on the training rows, as "auto" derives it from fit's
+    if high_rate:  # the too-high-rate check on the training rows (at these epochs), as "auto" derives it
         x, y = task.data[:2]
-        options["high_rate"] = HighRateCheck(x, y, batch_size=task.batch_size, seed=task.seed)
+        options["high_rate"] = HighRateCheck(x, y, batch_size=task.batch_size, seed=task.seed, epochs=high_rate)
     if consult_every is not None:  # 0: the trigger's rules only
         options["trigger"] = Trigger(consult_every=consult_every or None)
     return evaluation.meta_run(task, evaluation.EPOCHS, meta_model, rescue=arm == "meta_rescue", **options)
 
 
 def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
-             consult_every: int | None = None, restart: bool = True, high_rate: bool = False,
+             consult_every: int | None = None, restart: bool = True, high_rate: tuple | None = None,
              settings: tuple = evaluation.SETTINGS, arms: tuple = ARMS) -> dict:
     """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
     `range_start`, the adjuster starts from the range test in both. The well-set runs at the
@@ -230,6 +231,13 @@ def _print_row(result, setting, was, now, run):
     return any(action != "keep" for action in actions)
 
 
+def _check_epochs(given):
+    """`--high-rate`'s epochs: `None` without the flag, the check's own with it alone."""
+    if given is None:
+        return None
+    return tuple(given) or CHECK_EPOCHS
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", type=Path, help="meta_adjust.py or table_results.py results files")
@@ -247,8 +255,9 @@ def main():
                         help="well_set_noise.py --out files: print the noise ceiling of the within-1.2x figure")
     parser.add_argument("--no-restart", action="store_true",
                         help="both arms with MetaAdjuster(restart=False): no restart from the initial state")
-    parser.add_argument("--high-rate", action="store_true",
-                        help="both arms with the too-high-rate check (kadapt.meta.HighRateCheck on the training rows)")
+    parser.add_argument("--high-rate", nargs="*", type=int, metavar="EPOCH",
+                        help="both arms with the too-high-rate check (kadapt.meta.HighRateCheck on the training "
+                             "rows), at these epoch ends (default: its own, 2 and 4)")
     parser.add_argument("--settings", nargs="+", default=list(evaluation.SETTINGS), choices=evaluation.SETTINGS,
                         help="the mis-set settings to run (the well-set runs always run)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="the arms to run")
@@ -266,7 +275,7 @@ def main():
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
         results = [run_task(base, args.range_start, args.meta_model, args.consult_every, not args.no_restart,
-                            args.high_rate, tuple(args.settings), tuple(args.arms))
+                            _check_epochs(args.high_rate), tuple(args.settings), tuple(args.arms))
                    for path in args.results
                    for base in json.loads(path.read_text())["runs"]]
         if args.out:
