@@ -34,24 +34,30 @@ import math
 from pathlib import Path
 
 from kadapt.cli import meta_evaluation as evaluation
+from kadapt.meta.live.high_rate import CHECK_EPOCHS
+from kadapt.meta.live.high_rate import HighRateCheck
 from kadapt.meta.live.triggers import Trigger
 
 ARMS = ("meta", "meta_rescue")
 
 
-def _arm(task, arm, range_start, meta_model, consult_every=None, restart=True):
+def _arm(task, arm, range_start, meta_model, consult_every=None, restart=True, high_rate=None):
     """`arm` on `task`: the adjuster with `meta_model` (starting from the range test with
     `range_start`; its trigger consulting every `consult_every` observations too, the rules only
     at 0, the adjuster's default at `None`; its `restart`), with the rescue after it for `"meta_rescue"`."""
     options = {"range_test": evaluation.range_start(task)} if range_start else {}
     options["restart"] = restart
+    if high_rate:  # the too-high-rate check on the training rows (at these epochs), as "auto" derives it
+        x, y = task.data[:2]
+        options["high_rate"] = HighRateCheck(x, y, batch_size=task.batch_size, seed=task.seed, epochs=high_rate)
     if consult_every is not None:  # 0: the trigger's rules only
         options["trigger"] = Trigger(consult_every=consult_every or None)
     return evaluation.meta_run(task, evaluation.EPOCHS, meta_model, rescue=arm == "meta_rescue", **options)
 
 
 def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
-             consult_every: int | None = None, restart: bool = True) -> dict:
+             consult_every: int | None = None, restart: bool = True, high_rate: tuple | None = None,
+             settings: tuple = evaluation.SETTINGS, arms: tuple = ARMS) -> dict:
     """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
     `range_start`, the adjuster starts from the range test in both. The well-set runs at the
     grid-best rate, cosine and constant, run in both modes."""
@@ -59,19 +65,22 @@ def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
     result = {key: base.get(key) for key in ("family", "seed", "best_rate", "best_val_loss", "initial_val_loss",
                                              "range_test", "anchors")}
     result["settings"] = {}
+    options = (range_start, meta_model, consult_every, restart, high_rate)
     for setting, case in base["settings"].items():
+        if setting not in settings:
+            continue
         task = evaluation.evaluation_task(family, seed, case["learning_rate"])
-        arms = {arm: _arm(task, arm, range_start, meta_model, consult_every, restart) for arm in ARMS}
+        ran = {arm: _arm(task, arm, *options) for arm in arms}
         result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
-                                       "plateau": case["plateau"], **arms}
+                                       "plateau": case["plateau"], **ran}
         print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
-              + ", ".join(f"{arm} {arms[arm]['val_loss']:.4g}" for arm in ARMS), flush=True)
+              + ", ".join(f"{arm} {ran[arm]['val_loss']:.4g}" for arm in arms), flush=True)
     for name, schedule in (("cosine", "cosine"), ("well_set", "constant")):
         task = evaluation.evaluation_task(family, seed, base["best_rate"], schedule)
         result[name] = {"without": base[name]["without"],
-                        **{arm: _arm(task, arm, range_start, meta_model, consult_every, restart) for arm in ARMS}}
+                        **{arm: _arm(task, arm, *options) for arm in arms}}
         print(f"{family}/{seed} {name}: " + ", ".join(f"{arm} {result[name][arm]['val_loss']:.4g}"
-                                                      for arm in ("without", *ARMS)), flush=True)
+                                                      for arm in ("without", *arms)), flush=True)
     return result
 
 
@@ -84,6 +93,8 @@ def summarize(results: list[dict]) -> dict:
     """Per arm: the figures over every mis-set run and the well-set cosine runs."""
     figures = {}
     for arm in ARMS:
+        if not all(arm in c for r in results for c in [*r["settings"].values(), r["cosine"]]):
+            continue  # an arm not run (`--arms`)
         cases = [(r, c) for r in results for c in r["settings"].values()]
         diverging = [(r, c) for r, c in cases if _loss(c["constant"]) == math.inf]
         figures[arm] = {
@@ -176,11 +187,55 @@ def print_summary(results: list[dict], noise: list[dict] | None = None) -> None:
     print("\nruns the rescue changed (grid-best; alone -> with the rescue; its actions):")
     for r in results:
         for setting, c in [*r["settings"].items(), *((name, r[name]) for name in ("cosine", "well_set") if name in r)]:
+            if not all(arm in c for arm in ARMS):
+                continue
             alone, rescued = _loss(c["meta"]), _loss(c["meta_rescue"])
             if alone != rescued:
                 actions = "; ".join(f"epoch {a.get('epoch')}: {a.get('trigger')}" for a in c["meta_rescue"]["rescues"])
                 print(f"  {r['family']}/{r['seed']} {setting}: best {r['best_val_loss']:.4g}; "
                       f"{alone:.4g} -> {rescued:.4g} ({actions})")
+
+
+def compare(before: list[dict], after: list[dict], arm: str = "meta_rescue") -> dict:
+    """`arm` in `after` against `before` (the same task-seeds; e.g. with and without
+    `--high-rate`): per run, the final loss over the grid-best (mis-set) or over the run without
+    the adjuster (well-set), and the high-rate check's actions; the counts over all of them."""
+    earlier = {(r["family"], r["seed"]): r for r in before}
+    counts = {"misset": 0, "within_1.2x": [0, 0], "within_1.5x": [0, 0], "well_set": 0, "harmed": [0, 0],
+              "moved_misset": 0, "moved_well_set": 0}
+    for r in after:
+        b = earlier.get((r["family"], r["seed"]))
+        if b is None:
+            continue
+        for setting, c in r["settings"].items():
+            was, now, best = _loss(b["settings"][setting][arm]), _loss(c[arm]), r["best_val_loss"]
+            counts["misset"] += 1
+            for key, bound in (("within_1.2x", 1.2), ("within_1.5x", 1.5)):
+                counts[key][0] += was <= bound * best
+                counts[key][1] += now <= bound * best
+            counts["moved_misset"] += _print_row(r, setting, was / best, now / best, c[arm])
+        for name in ("cosine", "well_set"):
+            without = _loss(r[name]["without"])
+            was, now = _loss(b[name][arm]), _loss(r[name][arm])
+            counts["well_set"] += 1
+            counts["harmed"][0] += was > 1.05 * without
+            counts["harmed"][1] += now > 1.05 * without
+            counts["moved_well_set"] += _print_row(r, name, was / without, now / without, r[name][arm])
+    print(json.dumps(counts))
+    return counts
+
+
+def _print_row(result, setting, was, now, run):
+    actions = [d["action"] for d in run["decisions"] if d.get("trigger") == "high_rate"]
+    print(f"  {result['family']}/{result['seed']} {setting}: {was:.2f}x -> {now:.2f}x; checks: {actions}")
+    return any(action != "keep" for action in actions)
+
+
+def _check_epochs(given):
+    """`--high-rate`'s epochs: `None` without the flag, the check's own with it alone."""
+    if given is None:
+        return None
+    return tuple(given) or CHECK_EPOCHS
 
 
 def main():
@@ -200,13 +255,27 @@ def main():
                         help="well_set_noise.py --out files: print the noise ceiling of the within-1.2x figure")
     parser.add_argument("--no-restart", action="store_true",
                         help="both arms with MetaAdjuster(restart=False): no restart from the initial state")
+    parser.add_argument("--high-rate", nargs="*", type=int, metavar="EPOCH",
+                        help="both arms with the too-high-rate check (kadapt.meta.HighRateCheck on the training "
+                             "rows), at these epoch ends (default: its own, 2 and 4)")
+    parser.add_argument("--settings", nargs="+", default=list(evaluation.SETTINGS), choices=evaluation.SETTINGS,
+                        help="the mis-set settings to run (the well-set runs always run)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="the arms to run")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="comma-separated results files of this script: AFTER's runs against BEFORE's")
     args = parser.parse_args()
+    if args.compare:
+        before, after = ([r for path in files.split(",") for r in json.loads(Path(path).read_text())["results"]]
+                         for files in args.compare)
+        compare(before, after)
+        return
     if args.merge:
         results = [r for path in args.merge for r in json.loads(path.read_text())["results"]]
     else:
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
-        results = [run_task(base, args.range_start, args.meta_model, args.consult_every, not args.no_restart)
+        results = [run_task(base, args.range_start, args.meta_model, args.consult_every, not args.no_restart,
+                            _check_epochs(args.high_rate), tuple(args.settings), tuple(args.arms))
                    for path in args.results
                    for base in json.loads(path.read_text())["runs"]]
         if args.out:

@@ -14,6 +14,7 @@ from kadapt.meta.live.chance_loss import chance_loss
 from kadapt.meta.live.chance_loss import regression_chance_loss
 from kadapt.meta.live.dead_run import DeadRunRule
 from kadapt.meta.live.dead_run_rescue import DeadRunRescue
+from kadapt.meta.live.high_rate import HighRateCheck
 from kadapt.meta.live.policy import AdjustmentPolicy
 from kadapt.meta.live.restart_trial import RestartTrial
 from kadapt.meta.live.triggers import Trigger
@@ -34,7 +35,8 @@ _OPTIONAL_NAMES = {
     "train_meta_model": "kadapt.meta.records.train",
 }
 __all__ = sorted([
-    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRescue", "DeadRunRule", "MetaAdjuster",
+    "AdjustmentPolicy", "AdjustmentRecord", "CollectionConfig", "DeadRunRescue", "DeadRunRule", "HighRateCheck",
+    "MetaAdjuster",
     "MetaSpec", "RangeTestStart", "RestartTrial", "Trigger", "actions", "chance_loss", "collect",
     "features", "load_meta_model", "regression_chance_loss", "tasks", *_OPTIONAL_NAMES,
 ])

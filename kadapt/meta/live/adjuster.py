@@ -23,6 +23,7 @@ from kadapt.meta.live.dead_run_rescue import DeadRunRescue
 from kadapt.meta.live.decision_log import DECISIONS_FILE  # noqa: F401  (still importable from here)
 from kadapt.meta.live.decision_log import DecisionLog
 from kadapt.meta.live.fit_rows import FitRows
+from kadapt.meta.live.high_rate import HighRateCheck
 from kadapt.meta.live.policy import AdjustmentPolicy
 from kadapt.meta.live.policy import RESTART_WITHIN
 from kadapt.meta.live.policy import model_predictor
@@ -200,6 +201,19 @@ class MetaAdjuster(keras.callbacks.Callback):
         chance_loss: Positive float or `None`. The loss of the best constant
             prediction, for the rescue's at-chance rule where it cannot be
             derived (a custom loss); `None` derives it. Defaults to `None`.
+        high_rate: `kadapt.meta.HighRateCheck`, `"auto"` or `None`. The check
+            for a rate too high that still trains
+            (`kadapt.meta.live.high_rate`): at its epoch ends (the 2nd and
+            4th), where nothing else changed the rate there, the run and a
+            branch at a tenth of its rate train one epoch's steps (at most 5%
+            of the budget) from a snapshot; where two checks in a row find
+            the tenth's held loss below 0.7x the live rate's, the rate is cut
+            x0.1 as the policy's first early cut is (from the start, judged,
+            or where the run is); else the run goes on from its own branch.
+            The other branch's steps are charged to the budget. `"auto"`: on
+            the sampled rows of fit's first epoch, off under a multi-worker
+            strategy. Off by default: on the held-out families it did not
+            help (benchmarks/README.md#meta_rescue). Defaults to `None`.
 
     Example:
 
@@ -216,7 +230,8 @@ class MetaAdjuster(keras.callbacks.Callback):
                  min_gain: float = MIN_GAIN, backup_dir: str | os.PathLike | None = None,
                  range_test: RangeTestStart | None = None, min_cut_gain: float = MIN_CUT_GAIN,
                  restart: bool = True, restart_trial: RestartTrial | str | None = "auto",
-                 rescue: bool | DeadRunRescue = True, chance_loss: float | None = None) -> None:
+                 rescue: bool | DeadRunRescue = True, chance_loss: float | None = None,
+                 high_rate: HighRateCheck | str | None = None) -> None:
         super().__init__()
         if not isinstance(restart, bool):
             raise TypeError(f"Argument `restart` must be True or False. Received: restart={restart!r}")
@@ -252,6 +267,10 @@ class MetaAdjuster(keras.callbacks.Callback):
         if chance_loss is not None:
             check_range("chance_loss", chance_loss, low=0.0, low_open=True)
         self.chance_loss = chance_loss
+        if high_rate != "auto" and high_rate is not None and not isinstance(high_rate, HighRateCheck):
+            raise TypeError("Argument `high_rate` must be \"auto\", a kadapt.meta.HighRateCheck or None. "
+                            f"Received: high_rate={high_rate!r}")
+        self.high_rate = high_rate if self.meta_model is not None else None
         self.rescue, self._rescue_is_own = _check_rescue(rescue, self.monitor, verbose), rescue is True
         self.decision_log = DecisionLog(self.log_dir, verbose)
         if self.rescue is not None:
@@ -309,12 +328,14 @@ class MetaAdjuster(keras.callbacks.Callback):
         self._cost = None if self.check_every == "epoch" else ObservationCost(self.check_every)
         self._observed_at = None  # when the last step-mode observation ended (`time.perf_counter`)
         self._derives_trial = self.restart_trial == "auto"
+        self._high_rate, self._derives_high_rate = self._high_rate_part()
+        self._high_rate_below = 0  # the checks in a row that read the rate too high, since the last move
         self._runner = None if self.meta_model is None else self._begin_adjusting()
         self._part = self._rescue_part()
         if self._part is not None:
             self._part.on_train_begin(logs)
         self._fit_rows = None
-        if self._derives_rule() or self._derives_range_test() or self._derives_trial:
+        if self._derives_rule() or self._derives_range_test() or self._derives_trial or self._derives_high_rate:
             # Seeded from NumPy's global generator: `keras.utils.set_random_seed` makes it repeat.
             self._seed = int(np.random.randint(2**31))
             self._fit_rows = FitRows(seed=self._seed)
@@ -344,6 +365,20 @@ class MetaAdjuster(keras.callbacks.Callback):
         trial = self.restart_trial if isinstance(self.restart_trial, RestartTrial) else None
         return AdjustmentRunner(self.model, policy, copy.deepcopy(self._trigger_template),
                                 self.decision_log, agreement, trial, self._charge)
+
+    def _high_rate_part(self):
+        """`(check, derives)`: the too-high-rate check given, or one to derive from fit's rows
+        (`"auto"`; off, said once, under a multi-worker strategy)."""
+        if self.high_rate != "auto":
+            if isinstance(self.high_rate, HighRateCheck) and WorkerAgreement.of(self.model).strategy is not None:
+                raise ValueError("Argument `high_rate` cannot branch under a multi-worker strategy: each worker "
+                                 "would train and score the branches on its own rows. Pass high_rate=None.")
+            return self.high_rate, False
+        if WorkerAgreement.of(self.model).strategy is not None:
+            warnings.warn(derived_parts.HIGH_RATE_OFF.format(why="each worker of a multi-worker strategy would "
+                                                                 "judge on its own rows"), RuntimeWarning, stacklevel=3)
+            return None, False
+        return None, True
 
     def _rescue_part(self):
         """The rescue part for this fit; its own derived afresh from this fit's rows, and off (said
@@ -422,6 +457,7 @@ class MetaAdjuster(keras.callbacks.Callback):
             self._check_target(float(logs[self.monitor]))
         else:
             self._adjust_at_epoch_end(epoch, logs)
+            self._check_high_rate(epoch, logs)
         if self._part is not None:  # last: a rescue's rollback has the last word
             self._part.on_epoch_end(epoch, logs)
         if self.backup_dir is not None:
@@ -466,8 +502,47 @@ class MetaAdjuster(keras.callbacks.Callback):
         if self._derives_trial and self._runner is not None:
             self._runner.restart_trial, line = derived_parts.restart_trial(rows, self._seed)
             lines.append(line)
+        if self._derives_high_rate:
+            self._high_rate, line = derived_parts.high_rate_check(rows, self._seed)
+            lines.append(line)
         for line in filter(None, lines):
             warnings.warn(line, RuntimeWarning, stacklevel=3)
+
+    def _check_high_rate(self, epoch, logs):
+        """At the check's epoch ends, where nothing changed the rate at this one and the run goes
+        on: both branches (`HighRateCheck.run`), their steps counted, the other branch's charged."""
+        check = self._high_rate
+        if (check is None or epoch + 1 not in check.epochs or self._rate_changed_this_epoch()
+                or self._is_final() or not _finite(logs.get("loss"))):
+            return
+        steps = check.num_steps(self.params.get("steps"), self._total_steps())
+        if not steps:  # off for this fit, said once
+            self._high_rate = None
+            warnings.warn(derived_parts.HIGH_RATE_OFF.format(why=derived_parts.HIGH_RATE_SHORT.format(
+                share=check.share)), RuntimeWarning, stacklevel=3)
+            return
+        reading, lower_end = check.run(self.model, steps, self._high_rate_below)
+        self._high_rate_below = 0 if reading.moved or not reading.below else self._high_rate_below + 1
+        action, how, trial = "keep", None, None
+        if reading.moved:
+            name = self.monitor if self.mode == "min" else "val_loss"
+            watched = float(logs.get(name, logs["loss"]))
+            how, trial = self._runner.cut_too_high(lower_end, watched, self._progress())
+            action = f"lr x0.1, {how}"
+        # The run goes on from the end of a branch (the live one's where it finished, or the cut's
+        # where it is taken where the run is): those steps are its own, the other branch's charged.
+        on_a_branch = how == "from the branch at the cut rate" or (how is None and math.isfinite(reading.live))
+        self._charge(2 * reading.steps, reading.steps if on_a_branch else 0)
+        rates = self._runner.read_rates()
+        self.decision_log.high_rate(action, reading.detail(), rates, self._step, epoch,
+                                    trial=None if trial is None else trial.detail())
+        logs["meta_learning_rate"], logs["meta_momentum"] = rates
+        logs["meta_adjustments"] = self.decision_log.count_this_epoch
+
+    def _rate_changed_this_epoch(self):
+        """Whether a decision at this epoch rolled back or applied a change (not a "keep")."""
+        decisions = self.decisions[len(self.decisions) - self.decision_log.count_this_epoch:]
+        return any(d["rollback"] or (d["adjustment"] and d.get("applied", True)) for d in decisions)
 
     def _watch_cost(self, started, ended):
         """Feeds the observation's wall time and that of the steps before it (within one epoch:
@@ -531,7 +606,8 @@ class MetaAdjuster(keras.callbacks.Callback):
         if self._part is not None:
             state["rescue"] = self._part.get_state()
         return {**state, "range_test_steps": self._range_test_steps,
-                "outside_steps": self._outside_steps, "decisions": copy.deepcopy(self.decisions)}
+                "outside_steps": self._outside_steps, "high_rate_below": self._high_rate_below,
+                "decisions": copy.deepcopy(self.decisions)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores what `get_state` returned, into the running `fit` of the same model.
@@ -549,6 +625,7 @@ class MetaAdjuster(keras.callbacks.Callback):
         # A resumed run does not test again: its rate was set by the first run's test.
         self._range_tested, self._range_test_steps = True, int(state.get("range_test_steps", 0))
         self._outside_steps = int(state.get("outside_steps", self._range_test_steps))
+        self._high_rate_below = int(state.get("high_rate_below", 0))
         self.decision_log.restore(state["decisions"])
 
     def _save(self, epochs_done):

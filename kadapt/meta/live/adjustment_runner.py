@@ -35,6 +35,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kadapt.batching import training_state
 from kadapt.meta.live.decision_log import DecisionLog
 from kadapt.meta.live.policy import Adjustment
 from kadapt.meta.live.policy import AdjustmentPolicy
@@ -55,6 +56,7 @@ from kadapt.optimizers.live_rate import learning_rate_multiplier
 from kadapt.optimizers.live_variables import applied_learning_rate
 from kadapt.optimizers.live_variables import current_momentum
 
+CUT = action_lib.ACTIONS.index({"learning_rate_multiplier": 0.1})  # the too-high-rate check's
 ANNEALING_TOLERANCE = 1e-6  # relative: a constant rate read back from float32 is not "falling"
 
 
@@ -190,6 +192,31 @@ class AdjustmentRunner:
         if progress.budget_used > self.policy.restart_within:
             self.start = None  # no restart can come: the initial state is not held longer
 
+    def cut_too_high(self, lower_end: Any, watched: float, progress: Progress) -> tuple[str, TrialResult | None]:
+        """The too-high-rate check's cut (`kadapt.meta.live.high_rate`), taken as the policy takes
+        a first early cut: from the initial state where the run has kept at least `restart_above`
+        of its starting loss, judged (`RestartTrial`) where it kept `trial_above`, else where the
+        run is, from the end of the check's branch at the cut rate (`lower_end`, host state that
+        `kadapt.batching.training_state.restore` takes). Returns how it was taken, in words, and
+        the judged restart's result (or `None`)."""
+        ratio = self._loss_ratio(watched)
+        early = (not self.policy_state.rate_changed and self.start is not None and ratio is not None
+                 and 0.0 < progress.budget_used <= self.policy.restart_within)
+        restart = early and ratio >= self.policy.restart_above
+        judged = early and not restart and self.restart_trial is not None and ratio >= self.policy.trial_above
+        self.policy_state = dataclasses.replace(self.policy_state, rate_changed=True, raised=False)
+        cut = Adjustment("high_rate", CUT, consulted=True, restart_trigger=True, restart=restart, restart_trial=judged)
+        if not (restart or judged):
+            training_state.restore(lower_end)  # the cut rate is set there, the slots built at it
+            self.trigger.adjusted()
+            self.rates = self.read_rates()
+            return "from the branch at the cut rate", None
+        trial = self._judge_restart(cut, progress) if judged else None
+        self._execute(cut, watched, False, True, progress, None, trial, log=False)
+        if trial is None:
+            return "from the start", None
+        return ("from the start (judged restart taken)" if trial.taken else "here (judged restart not taken)"), trial
+
     def read_rates(self) -> tuple[float, float]:
         """The learning rate and momentum the optimizer applies now."""
         optimizer = self.model.optimizer
@@ -263,7 +290,7 @@ class AdjustmentRunner:
         return result
 
     def _execute(self, adjustment: Adjustment, watched, finite, measured_now, progress, reading,
-                 trial: TrialResult | None = None):
+                 trial: TrialResult | None = None, log: bool = True):
         """Does what the policy chose: roll back, move the rollback point, apply, log."""
         taken = trial is not None and trial.taken
         if taken:
@@ -284,7 +311,7 @@ class AdjustmentRunner:
             self._apply(action_lib.ACTIONS[adjustment.action])
         if adjustment.restart_trigger:
             self.trigger.adjusted()
-        if adjustment.logged:
+        if adjustment.logged and log:
             logged = dataclasses.replace(adjustment, restart=True) if taken else adjustment
             self.log.adjustment(logged, self.history.window(), self.rates, progress.step, progress.epoch,
                                 trial=None if trial is None else trial.detail())

@@ -105,6 +105,18 @@ class DecisionLog:
         self.write({"step": step, "epoch": epoch, "trigger": "target", "adjustment": {}, "action": "stop",
                     "predicted_gain": None, "rollback": False, "features": {monitor: value}})
 
+    def high_rate(self, action: str, detail: dict[str, Any], rates: tuple[float, float], step: int,
+                  epoch: int, trial: dict[str, Any] | None = None) -> None:
+        """Writes a too-high-rate check: `action` (`"keep"` or the cut and where it was taken), its
+        branches' held losses (`HighRateReading.detail`), the rates it left and, where the cut was a
+        judged restart, its branch and scores (`TrialResult.detail`)."""
+        decision = {"step": step, "epoch": epoch, "trigger": "high_rate", "adjustment": {}, "action": action,
+                    "predicted_gain": None, "rollback": False, "features": {}, "high_rate": detail,
+                    "learning_rate": rates[0], "momentum": rates[1]}
+        if trial is not None:
+            decision["restart_trial"] = trial
+        self.write(decision)
+
     def range_test(self, action: str, detail: dict[str, Any], step: int, epoch: int) -> None:
         """Writes a range-test start: `action` (`"keep"` or the rate's move) and what the test found."""
         self.write({"step": step, "epoch": epoch, "trigger": "range_test", "adjustment": {}, "action": action,

@@ -56,8 +56,8 @@ class TrialResult:
 
     def detail(self) -> dict[str, Any]:
         """The trial as the decision log writes it."""
-        return {"steps": self.steps, "held_loss_now": _rounded(self.held_now),
-                "held_loss_restarted": _rounded(self.held_branch), "taken": self.taken}
+        return {"steps": self.steps, "held_loss_now": rounded(self.held_now),
+                "held_loss_restarted": rounded(self.held_branch), "taken": self.taken}
 
 
 class RestartTrial:
@@ -89,16 +89,17 @@ class RestartTrial:
 
     def __init__(self, x: Any, y: Any, validation_data: tuple | None = None, batch_size: int | None = None,
                  seed: int | None = None, share: float = TRIAL_SHARE) -> None:
-        self.rows = _rows("x", x)
-        if _rows("y", y) != self.rows:
-            raise ValueError(f"Arguments `x` and `y` must hold as many rows. Received: {self.rows} and {_rows('y', y)}")
+        self.rows = count_rows("x", x)
+        if count_rows("y", y) != self.rows:
+            raise ValueError("Arguments `x` and `y` must hold as many rows. "
+                             f"Received: {self.rows} and {count_rows('y', y)}")
         if self.rows < 2:
             raise ValueError(f"Argument `x` must hold at least 2 rows. Received: {self.rows}")
         if validation_data is not None:
             if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
                 raise TypeError("Argument `validation_data` must be a tuple (x_val, y_val) of arrays or None. "
                                 f"Received: validation_data={type(validation_data).__name__}")
-            if _rows("validation_data[0]", validation_data[0]) < 1:
+            if count_rows("validation_data[0]", validation_data[0]) < 1:
                 raise ValueError("Argument `validation_data` must hold at least one row, or be None.")
         if batch_size is not None:
             check_range("batch_size", batch_size, low=1, integer=True)
@@ -118,7 +119,7 @@ class RestartTrial:
             return split_batches(self.x, self.y, self.batch_size, num_train, held_batches, self.seed)
         train_batches, _ = split_batches(self.x, self.y, self.batch_size, num_train, 0, self.seed)
         x_val, y_val = self.validation_data
-        rows = min(HELD_ROWS, _rows("validation_data[0]", x_val))
+        rows = min(HELD_ROWS, count_rows("validation_data[0]", x_val))
 
         def take(data, start):
             return keras.tree.map_structure(lambda a: a[start:min(start + self.batch_size, rows)], data)
@@ -147,7 +148,8 @@ class RestartTrial:
         return result
 
 
-def _rows(name, data):
+def count_rows(name: str, data: Any) -> int:
+    """The rows of `data` (an array or a structure of arrays); a `TypeError` naming `name` otherwise."""
     leaves = keras.tree.flatten(data)
     if not leaves or not all(hasattr(leaf, "shape") and len(getattr(leaf, "shape", ())) for leaf in leaves):
         raise TypeError(f"Argument `{name}` must be an array or a list or dict of arrays (a dataset or "
@@ -156,5 +158,6 @@ def _rows(name, data):
     return int(leaves[0].shape[0])
 
 
-def _rounded(value):
+def rounded(value: float) -> float | None:
+    """`value` at 6 decimals for the decision log; `None` where it is not finite (JSON has no inf)."""
     return round(float(value), 6) if math.isfinite(value) else None
