@@ -26,7 +26,8 @@ IMAGE_NETWORKS = (RECIPE_NETWORK, "small_cnn")
 # (benchmarks/README.md#muon_recipe).
 MEASURED = {"sgd": (FastFitConfig().learning_rate, FastFitConfig().schedule), "adam": (1e-2, "triangular"),
             "prodigy": (1.0, "constant"), "schedule_free_adamw": (0.0025, "constant"),
-            "schedule_free_sgd": (1.0, "constant"), "muon": (1e-2, "triangular")}
+            "schedule_free_sgd": (1.0, "constant"), "muon": (1e-2, "triangular"),
+            "muon_filters": (1e-2, "triangular")}
 
 
 @dataclasses.dataclass(frozen=True)
