@@ -12,6 +12,7 @@ from helpers import classification_data
 from helpers import max_relative_difference
 from kadapt.optimizers import FilterMuon
 from kadapt.optimizers.filter_muon import muon_variables
+from kadapt.optimizers.live_rate import set_learning_rate_multiplier
 from kadapt.recipes.config import FastFitConfig
 from kadapt.recipes.training import muon_fallback
 from kadapt.recipes.training import recipe_optimizer
@@ -116,6 +117,24 @@ def test_micro_batches_equal_one_batch_under_filter_muon(jit_compile):
         model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
     assert int(accumulated.optimizer.iterations) == 6
     assert max_relative_difference(plain.get_weights(), accumulated.get_weights()) <= 1e-5
+
+
+def test_a_changed_multiplier_scales_the_next_filter_step_in_the_compiled_step():
+    # Muon's step and the decay are linear in the rate from a given state: after one step at 1 the
+    # next at 0.3 moves the filters 0.3 times as far as the one at 1, without a retrace.
+    x, y = _images()
+    steady, changed = _compiled(_conv_network(batch_norm=False)), _compiled(_conv_network(batch_norm=False))
+    for model in (steady, changed):
+        model.train_on_batch(x, y)
+    before = keras.ops.convert_to_numpy(changed.get_layer("block").kernel)
+    function = changed.train_function
+    set_learning_rate_multiplier(changed.optimizer, 0.3)
+    for model in (steady, changed):
+        model.train_on_batch(x, y)
+    assert changed.train_function is function
+    step = keras.ops.convert_to_numpy(changed.get_layer("block").kernel) - before
+    np.testing.assert_allclose(step, 0.3 * (keras.ops.convert_to_numpy(steady.get_layer("block").kernel) - before),
+                               rtol=1e-4, atol=1e-7)
 
 
 def test_a_saved_run_loads_in_safe_mode_and_trains_on_alike(tmp_path):
