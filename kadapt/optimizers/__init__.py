@@ -1,5 +1,6 @@
-"""Optimizers whose hyperparameters can change during `fit`, and the
-learning-rate-free ones Keras lacks (Schedule-Free SGD/AdamW, Prodigy)."""
+"""Optimizers whose hyperparameters can change during `fit`, the
+learning-rate-free ones Keras lacks (Schedule-Free SGD/AdamW, Prodigy), and
+Keras' Muon on convolution filters (`FilterMuon`)."""
 
 from kadapt.optimizers.adam import Adam
 from kadapt.optimizers.batch_statistics import recompute_batch_statistics
