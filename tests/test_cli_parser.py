@@ -70,7 +70,7 @@ def test_every_recipe_switch_is_a_train_flag_with_its_default_in_the_help(capsys
     for flag in ("--widths N,N,... fast_resnet's channels per stage (default: 64,128,256)",
                  "--ema EMA average the weights", "--restore-best {on,off}", "--learning-rate LEARNING-RATE",
                  "--precision {float32,bfloat16,float16,auto}", "(default: triangular)",
-                 "--optimizer {auto,sgd,adam,prodigy,schedule_free_adamw,schedule_free_sgd,muon}"):
+                 "--optimizer {auto,sgd,adam,prodigy,schedule_free_adamw,schedule_free_sgd,muon,muon_filters}"):
         assert flag in text
     assert len(command_line_switches()) == 14
 

@@ -42,6 +42,7 @@ def test_the_recipe_compiles_the_named_optimizer(name):
 
     from kadapt.optimizers import SGD
     from kadapt.optimizers import Adam
+    from kadapt.optimizers import FilterMuon
     from kadapt.optimizers import Prodigy
     from kadapt.optimizers import ScheduleFreeAdamW
     from kadapt.optimizers import ScheduleFreeSGD
@@ -49,7 +50,8 @@ def test_the_recipe_compiles_the_named_optimizer(name):
 
     optimizer = recipe_optimizer(FastFitConfig(optimizer=name, schedule="constant", learning_rate=0.01), 10)
     assert type(optimizer) is {"sgd": SGD, "adam": Adam, "prodigy": Prodigy, "schedule_free_adamw": ScheduleFreeAdamW,
-                               "schedule_free_sgd": ScheduleFreeSGD, "muon": keras.optimizers.Muon}[name]
+                               "schedule_free_sgd": ScheduleFreeSGD, "muon": keras.optimizers.Muon,
+                               "muon_filters": FilterMuon}[name]
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.01)
 
 
@@ -62,7 +64,7 @@ def test_an_unchosen_optimizer_is_refused_by_the_recipe():
 
 def test_an_unknown_optimizer_is_refused():
     with pytest.raises(ValueError, match=r"`optimizer` must be one of auto, sgd, adam, prodigy, "
-                                         r"schedule_free_adamw, schedule_free_sgd, muon. Received: optimizer='lion'"):
+                                         r"schedule_free_adamw, schedule_free_sgd, muon, muon_filters. Received: optimizer='lion'"):
         FastFitConfig(optimizer="lion")
 
 
@@ -85,3 +87,20 @@ def test_kadapt_train_with_prodigy_trains_at_its_reference_defaults(tmp_path, mo
     assert (resolved["recipe"]["learning_rate"], resolved["recipe"]["schedule"]) == (1.0, "constant")
     assert type(run.model.optimizer).__name__ == "Prodigy"
     assert record["test_accuracy"] > 0.9
+
+
+def test_kadapt_train_says_muon_filters_falls_back_on_a_network_without_filters(tmp_path, monkeypatch):
+    from helpers import write_separable_rows
+    from kadapt.run.pipeline import start_run
+    from kadapt.run.pipeline import train
+
+    data = write_separable_rows(tmp_path, scale=100)
+    monkeypatch.chdir(tmp_path)
+    run = start_run({"data": data, "model": "mlp", "optimizer": "muon_filters", "epochs": 1, "meta": "off"},
+                    str(tmp_path / "run"))
+    lines = []
+    train(run, echo=lines.append, verbose=0)
+    assert [line for line in lines if "falls back" in line] == [
+        f"optimizer: --optimizer muon_filters falls back to its AdamW step on every weight: {run.model.name} has no "
+        "convolution filter (3 to 5 dimensions) for Muon's orthogonalized step (--optimizer muon: its 2-D kernels; "
+        "or adam)"]

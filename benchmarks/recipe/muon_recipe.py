@@ -1,4 +1,8 @@
-"""Keras' Muon against the recipe's SGD: `kadapt train --data fashion_mnist`, whole processes.
+"""Muon against the recipe's SGD: `kadapt train --data fashion_mnist`, whole processes.
+
+Arms are `optimizer:rate`: `sgd` (the recipe), `muon` (Keras' Muon: its orthogonalized step on 2-D
+kernels only, on fast_resnet the classifier's), `muon_filters` (`kadapt.optimizers.FilterMuon`: on
+every convolution filter, flattened, as airbench).
 
 Each arm is one `kadapt train` process (its defaults otherwise: fast_resnet, the MetaAdjuster,
 best-epoch weights, test-time flips and shifts); arms run one after another, the order of the
@@ -7,6 +11,7 @@ optimizers alternated from seed to seed. The test accuracy and the wall time are
 
     python benchmarks/recipe/muon_recipe.py --arms sgd:0.2 muon:0.01 muon:0.003 --seeds 0 --epochs 4
     python benchmarks/recipe/muon_recipe.py --arms sgd:0.2 muon:0.01 --seeds 1 --epochs 4
+    python benchmarks/recipe/muon_recipe.py --arms sgd:0.2 muon:0.01 muon_filters:0.03 --seeds 0 1 2 --epochs 4
 """
 
 import argparse
@@ -28,9 +33,11 @@ def run_arm(optimizer, rate, seed, epochs, train_rows):
             argv += ["--train-rows", str(train_rows)]
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
         record = json.loads((Path(out) / "run.json").read_text())
+        resolved = json.loads((Path(out) / "config.json").read_text())["resolved"]
     return {"optimizer": optimizer, "learning_rate": rate, "seed": seed, "epochs": epochs,
             "train_rows": train_rows, "test_accuracy": record["test_accuracy"],
-            "wall_seconds": record["wall_seconds"]}
+            "wall_seconds": record["wall_seconds"], "precision": resolved["precision"]["policy"],
+            "epoch_seconds": record["seconds"].get("epochs")}
 
 
 def main():

@@ -7,7 +7,7 @@ from kadapt.validation import check_range
 SCHEDULES = ("triangular", "cosine", "constant")
 # The optimizers a recipe can train with, by name (`kadapt.recipes.training.OPTIMIZER_BUILDERS` builds them);
 # `"auto"` lets `kadapt train` choose one for the network (`kadapt.recipes.optimizer_choice`).
-OPTIMIZERS = ("sgd", "adam", "prodigy", "schedule_free_adamw", "schedule_free_sgd", "muon")
+OPTIMIZERS = ("sgd", "adam", "prodigy", "schedule_free_adamw", "schedule_free_sgd", "muon", "muon_filters")
 # Schedule-Free averages its iterates instead of following a schedule (`kadapt.optimizers.ScheduleFreeAdamW`).
 SCHEDULE_FREE = ("schedule_free_adamw", "schedule_free_sgd")
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
@@ -51,7 +51,10 @@ class FastFitConfig:
             `keras.optimizers.Muon` with kadapt's live rate
             (`kadapt.optimizers.live_rate`): its orthogonalized step on 2-D
             kernels, its AdamW step on every other variable (a convolution's
-            4-D filters included); each on the
+            4-D filters included); `"muon_filters"`:
+            `kadapt.optimizers.FilterMuon` with the live rate: the Muon step
+            on the convolution filters (each flattened to a matrix, as
+            airbench), the AdamW step on every other variable; each on the
             schedule, with the decoupled weight decay. `"schedule_free_adamw"`,
             `"schedule_free_sgd"`: `kadapt.optimizers.ScheduleFreeAdamW` and
             `ScheduleFreeSGD` at the `"constant"` schedule only (they average
@@ -112,8 +115,9 @@ class FastFitConfig:
                                          "a constant LR", choices=SCHEDULES)
     optimizer: str = switch(AUTO, "sgd (Nesterov, the recipe's for fast_resnet), adam, prodigy, schedule_free_adamw, "
                                   "schedule_free_sgd (learning-rate-free; their reference defaults), muon (Keras' "
-                                  "Muon), or auto: sgd for fast_resnet and small_cnn on images, adam for any other "
-                                  "network or rows, each at its measured rate and schedule unless given",
+                                  "Muon), muon_filters (Muon on the convolution filters), or auto: sgd for "
+                                  "fast_resnet and small_cnn on images, adam for any other network or rows, each "
+                                  "at its measured rate and schedule unless given",
                             choices=(AUTO, *OPTIMIZERS))
     learning_rate: float | str = switch(0.2, "peak learning rate (where --optimizer auto chooses adam, adam's "
                                              "measured one), or auto: find it with a learning-rate range test "

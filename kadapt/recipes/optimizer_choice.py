@@ -22,11 +22,12 @@ IMAGE_NETWORKS = (RECIPE_NETWORK, "small_cnn")
 # Prodigy's are its reference defaults (prodigyopt: rate 1.0, constant), at which it was the anchor closest
 # to the grid's best on the held-out tasks (benchmarks/README.md#meta_adjust); Schedule-Free's are its
 # reference defaults too (schedulefree 1.4.1: AdamW 0.0025, SGD 1.0), at the only schedule it takes.
-# Muon's are Adam's: Keras' Muon steps AdamW on a convolution's filters and scales its own step to Adam's
-# (benchmarks/README.md#muon_recipe).
+# Muon's are Adam's: Keras' Muon steps AdamW on a convolution's filters and scales its own step to Adam's;
+# FilterMuon's 0.03 is the best of 0.01 / 0.03 / 0.1 on fast_resnet (benchmarks/README.md#muon_recipe).
 MEASURED = {"sgd": (FastFitConfig().learning_rate, FastFitConfig().schedule), "adam": (1e-2, "triangular"),
             "prodigy": (1.0, "constant"), "schedule_free_adamw": (0.0025, "constant"),
-            "schedule_free_sgd": (1.0, "constant"), "muon": (1e-2, "triangular")}
+            "schedule_free_sgd": (1.0, "constant"), "muon": (1e-2, "triangular"),
+            "muon_filters": (3e-2, "triangular")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,11 +21,13 @@ from kadapt.extras import require
 from kadapt.models.fast_resnet import fast_resnet
 from kadapt.models.fast_resnet import patch_whitening
 from kadapt.optimizers import Adam
+from kadapt.optimizers import FilterMuon
 from kadapt.optimizers import Prodigy
 from kadapt.optimizers import SGD
 from kadapt.optimizers import ScheduleFreeAdamW
 from kadapt.optimizers import ScheduleFreeSGD
 from kadapt.optimizers import live_rate
+from kadapt.optimizers.filter_muon import muon_variables
 from kadapt.precision import asked_precision
 from kadapt.precision import choose_precision
 from kadapt.range_test import find_learning_rate
@@ -131,15 +133,19 @@ def _prodigy(rate, config):
                    use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
 
 
-def _muon(rate, config):
+def _muon(optimizer):
     # Keras' Muon takes its orthogonalized step on 2-D kernels only and AdamW's on the rest (on fast_resnet:
-    # every convolution filter, the BatchNorm biases and the classifier's bias), both at this rate
-    # (adam_lr_ratio 1; rms_rate 0.2 matches Muon's step size to Adam's). One decay for both kinds, as
-    # the other optimizers take it. bias_lr_multiplier scales gradients, which neither step sees.
-    optimizer = keras.optimizers.Muon(rate, weight_decay=config.weight_decay, adam_weight_decay=config.weight_decay,
-                                      use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
-    live_rate(optimizer)  # the channel kadapt's SGD and Adam have: MetaAdjuster, rescue, learning_rate_multiplier
-    return optimizer
+    # every convolution filter, the BatchNorm biases and the classifier's bias); FilterMuon on the
+    # convolution filters only (the classifier's kernel joins the AdamW ones, as in airbench). Both steps
+    # at this rate (adam_lr_ratio 1; rms_rate 0.2 matches Muon's step size to Adam's). One decay for both
+    # kinds, as the other optimizers take it. bias_lr_multiplier scales gradients, which neither step sees.
+    def build(rate, config):
+        built = optimizer(rate, weight_decay=config.weight_decay, adam_weight_decay=config.weight_decay,
+                          use_ema=config.ema_momentum is not None, ema_momentum=config.ema_momentum or 0.99)
+        live_rate(built)  # the channel kadapt's SGD and Adam have: MetaAdjuster, rescue, learning_rate_multiplier
+        return built
+
+    return build
 
 
 def _schedule_free(optimizer):
@@ -152,7 +158,23 @@ def _schedule_free(optimizer):
 # One builder per name of `kadapt.recipes.config.OPTIMIZERS`: `(rate or schedule, FastFitConfig) -> optimizer`.
 OPTIMIZER_BUILDERS = {"sgd": _sgd, "adam": _adam, "prodigy": _prodigy,
                       "schedule_free_adamw": _schedule_free(ScheduleFreeAdamW),
-                      "schedule_free_sgd": _schedule_free(ScheduleFreeSGD), "muon": _muon}
+                      "schedule_free_sgd": _schedule_free(ScheduleFreeSGD),
+                      "muon": _muon(keras.optimizers.Muon), "muon_filters": _muon(FilterMuon)}
+
+
+def muon_fallback(model):
+    """`None`, or one line saying why `model`'s compiled Muon (Keras' or
+    `FilterMuon`) takes its AdamW step on every weight: none is of the shape
+    it orthogonalizes."""
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    if not isinstance(optimizer, keras.optimizers.Muon) or muon_variables(optimizer, model.trainable_variables):
+        return None
+    if isinstance(optimizer, FilterMuon):
+        name, shape, other = "muon_filters", "convolution filter (3 to 5 dimensions)", "muon: its 2-D kernels"
+    else:
+        name, shape, other = "muon", "2-D kernel", "muon_filters: its convolution filters"
+    return (f"--optimizer {name} falls back to its AdamW step on every weight: {model.name} has no {shape} "
+            f"for Muon's orthogonalized step (--optimizer {other}; or adam)")
 
 
 def with_found_learning_rate(config, model, total_steps, batches, make_trainer, seed=None, task=Task()):

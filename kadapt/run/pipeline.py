@@ -246,6 +246,9 @@ def train(run, echo=print, callbacks=(), verbose=1):
         echo(images_text(data.images))
     echo(f"precision: {run.precision.policy} ({run.precision.reason})")
     echo(f"optimizer: {plan.optimizer.text()}")
+    fallback = training.muon_fallback(run.model)
+    if fallback:
+        echo(f"optimizer: {fallback}")
     network = network_text(run.model)
     if network:
         echo(f"network: {network}")
