@@ -28,6 +28,7 @@ PRIVATE_NAMES = {
     "keras.src.backend.tensorflow.trainer": ("TensorFlowTrainer._maybe_symbolic_build",),
     "tensorflow.python.distribute.collective_all_reduce_strategy": (
         "CollectiveAllReduceExtended._in_multi_worker_mode",),
+    "keras.src.optimizers.muon": ("Muon._should_use_adamw",),
 }
 
 # Private attribute -> the framework class that holds it (a method, or set on its instances),
@@ -48,6 +49,7 @@ PRIVATE_ATTRIBUTES = {
     "_load_model": "keras.src.callbacks.backup_and_restore.BackupAndRestore",
     "_maybe_symbolic_build": "keras.src.backend.tensorflow.trainer.TensorFlowTrainer",
     "_save_model": "keras.src.callbacks.backup_and_restore.BackupAndRestore",
+    "_should_use_adamw": "keras.src.optimizers.muon.Muon",
     "_symbolic_build": "keras.src.trainers.trainer.Trainer",
     "_value_specs": "tensorflow.python.distribute.values.PerReplicaSpec",
     "_velocities": "keras.src.optimizers.adam.Adam",
@@ -61,6 +63,8 @@ PRIVATE_ATTRIBUTES = {
 PRIVATE_OVERRIDES = {
     "kadapt.run.backup.InterruptSafeBackup": ("_save_model", "_load_model"),
     "kadapt.batching.tensorflow.train_step.TensorFlowAccumulation": ("_maybe_symbolic_build",),
+    # Keras' Muon decides its slots, its step and its decay per variable through this one method
+    "kadapt.optimizers.filter_muon.FilterMuon": ("_should_use_adamw",),
 }
 
 
@@ -86,6 +90,12 @@ def _has_path(module: Any, dotted: str) -> bool:
             return False
         module = getattr(module, part)
     return True
+
+
+def muon_takes_adamw(optimizer: Any, variable: Any) -> bool:
+    """Whether Keras' `Muon` (or `kadapt.optimizers.FilterMuon`) gives `variable` its AdamW step
+    rather than the orthogonalized one (`Muon._should_use_adamw`)."""
+    return optimizer._should_use_adamw(variable)
 
 
 def build_training_state(model: Any, data_batch: Any) -> None:

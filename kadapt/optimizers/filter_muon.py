@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from kadapt._compat import learning_rate_as_set
+from kadapt._compat import muon_takes_adamw
 from kadapt.optimizers.live_rate import live_rate
 from kadapt.validation import check_range
 
@@ -93,4 +94,4 @@ class FilterMuon(keras.optimizers.Muon):
 def muon_variables(optimizer: keras.optimizers.Muon, variables: list[keras.Variable]) -> list[keras.Variable]:
     """Those of `variables` that `optimizer` (Keras' `Muon` or `FilterMuon`) gives its Muon step."""
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-    return [variable for variable in variables if not optimizer._should_use_adamw(variable)]
+    return [variable for variable in variables if not muon_takes_adamw(optimizer, variable)]
