@@ -222,7 +222,11 @@ def _column_statistics(values, sample=None):
     rows, absent = len(values), len(values) - len(given)
     if not len(given):
         return 0.0, 0.0, 1.0, absent, np.nan, np.nan
-    sampled = given if sample is None else values[sample][~np.isnan(values[sample])]
+    if sample is not None:  # a long column: the median of its sampled rows
+        picked = values[sample]
+        sampled = picked[~np.isnan(picked)]
+    else:
+        sampled = given
     median = float(np.median(sampled.astype("float64"))) if len(sampled) else float(np.median(given))
     mean = (given.sum(dtype="float64") + absent * median) / rows
     variance = (np.square(given - np.float64(mean)).sum() + absent * (median - mean) ** 2) / rows

@@ -119,9 +119,8 @@ def _arrow_table(pa, path, flag, kinds):
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
         types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO)}
-        # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of
-        # table_scale's 2,000,000-row CSV took 0.61 s against 0.53 s, and its columns' copy into NumPy
-        # 0.40 s against 0.20 s (AMD EPYC, benchmarks/README.md#table_scale).
+        # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
+        # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
         return csv.read_csv(path, convert_options=csv_options(types), memory_pool=pa.system_memory_pool())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise unreadable(path, flag, error) from None
