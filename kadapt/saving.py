@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ REGISTERING_MODULES = (
     "kadapt.schedules",
 )
 KADAPT_PACKAGE = "kadapt>"
+# What Keras says where a file holds more optimizer variables than the optimizer it builds from the config.
+SKIPPED_STATE = "Skipping variable loading for optimizer"
 
 
 def register_objects() -> None:
@@ -73,7 +76,16 @@ def load_model(path: str | os.PathLike, compile: bool = True, for_training: bool
         raise ValueError("Argument `for_training` reads a run's training.keras: pass the run directory (or that "
                          f"file). Received: path={path}")
     register_objects()
-    return keras.saving.load_model(path, compile=compile, safe_mode=True)
+    from kadapt.optimizers.live_rate import reload_live_rate
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = keras.saving.load_model(path, compile=compile, safe_mode=True)
+    restored = compile and reload_live_rate(model, path)
+    for warning in caught:  # Keras' skipped optimizer state, restored here
+        if not (restored and SKIPPED_STATE in str(warning.message)):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return model
 
 
 def portable_model(model: keras.Model) -> keras.Model:

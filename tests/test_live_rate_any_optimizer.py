@@ -138,6 +138,38 @@ def test_a_saved_model_loads_with_its_rate_and_takes_the_channel_again(tmp_path)
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.parametrize("installed", ["before the build", "after the build"])
+def test_kadapt_load_model_keeps_the_optimizer_state_of_a_file_with_a_live_rate(tmp_path, installed):
+    """The file holds the multiplier among the optimizer's variables, and a float in its config:
+    Keras' load builds one variable fewer and skips the state (moments, iterations). Loaded by
+    kadapt, the next step equals the saved model's own next step (the oracle: the model that
+    never left memory), whether the channel was installed before the optimizer's build
+    (`kadapt train`) or after it (a callback in `fit`)."""
+    import warnings
+
+    import kadapt
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.AdamW(LR, weight_decay=0.1), loss="mse")
+    if installed == "before the build":
+        set_learning_rate_multiplier(model.optimizer, 0.3)
+        _steps(model, 3)
+    else:
+        _steps(model, 2)
+        set_learning_rate_multiplier(model.optimizer, 0.3)
+        model.make_train_function(force=True)
+        _steps(model, 1)
+    model.save(tmp_path / "training.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # Keras' "Skipping variable loading" would raise here
+        loaded = kadapt.load_model(tmp_path / "training.keras", for_training=True)
+    assert int(loaded.optimizer.iterations) == 3
+    assert float(learning_rate_multiplier(loaded.optimizer)) == pytest.approx(0.3)
+    for ours, theirs in zip(_steps(loaded, 1), _steps(model, 1), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
 def test_the_schedule_serializes_to_itself():
     schedule = MultipliedSchedule(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5), 0.25)
     again = MultipliedSchedule.from_config(schedule.get_config())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import keras
+import numpy as np
 
 from kadapt._compat import learning_rate_as_set
 from kadapt.optimizers.live_variables import scalar_variable
@@ -134,3 +136,44 @@ def set_learning_rate_multiplier(optimizer: keras.optimizers.Optimizer, value: f
     """Assigns the live multiplier (`live_rate(optimizer)`); the next step applies it."""
     check_range("learning_rate_multiplier", float(value), low=0.0, low_open=True)
     live_rate(optimizer).assign(value)
+
+
+def reload_live_rate(model: keras.Model, path: str | os.PathLike) -> bool:
+    """Restores the optimizer state of `model`, loaded from the `.keras` file
+    `path`, where the file holds a live rate's multiplier among its optimizer variables.
+
+    Saved, the multiplier is written twice: as a float in the optimizer's
+    config, and as one of its variables. Loaded, Keras builds the optimizer
+    from its config, the multiplier a float, so the file has one variable
+    more than the optimizer and Keras skips them all (momentum, iterations:
+    the state `kadapt.load_model(run, for_training=True)` promises).
+    Here the multiplier becomes a variable again where it was installed:
+    before the optimizer was built (as `kadapt train` and `FilterMuon` do),
+    or after (a callback installing it in `fit`); then the whole state is
+    loaded again, and kept where the multiplier read back is the float the
+    config holds.
+
+    Returns:
+        Whether the state was restored (False where the file holds no live rate).
+    """
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    rate = learning_rate_as_set(inner) if inner is not None else None
+    if not isinstance(rate, MultipliedSchedule) or isinstance(rate.multiplier, keras.Variable):
+        return False
+    value = np.float32(rate.multiplier)
+    if inner.built and _loaded(model, path, live_rate(inner), value):  # installed after the build
+        return True
+    compiled = keras.saving.deserialize_keras_object(model.get_compile_config())
+    multiplier = live_rate(compiled["optimizer"])  # installed before the build
+    model.compile(**compiled)
+    model.optimizer.build(model.trainable_variables)
+    return _loaded(model, path, multiplier, value)
+
+
+def _loaded(model, path, multiplier, value):
+    try:
+        model.load_weights(path)
+    except ValueError:  # a variable of another shape at the multiplier's place
+        return False
+    return bool(np.float32(keras.ops.convert_to_numpy(multiplier)) == value)
