@@ -199,6 +199,9 @@ def test_date_parts_follow_the_calendar():
     (np.concatenate([np.zeros(2000, int), np.arange(1000) % 60]), "regression"),  # a count: 0 in most rows
     (np.array([1.0, 2.0, 3.0] * 10), "classification"),  # whole floats (a column with empty cells) read alike
     (np.array([1.5, 2.0, 3.0] * 10), "regression"),
+    (np.array([0, 0, 0, 1, 2, 30, 80, 120, 480] * 2), "regression"),  # counts (1854's wounds): 6 values up to 480
+    (np.array([2019, 2020, 2021] * 10), "regression"),  # years
+    (np.array([1, 2, 3, 4, 5] * 10), "classification"),  # ratings 1-5: class 0 unused, the others all present
 ])
 def test_the_task_is_read_from_the_distinct_values(labels, kind):
     assert label_task("t.csv", labels).task.kind == kind

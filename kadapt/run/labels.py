@@ -3,7 +3,9 @@
 - Strings are class names (sorted; their index is the class the network outputs).
 - Numbers with a fractional part are a target to regress.
 - Whole numbers (integers, or floats that are all whole, as a column with
-  empty cells is stored) are classes while they take few values: at most
+  empty cells is stored) that leave most of 0 .. their largest unused (more
+  than `CLASS_CODES` numbers per value: a year, counts of hundreds) are
+  values to regress, not class numbers. Others are classes while they take few values: at most
   `CLASS_LIMIT` distinct values; more only while they number at most
   `CLASS_SHARE` of the training rows (AutoGluon's rule for large tables) and
   the rarest is at least `CLASS_BALANCE` as frequent as the commonest, as the
@@ -28,6 +30,9 @@ from kadapt.run.errors import UsageError
 CLASS_LIMIT = 20
 CLASS_SHARE = 0.05
 CLASS_BALANCE = 0.1
+# Class numbers are 0, 1, 2, ... (the network has one output per number up to the largest): whole numbers
+# that leave most of those unused (1854's wounds: 12 values up to 480; a year) are quantities.
+CLASS_CODES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,17 +91,21 @@ def _reading(y_train, kind):
         return CLASSIFICATION, "the labels are words: class names"
     if y.dtype.kind == "f" and not np.all(y == np.round(y)):
         return REGRESSION, "the labels are numbers with a fractional part: values to predict"
-    counts = np.unique(y, return_counts=True)[1]
+    values, counts = np.unique(y, return_counts=True)
     distinct, rows = len(counts), len(y)
-    if distinct <= CLASS_LIMIT:
-        return CLASSIFICATION, f"{distinct} distinct whole numbers in {rows} training rows: classes (at most {CLASS_LIMIT})"
-    if distinct > CLASS_SHARE * rows:
+    if distinct > CLASS_LIMIT and distinct > CLASS_SHARE * rows:
         return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows: more than {CLASS_LIMIT} and "
                             f"more than {CLASS_SHARE:.0%} of the rows, so values to predict, not classes")
-    if counts.min() < CLASS_BALANCE * counts.max():
+    if distinct > CLASS_LIMIT and counts.min() < CLASS_BALANCE * counts.max():
         return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows, the rarest {counts.min()} "
                             f"times against the commonest's {counts.max()}: a count with a long tail, values to "
                             "predict, not classes")
+    if values.max() + 1 > CLASS_CODES * distinct:
+        return REGRESSION, (f"{distinct} distinct whole numbers in {rows} training rows, from {values.min():g} to "
+                            f"{values.max():g}: classes are numbered 0, 1, 2, ... and these leave most numbers up to "
+                            "their largest unused, so values to predict, not classes")
+    if distinct <= CLASS_LIMIT:
+        return CLASSIFICATION, f"{distinct} distinct whole numbers in {rows} training rows: classes (at most {CLASS_LIMIT})"
     return CLASSIFICATION, (f"{distinct} distinct whole numbers in {rows} training rows, at most {CLASS_SHARE:.0%} "
                             "of the rows and about as frequent as each other: classes")
 

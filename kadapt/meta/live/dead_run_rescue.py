@@ -179,8 +179,9 @@ class DeadRunRescue(keras.callbacks.Callback):
             return cut, f"x{factor:g}"
         try:
             result = self.range_test.run(self.model, self.range_test.max_steps)
-        except ValueError as error:
-            return cut, f"the range test read no rate ({' '.join(str(error).split())}): x{factor:g}"
+        except ValueError as error:  # its first sentence: the rest advises a caller of `find_learning_rate`
+            reading = " ".join(str(error).split()).split(". ")[0]
+            return cut, f"the range test read no rate: {reading[:1].lower()}{reading[1:]}; x{factor:g}"
         # The schedule's rate now: the applied rate over the multiplier applied now, which a callback
         # before this one may have cut at this epoch end (not the epoch's `multiplier`).
         optimizer = self.model.optimizer
