@@ -70,11 +70,14 @@ def test_the_class_folders_are_the_labels_sorted(photos):
     assert len(files) == 36 and files[0].endswith("circle/0.png") and labels[0] == "circle"
 
 
-def test_class_folders_are_read_with_their_subfolders_and_without_hidden_files(tmp_path):
+def test_class_folders_are_read_with_their_subfolders_and_without_hidden_or_system_files(tmp_path):
     write_photos(tmp_path / "p", classes=("cat", "dog"), files=1)
     write_png(tmp_path / "p" / "cat" / "2024" / "a.png", np.zeros((4, 4, 1)))
     write_png(tmp_path / "p" / "dog" / ".ipynb_checkpoints" / "b.png", np.zeros((4, 4, 1)))
     (tmp_path / "p" / "dog" / ".DS_Store").write_bytes(b"\0")
+    (tmp_path / "p" / "dog" / "Thumbs.db").write_bytes(b"\0")  # what Windows and macOS leave: skipped as Keras skips them
+    (tmp_path / "p" / "cat" / "desktop.ini").write_bytes(b"\0")
+    write_png(tmp_path / "p" / "__MACOSX" / "cat" / "0.png", np.zeros((4, 4, 1)))  # not a class
     files, labels = class_folder_files(tmp_path / "p")
     assert [f[len(str(tmp_path)) + 3:] for f in files] == ["cat/0.png", "cat/2024/a.png", "dog/0.png"]
     assert list(labels) == ["cat", "cat", "dog"]

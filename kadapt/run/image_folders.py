@@ -28,6 +28,9 @@ from kadapt.recipes.disk_rows import available_memory
 from kadapt.run.errors import UsageError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")  # the files Keras' image_dataset_from_directory reads
+# What an operating system leaves among a user's files, not images of theirs: hidden names (.DS_Store,
+# .ipynb_checkpoints/), Windows' thumbnail caches and folder settings, the folder a zip made on macOS holds.
+SYSTEM_NAMES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "__macosx"})
 SIZE_SAMPLE = 100  # files decoded to choose the training size: a median is stable well before this
 MAX_SIDE = 64  # the longer side of a chosen size: a step's cost grows with the pixels, and CPUs train here
 # Decoded images may take this share of the memory available: the recipe's shuffle holds a second copy
@@ -159,7 +162,7 @@ def _test_files(config):
                          f"Received: --test={config.test}")
     files, labels = class_folder_files(config.test, flag="--test")
     found = set(np.unique(labels).tolist())
-    trained = {p.name for p in Path(config.data).iterdir() if p.is_dir() and not p.name.startswith(".")}
+    trained = {p.name for p in Path(config.data).iterdir() if p.is_dir() and not is_system_name(p.name)}
     if found != trained:
         raise UsageError(f"--test {config.test} has the class folders {', '.join(sorted(found))}; --data "
                          f"{config.data} has {', '.join(sorted(trained))}. Give both the same classes.")
@@ -170,7 +173,7 @@ def class_folder_files(folder, flag="--data"):
     """`(files, labels)`: every image file under `folder/CLASS/` (its subfolders
     too, as Keras reads them), its class the folder's name, sorted by class and then by path."""
     root = Path(folder)
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not is_system_name(p.name))
     if len(classes) < 2:
         found = f"only {classes[0].name}/" if classes else "no class folder"
         raise UsageError(f"{flag} {folder} holds {found}: image folders need one folder per class, at least two "
@@ -190,11 +193,15 @@ def image_files_in(folder, flag="--data"):
     """The image files of `folder` and its subfolders, sorted; a file of
     another type is a `UsageError` naming it."""
     paths = sorted(Path(folder).rglob("*"))
-    # Hidden files and folders (.DS_Store, .ipynb_checkpoints/) are a tool's, not the user's images.
-    files = [p for p in paths if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+    files = [p for p in paths if p.is_file() and not any(map(is_system_name, p.relative_to(folder).parts))]
     for path in files:
         check_image_suffix(path, flag)
     return [str(p) for p in files]
+
+
+def is_system_name(name) -> bool:
+    """Whether a file or folder name is the system's (`SYSTEM_NAMES`, or hidden), skipped as Keras skips any non-image."""
+    return name.startswith(".") or name.lower() in SYSTEM_NAMES
 
 
 def check_image_suffix(path, flag="--data"):
