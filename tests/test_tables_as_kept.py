@@ -142,6 +142,39 @@ def test_missing_is_one_thing_however_it_is_written(tmp_path):
     assert columns["b"].tolist() == ["", "", "", "x", ""]
 
 
+@pytest.mark.parametrize("name, delimiter, point, note", [
+    ("semicolons.csv", ";", ",", "--data semicolons.csv: values separated by semicolons, decimal commas"),
+    ("semicolons_points.csv", ";", ".", "--data semicolons_points.csv: values separated by semicolons"),
+    ("tabs.tsv", "\t", ".", "--data tabs.tsv: values separated by tabs"),
+    ("bars.csv", "|", ".", "--data bars.csv: values separated by bars"),
+    ("commas.csv", ",", ".", None),
+])
+def test_a_csv_is_read_with_the_delimiter_and_decimal_point_it_was_written_with(tmp_path, monkeypatch, name,
+                                                                               delimiter, point, note):
+    """The oracle: the same rows written with commas and decimal points. A comma inside a quoted
+    word (a semicolon file) and a semicolon inside one (a comma file) do not mislead the reading."""
+    rows = [["1.5", "red; dark", "yes"], ["-0.25", "green, light", "no"], ["", "blue", "yes"], ["3", "", "no"]]
+    header = ["size", "colour", "label"]
+    with open(tmp_path / name, "w", newline="") as file:
+        writer = csv.writer(file, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
+        writer.writerows([header, *([cell.replace(".", point) for cell in row] for row in rows)])
+    write_csv(tmp_path / "oracle.csv", header, rows)
+    monkeypatch.chdir(tmp_path)
+    table, oracle = tables.read_table(name), tables.read_table("oracle.csv")
+    np.testing.assert_array_equal(table.columns["size"], oracle.columns["size"])
+    assert table.columns["colour"].tolist() == oracle.columns["colour"].tolist() == [
+        "red; dark", "green, light", "blue", ""]
+    assert table.notes == ((note,) if note else ())
+    assert (note is None) or note in load_data(RunConfig(data=name, target="label")).notes
+
+
+def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "
+                                         r"3 \(b'caf\\xe9'\). Save the file as UTF-8"):
+        tables.read_table(str(tmp_path / "t.csv"))
+
+
 @BOTH_BACKENDS
 def test_a_string_index_is_the_one_hot_position_of_string_lookup():
     vocabulary = ["red", "", "blue"]
@@ -258,7 +291,7 @@ def test_a_target_empty_everywhere(tmp_path, monkeypatch):
 
 def test_a_file_that_is_neither_csv_nor_parquet(tmp_path):
     (tmp_path / "t.xlsx").write_bytes(b"PK")
-    with pytest.raises(UsageError, match=r"^--data .*t.xlsx is neither a CSV \(.csv\) nor a Parquet \(.parquet\) "
+    with pytest.raises(UsageError, match=r"^--data .*t.xlsx is neither a CSV \(.csv, .tsv\) nor a Parquet \(.parquet\) "
                                          r"file. Save the table as one of them.$"):
         tables.read_table(str(tmp_path / "t.xlsx"))
 

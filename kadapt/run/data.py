@@ -214,6 +214,7 @@ def _table_data(config):
     table = tables.read_table(config.data, target=config.target)
     tables.check_target(config.data, table.columns, config.target)
     (x, y), notes = _labelled_rows(config.data, table, config.target)
+    notes = [*table.notes, *notes]
     tables.check_input_names(config.data, x)
     plan = tables.column_plan(x)
     notes += tables.plan_notes(plan)
@@ -228,6 +229,7 @@ def _table_data(config):
         raise UsageError(f"--test {config.test} lacks the --target column {config.target}: test rows need their "
                          "labels. Add the column.")
     (x_test, y_test), test_notes = _labelled_rows(config.test, test_table, config.target, "--test")
+    test_notes = [*test_table.notes, *test_notes]
     return (x, y), (tables.model_columns(x_test, plan.kinds), y_test), plan, notes + test_notes
 
 

@@ -89,7 +89,7 @@ def stream_table(config, reason, test_fraction):
     labels_train, labels_val, labels_test = scan.labels.parts()
     labels = label_task(config.data, labels_train, (labels_val, labels_test), config.task, scan.labels.names)
     notes = [f"streamed from disk ({reason}): statistics from a first pass, the encoded rows written to a "
-             "scratch file", scan.split_note(config, test_fraction), *scan.label_notes,
+             "scratch file", *_dialect_notes(config), scan.split_note(config, test_fraction), *scan.label_notes,
              *tables.plan_notes(scan.plan),
              f"task: {labels.task.kind} ({labels.reason})"]
     stats = scan.statistics()
@@ -121,6 +121,13 @@ def _parts(positions, config, test_fraction, test_file):
     return np.where(u < test_fraction, TEST, np.where(kept < config.validation_split, VALIDATION, TRAIN))
 
 
+def _dialect_notes(config):
+    """How the CSV files were read, where not as commas and decimal points (`tables.CsvDialect.note`)."""
+    files = [(path, flag) for path, flag in ((config.data, "--data"), (config.test, "--test"))
+             if path and not tables.is_parquet(path, flag)]
+    return [note for note in (tables.csv_dialect(path).note(path, flag) for path, flag in files) if note]
+
+
 def _batches(path, flag, types):
     """`(pyarrow record batches of path, its schema)`, a CSV's columns read with `types`."""
     pa = require("pyarrow", extra="tables")
@@ -130,8 +137,9 @@ def _batches(path, flag, types):
             reader = require("pyarrow.parquet", extra="tables").ParquetFile(path)
             return reader.iter_batches(batch_size=BATCH_ROWS), reader.schema_arrow
         csv = require("pyarrow.csv", extra="tables")
+        dialect = tables.csv_dialect(path)
         reader = csv.open_csv(path, read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-                              convert_options=tables.csv_options(types))
+                              parse_options=dialect.parse_options(), convert_options=tables.csv_options(types, dialect))
         return reader, reader.schema
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise tables.unreadable(path, flag, error) from None

@@ -20,6 +20,7 @@ on every row (an id) are dropped; every such choice is a note of the run.
 Errors name the file, the column and the fix.
 """
 
+import csv as stdlib_csv
 import dataclasses
 import re
 from pathlib import Path
@@ -36,7 +37,11 @@ DATE = "date"
 DATETIME = "datetime"  # dates with a time of day: the hour is a part too
 YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for no
 YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
-CSV_SUFFIXES = (".csv",)
+CSV_SUFFIXES = (".csv", ".tsv")
+# The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
+# spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
+DELIMITERS = (",", ";", "\t", "|")
+SNIFF_BYTES = 1 << 16
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # What pandas reads as missing, as pyarrow's CSV reader takes it.
 NULL_VALUES = ["", "NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "#N/A", "<NA>"]
@@ -53,6 +58,7 @@ class Table:
 
     columns: dict
     integer: frozenset = frozenset()
+    notes: tuple = ()  # how the file was read, where that is a choice (`CsvDialect.note`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,12 +82,14 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None, targe
     `target` (a training file held whole), every other column compact: numbers
     float32, as the model takes them, and strings `CodedStrings`."""
     pa = require("pyarrow", extra="tables")
-    table = _arrow_table(pa, path, flag, kinds)
+    table, dialect = _arrow_table(pa, path, flag, kinds)
     names = table.column_names
     check_names(path, flag, names, table.num_rows)
     columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name != target}
                             if target is not None else ())
-    return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)))
+    note = dialect.note(path, flag) if dialect else None
+    return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)),
+                 (note,) if note else ())
 
 
 def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=()):
@@ -106,7 +114,7 @@ def is_parquet(path, flag) -> bool:
         raise UsageError(f"{flag} {path} does not exist.")
     suffix = Path(path).suffix.lower()
     if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
-        raise UsageError(f"{flag} {path} is neither a CSV (.csv) nor a Parquet (.parquet) file. Save the "
+        raise UsageError(f"{flag} {path} is neither a CSV (.csv, .tsv) nor a Parquet (.parquet) file. Save the "
                          "table as one of them.")
     return suffix in PARQUET_SUFFIXES
 
@@ -115,22 +123,72 @@ def _arrow_table(pa, path, flag, kinds):
     parquet = is_parquet(path, flag)
     try:
         if parquet:
-            return require("pyarrow.parquet", extra="tables").read_table(path)
+            return require("pyarrow.parquet", extra="tables").read_table(path), None
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
         types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO)}
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
-        return csv.read_csv(path, convert_options=csv_options(types), memory_pool=pa.system_memory_pool())
+        dialect = csv_dialect(path)
+        return csv.read_csv(path, parse_options=dialect.parse_options(), convert_options=csv_options(types, dialect),
+                            memory_pool=pa.system_memory_pool()), dialect
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise unreadable(path, flag, error) from None
 
 
-def csv_options(types):
-    """pyarrow's CSV conversion as kadapt reads every CSV: `NULL_VALUES` missing, true/false words as booleans."""
+def csv_options(types, dialect=None):
+    """pyarrow's CSV conversion as kadapt reads every CSV: `NULL_VALUES` missing, true/false words as
+    booleans, numbers with the `CsvDialect`'s decimal point."""
     csv = require("pyarrow.csv", extra="tables")
     return csv.ConvertOptions(null_values=NULL_VALUES, strings_can_be_null=True, column_types=types,
-                              true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"])
+                              true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"],
+                              decimal_point=(dialect or CsvDialect()).decimal_point)
+
+
+@dataclasses.dataclass(frozen=True)
+class CsvDialect:
+    """How a CSV file separates its values and writes its decimal point."""
+
+    delimiter: str = ","
+    decimal_point: str = "."
+
+    def parse_options(self):
+        return require("pyarrow.csv", extra="tables").ParseOptions(delimiter=self.delimiter)
+
+    def note(self, path, flag):
+        """The line saying how the file was read, where not as commas and decimal points; else `None`."""
+        if self == CsvDialect():
+            return None
+        named = {";": "semicolons", "\t": "tabs", "|": "bars"}[self.delimiter]
+        decimal = ", decimal commas" if self.decimal_point == "," else ""
+        return f"{flag} {path}: values separated by {named}{decimal}"
+
+
+def csv_dialect(path) -> CsvDialect:
+    """The `CsvDialect` of a CSV file, read off its first lines: the delimiter
+    of `DELIMITERS` that splits the header into the most columns and every
+    line into as many (tabs for a `.tsv`); with another delimiter than the
+    comma, a decimal comma where the numbers are written `0,5` and none `0.5`."""
+    if str(path).lower().endswith(".tsv"):
+        return CsvDialect("\t")
+    with open(path, "rb") as file:
+        head = file.read(SNIFF_BYTES)
+    lines = head.decode("utf-8", errors="replace").splitlines()
+    lines = [line for line in (lines[:-1] if len(head) == SNIFF_BYTES else lines)[:50] if line.strip()]
+    widths = {}
+    for delimiter in DELIMITERS:
+        fields = [len(row) for row in stdlib_csv.reader(lines, delimiter=delimiter)]
+        if fields and fields[0] > 1 and all(width == fields[0] for width in fields):
+            widths[delimiter] = fields[0]
+    if not widths:
+        return CsvDialect()
+    delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
+    if delimiter == ",":
+        return CsvDialect()
+    cells = [cell.strip() for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) for cell in row]
+    comma = any(re.fullmatch(r"-?\d*,\d+", cell) for cell in cells)
+    point = any(re.fullmatch(r"-?\d*\.\d+", cell) for cell in cells)
+    return CsvDialect(delimiter, "," if comma and not point else ".")
 
 
 def unreadable(path, flag, error):
@@ -164,8 +222,20 @@ def _numpy_column(pa, path, flag, name, column, compact=False):
         if _iso_dates(pa, pa.array(distinct, pa.string())):  # a Parquet file keeps dates as the strings it was given
             return np.array(strings.strings(), "datetime64[s]")
         return strings if compact else strings.strings()
+    if pa.types.is_binary(kind) and Path(path).suffix.lower() in CSV_SUFFIXES:  # pyarrow's column of text not in UTF-8
+        row, value = next((row, value) for row, value in enumerate(column.to_pylist()) if not _utf8(value))
+        raise UsageError(f"{flag} {path}: column {name} holds text that is not UTF-8, first on line {row + 2} "
+                         f"({value[:40]!r}). Save the file as UTF-8 (a spreadsheet's \"CSV UTF-8\").")
     raise UsageError(f"{flag} {path}: column {name} is of the type {kind}, which kadapt cannot learn from (it takes "
                      "numbers, strings, true/false and dates). Flatten or drop the column.")
+
+
+def _utf8(value):
+    try:
+        value is None or value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _check_no_infinity(path, flag, name, values, first_row=0):
