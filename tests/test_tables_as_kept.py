@@ -168,6 +168,29 @@ def test_a_csv_is_read_with_the_delimiter_and_decimal_point_it_was_written_with(
     assert (note is None) or note in load_data(RunConfig(data=name, target="label")).notes
 
 
+def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_path, monkeypatch):
+    """Thousands separators and currency signs, as a spreadsheet exports a price: read as numbers (a
+    price on every row is no id), the target a regression, each choice a note; a later file's cell
+    that is not such a number is named with its line."""
+    fees = ["$1,234.50", "1,000", "", "€ 12", "-$3"] * 5
+    prices = [f"${1000 * (i + 1) + 0.25 * i:,.2f}" for i in range(25)]
+    write_csv(tmp_path / "t.csv", ["fee", "colour", "price"],
+              [[fee, "red" if i % 2 else "blue", price] for i, (fee, price) in enumerate(zip(fees, prices))])
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="price", validation_split=0.0))
+    assert data.columns == {"fee": "written number", "colour": "string"} and data.task.kind == "regression"
+    assert "--target price: numbers written with thousands separators or a currency sign: read as numbers" in \
+        data.notes
+    assert "column fee: numbers written with thousands separators or a currency sign: read as numbers" in data.notes
+    columns = tables.read_table("t.csv").columns
+    np.testing.assert_array_equal(tables.written_number_values(columns["fee"][:5]), [1234.5, 1000, np.nan, 12, -3])
+    np.testing.assert_array_equal(tables.label_array("t.csv", "price", columns["price"][:2], False), [1000, 2000.25])
+    write_csv(tmp_path / "later.csv", ["fee", "colour"], [["$5", "red"], ["about 7", "blue"]])
+    with pytest.raises(UsageError, match=r"^--data later.csv: column fee holds 'about 7' on line 3; in the training "
+                                         r"file it holds numbers \(written as 1,234 or \$12\). Fix the cell.$"):
+        load_table_inputs("later.csv", {"columns": data.columns, "target": "price"})
+
+
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "

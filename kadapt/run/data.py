@@ -244,6 +244,9 @@ def _labelled_rows(path, table, target, flag="--data"):
         notes.append(f"{flag} {path}: {int((~keep).sum())} of {len(keep)} rows have no {target} (an empty cell): "
                      "left out")
         columns, labels = {name: values[keep] for name, values in columns.items()}, labels[keep]
+    if tables.written_numbers(labels):
+        notes.append(f"--target {target}: numbers written with thousands separators or a currency sign: read as "
+                     "numbers")
     return (columns, tables.label_array(path, target, labels, target in table.integer)), notes
 
 

@@ -37,6 +37,10 @@ DATE = "date"
 DATETIME = "datetime"  # dates with a time of day: the hour is a part too
 YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for no
 YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
+# Numbers written for people: thousands separators or a currency sign ("$1,234.50", "€ 12", "-1,000").
+# pyarrow reads them as strings; as strings a price would be a category of its own per value.
+WRITTEN_NUMBER = "written number"
+WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?")
 CSV_SUFFIXES = (".csv", ".tsv")
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
@@ -126,7 +130,7 @@ def _arrow_table(pa, path, flag, kinds):
             return require("pyarrow.parquet", extra="tables").read_table(path), None
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
-        types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO)}
+        types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO, WRITTEN_NUMBER)}
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
         dialect = csv_dialect(path)
@@ -255,7 +259,12 @@ def _iso_dates(pa, strings):
 
 def _as_kind(path, flag, name, values, kind):
     """A column read from a later file as the training file's kind says, or a `UsageError`."""
-    wanted = {NUMERIC: "f", STRING: "O", YES_NO: "O", DATE: "M", DATETIME: "M"}[kind]
+    wanted = {NUMERIC: "f", STRING: "O", YES_NO: "O", WRITTEN_NUMBER: "O", DATE: "M", DATETIME: "M"}[kind]
+    if kind == WRITTEN_NUMBER and values.dtype.kind == "O":
+        other = np.flatnonzero([value != "" and not WRITTEN.fullmatch(str(value).strip()) for value in values])
+        if len(other):
+            raise UsageError(f"{flag} {path}: column {name} holds {values[other[0]]!r} on line {other[0] + 2}; in "
+                             "the training file it holds numbers (written as 1,234 or $12). Fix the cell.")
     if kind == YES_NO and values.dtype.kind == "O":
         other = np.flatnonzero((values != "") & ~is_yes_no_word(values))
         if len(other):
@@ -337,7 +346,7 @@ def column_plan(columns: dict) -> ColumnPlan:
     """The `ColumnPlan` of a table's training feature columns."""
     kinds, dropped = {}, {}
     for name, values in columns.items():
-        reason = _drop_reason(values)
+        reason = None if written_numbers(values) else _drop_reason(values)  # a price on every row is no id
         if reason:
             dropped[name] = reason
         else:
@@ -349,10 +358,14 @@ def plan_notes(plan: ColumnPlan) -> list:
     """The lines a run prints of its `ColumnPlan`: each column dropped, each yes/no column made 1/0."""
     return [*(f"column {name}: {reason}: dropped" for name, reason in plan.dropped.items()),
             *(f"column {name}: the words yes and no: one input, 1 for yes and 0 for no" for name, kind in
-              plan.kinds.items() if kind == YES_NO)]
+              plan.kinds.items() if kind == YES_NO),
+            *(f"column {name}: numbers written with thousands separators or a currency sign: read as numbers"
+              for name, kind in plan.kinds.items() if kind == WRITTEN_NUMBER)]
 
 
 def _kind(values):
+    if written_numbers(values):
+        return WRITTEN_NUMBER
     if isinstance(values, CodedStrings):
         return YES_NO if yes_no(values.counts()) else STRING
     if values.dtype.kind == "M":
@@ -361,6 +374,36 @@ def _kind(values):
     if values.dtype.kind == "f":
         return NUMERIC
     return YES_NO if yes_no(set(values.tolist())) else STRING
+
+
+def written_numbers(values) -> bool:
+    """Whether a string column's given values are all `WRITTEN` numbers, some with a separator or a sign."""
+    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
+        return False
+    if not isinstance(values, (CodedStrings, np.ndarray)):
+        return False
+    distinct = [str(value) for value in (values.values if isinstance(values, CodedStrings) else set(values.tolist()))
+                if value != ""]
+    return bool(distinct) and all(WRITTEN.fullmatch(value.strip()) for value in distinct) and \
+        any(not _is_number(value) for value in distinct)
+
+
+def written_number_values(values):
+    """A `written_numbers` column as float32: "$1,234.50" as 1234.5, NaN where missing."""
+    if isinstance(values, CodedStrings):
+        return values.mapped(written_number_values(values.values))
+    distinct, inverse = np.unique(values.astype(str), return_inverse=True)
+    numbers = np.array([_written_number(value) for value in distinct.tolist()], "float32")
+    return numbers[inverse.reshape(-1)]
+
+
+def _written_number(value):
+    text = value.strip()
+    if text == "":
+        return np.nan
+    if not WRITTEN.fullmatch(text):
+        raise ValueError(value)
+    return float(re.sub(r"[$€£¥,\s]", "", text))
 
 
 def yes_no(distinct) -> bool:
@@ -413,7 +456,7 @@ def model_inputs(kinds: dict) -> dict:
         if kind in (DATE, DATETIME):
             inputs.update({f"{input_name(name)}.{part}": NUMERIC for part in _parts(kind)})
         else:
-            inputs[input_name(name)] = NUMERIC if kind == YES_NO else kind
+            inputs[input_name(name)] = NUMERIC if kind in (YES_NO, WRITTEN_NUMBER) else kind
     return inputs
 
 
@@ -432,7 +475,8 @@ def model_columns(columns: dict, kinds: dict) -> dict:
         else:
             values = columns[name]
             inputs[input_name(name)] = values.astype("float32", copy=False) if kind == NUMERIC else \
-                yes_no_numbers(values) if kind == YES_NO else values
+                yes_no_numbers(values) if kind == YES_NO else \
+                written_number_values(values) if kind == WRITTEN_NUMBER else values
     return inputs
 
 
@@ -460,6 +504,8 @@ def label_array(path: str, name: str, values: np.ndarray, integer: bool) -> np.n
                          "numbers. Pass another column.")
     if values.dtype.kind == "f":
         return values.astype("int64") if integer and not np.isnan(values).any() else values
+    if written_numbers(values):  # a price written "$1,234.50": values to predict, not class names
+        return written_number_values(values).astype("float64")
     return values.astype(str)
 
 
@@ -467,7 +513,8 @@ def check_label_words(path: str, name: str, values: np.ndarray, first_row: int =
     """A `UsageError` for a label column of numbers mixed with words (read as strings)."""
     if values.dtype.kind != "O":
         return
-    distinct = {value: _is_number(value) for value in set(values.tolist()) if value != ""}
+    distinct = {value: _is_number(value) or bool(WRITTEN.fullmatch(str(value).strip()))
+                for value in set(values.tolist()) if value != ""}
     if any(distinct.values()) and not all(distinct.values()):
         rows = np.flatnonzero(values != "")
         numbers = np.array([distinct[value] for value in values[rows]])
