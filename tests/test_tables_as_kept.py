@@ -191,6 +191,20 @@ def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_pat
         load_table_inputs("later.csv", {"columns": data.columns, "target": "price"})
 
 
+def test_a_row_index_written_with_the_file_is_dropped_and_a_named_counter_kept(tmp_path, monkeypatch):
+    """pandas' `to_csv` writes its index as a first column with no name: row numbers, not data. A
+    named column of the same numbers (a time step) is the user's and stays."""
+    rows = [[str(i), str(i), f"{np.sin(i):.3f}", "yes" if i % 3 else "no"] for i in range(30)]
+    write_csv(tmp_path / "t.csv", ["", "step", "x", "label"], rows)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert data.dropped == {"": "no name and whole numbers from 0 to 29 that only grow: a row index written with "
+                                "the file"}
+    assert data.columns == {"step": "numeric", "x": "numeric"}
+    assert "column (no name): no name and whole numbers from 0 to 29 that only grow: a row index written with the " \
+           "file: dropped" in data.notes
+
+
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "

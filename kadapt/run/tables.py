@@ -346,7 +346,7 @@ def column_plan(columns: dict) -> ColumnPlan:
     """The `ColumnPlan` of a table's training feature columns."""
     kinds, dropped = {}, {}
     for name, values in columns.items():
-        reason = None if written_numbers(values) else _drop_reason(values)  # a price on every row is no id
+        reason = _index_reason(name, values) or (None if written_numbers(values) else _drop_reason(values))
         if reason:
             dropped[name] = reason
         else:
@@ -356,7 +356,7 @@ def column_plan(columns: dict) -> ColumnPlan:
 
 def plan_notes(plan: ColumnPlan) -> list:
     """The lines a run prints of its `ColumnPlan`: each column dropped, each yes/no column made 1/0."""
-    return [*(f"column {name}: {reason}: dropped" for name, reason in plan.dropped.items()),
+    return [*(f"column {name or '(no name)'}: {reason}: dropped" for name, reason in plan.dropped.items()),
             *(f"column {name}: the words yes and no: one input, 1 for yes and 0 for no" for name, kind in
               plan.kinds.items() if kind == YES_NO),
             *(f"column {name}: numbers written with thousands separators or a currency sign: read as numbers"
@@ -425,6 +425,20 @@ def yes_no_numbers(values):
         return values.astype("float32")
     lower = np.char.lower(values.astype(str))
     return np.where(lower == "yes", 1.0, np.where(lower == "no", 0.0, np.nan)).astype("float32")
+
+
+def _index_reason(name, values):
+    """Why a column is a row index written with the file (pandas' `to_csv` writes its index as a first
+    column without a name, read back as "Unnamed: 0"): no name, and whole numbers that grow by one."""
+    if name.strip() and not name.startswith("Unnamed: "):
+        return None
+    if not (isinstance(values, np.ndarray) and values.dtype.kind == "f" and len(values) >= ID_MIN_ROWS):
+        return None
+    steps = np.diff(values)
+    if np.isnan(values).any() or not (np.all(steps >= 1) and np.all(values == np.round(values))):
+        return None
+    return f"no name and whole numbers from {values[0]:g} to {values[-1]:g} that only grow: a row index written " \
+           "with the file"
 
 
 def _drop_reason(values):
