@@ -205,6 +205,21 @@ def test_a_row_index_written_with_the_file_is_dropped_and_a_named_counter_kept(t
            "file: dropped" in data.notes
 
 
+def test_a_compressed_csv_is_read_as_its_csv(tmp_path):
+    import gzip
+
+    rows = [["1,5", "red"], ["-2", ""], ["", "blue"]] * 10
+    write_csv(tmp_path / "t.csv", ["size", "colour"], rows)
+    text = (tmp_path / "t.csv").read_text().replace(",", ";").replace('"1;5"', "1,5")  # semicolons, decimal commas
+    (tmp_path / "t.csv").write_text(text)
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(text.encode()))
+    table, oracle = tables.read_table(str(tmp_path / "t.csv.gz")), tables.read_table(str(tmp_path / "t.csv"))
+    np.testing.assert_array_equal(table.columns["size"], oracle.columns["size"])
+    assert table.columns["size"][0] == 1.5 and table.columns["colour"].tolist() == oracle.columns["colour"].tolist()
+    assert tables.is_table_spec("t.csv.gz") and tables.is_table_spec("T.TSV.BZ2")
+    assert not tables.is_table_spec("t.parquet.gz") and not tables.is_table_spec("t.gz")
+
+
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "
@@ -328,7 +343,7 @@ def test_a_target_empty_everywhere(tmp_path, monkeypatch):
 
 def test_a_file_that_is_neither_csv_nor_parquet(tmp_path):
     (tmp_path / "t.xlsx").write_bytes(b"PK")
-    with pytest.raises(UsageError, match=r"^--data .*t.xlsx is neither a CSV \(.csv, .tsv\) nor a Parquet \(.parquet\) "
+    with pytest.raises(UsageError, match=r"^--data .*t.xlsx is neither a CSV \(.csv, .tsv, or either compressed: .csv.gz\) nor a Parquet \(.parquet\) "
                                          r"file. Save the table as one of them.$"):
         tables.read_table(str(tmp_path / "t.xlsx"))
 

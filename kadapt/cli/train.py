@@ -46,8 +46,8 @@ def add_data_arguments(parser):
     add = parser.add_argument
     add("--data", help="fashion_mnist, digits (scikit-learn 8x8), a .npz with x_train, y_train, x_test, y_test, "
                        "or .npy files: X.npy,Y.npy (a seeded 20%% of the rows become the test rows) or "
-                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy, or a TABLE.csv or TABLE.parquet with --target "
-                       "(empty cells are filled and flagged); string labels are class names, float labels a "
+                       "X_TRAIN.npy,Y_TRAIN.npy,X_TEST.npy,Y_TEST.npy, or a TABLE.csv (.tsv, .csv.gz) or TABLE.parquet "
+                       "with --target (empty cells are filled and flagged); string labels are class names, float labels a "
                        "regression target, integer labels classes unless they take many values (--task); or a "
                        "folder of class folders of images, photos/CLASS/*.png|jpg|jpeg|bmp|gif")
     add("--target", help="the column of --data TABLE.csv|.parquet to predict (its other columns are the inputs)")

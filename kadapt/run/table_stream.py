@@ -43,6 +43,9 @@ BATCH_ROWS = 65536  # a Parquet file's rows per batch
 CSV_BLOCK_BYTES = 1 << 22  # a CSV's bytes per batch
 COUNTED_VALUES = 100_000  # a string column's distinct values counted exactly; past twice this, the commonest kept
 TRAIN, VALIDATION, TEST, UNUSED = 0, 1, 2, 3
+# A CSV's size over its gzip's: 3-4x for columns of numbers, more for text; the high end, so that a
+# compressed table too large to hold is streamed rather than read whole.
+COMPRESSED_FACTOR = 10
 
 
 def stream_reason(config):
@@ -56,8 +59,10 @@ def stream_reason(config):
 
 
 def too_large(paths):
-    """Why the tables at `paths` are too large to hold in memory, or `None`."""
-    size = sum(Path(path).stat().st_size for path in paths if path and Path(path).is_file())
+    """Why the tables at `paths` are too large to hold in memory, or `None`. A compressed CSV
+    counts as `COMPRESSED_FACTOR` times its size (its own would be known only once read)."""
+    size = sum(Path(path).stat().st_size * (COMPRESSED_FACTOR if tables.is_compressed(path) else 1)
+               for path in paths if path and Path(path).is_file())
     available = available_memory()
     if MEMORY_FACTOR * size <= available / 2:
         return None

@@ -47,6 +47,9 @@ CSV_SUFFIXES = (".csv", ".tsv")
 DELIMITERS = (",", ";", "\t", "|")
 SNIFF_BYTES = 1 << 16
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# A CSV compressed whole (`data.csv.gz`), as large tables are published: pyarrow decompresses it by
+# the name's last suffix, reading and streaming alike.
+COMPRESSIONS = (".gz", ".bz2", ".zst", ".lz4")
 # What pandas reads as missing, as pyarrow's CSV reader takes it.
 NULL_VALUES = ["", "NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "#N/A", "<NA>"]
 ISO_DATE = r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2})?)?$"
@@ -75,8 +78,21 @@ class ColumnPlan:
 
 
 def is_table_spec(spec) -> bool:
-    """Whether `--data` names a CSV or Parquet file."""
-    return isinstance(spec, str) and spec.lower().endswith(CSV_SUFFIXES + PARQUET_SUFFIXES)
+    """Whether `--data` names a CSV (compressed or not) or Parquet file."""
+    return isinstance(spec, str) and table_suffix(spec) in CSV_SUFFIXES + PARQUET_SUFFIXES
+
+
+def table_suffix(path) -> str:
+    """The suffix that names a table file's kind, past a CSV's compression suffix (`t.csv.gz`: `.csv`)."""
+    suffixes = [suffix.lower() for suffix in Path(path).suffixes]
+    if len(suffixes) > 1 and suffixes[-1] in COMPRESSIONS and suffixes[-2] in CSV_SUFFIXES:
+        return suffixes[-2]
+    return suffixes[-1] if suffixes else ""
+
+
+def is_compressed(path) -> bool:
+    """Whether a table file is a compressed CSV."""
+    return Path(path).suffix.lower() in COMPRESSIONS and table_suffix(path) in CSV_SUFFIXES
 
 
 def read_table(path: str, flag: str = "--data", kinds: dict | None = None, target: str | None = None) -> Table:
@@ -116,9 +132,9 @@ def is_parquet(path, flag) -> bool:
     """Whether the table file `path` is Parquet (else CSV); a `UsageError` where it is missing or neither."""
     if not Path(path).is_file():
         raise UsageError(f"{flag} {path} does not exist.")
-    suffix = Path(path).suffix.lower()
+    suffix = table_suffix(path)
     if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
-        raise UsageError(f"{flag} {path} is neither a CSV (.csv, .tsv) nor a Parquet (.parquet) file. Save the "
+        raise UsageError(f"{flag} {path} is neither a CSV (.csv, .tsv, or either compressed: .csv.gz) nor a Parquet (.parquet) file. Save the "
                          "table as one of them.")
     return suffix in PARQUET_SUFFIXES
 
@@ -173,9 +189,9 @@ def csv_dialect(path) -> CsvDialect:
     of `DELIMITERS` that splits the header into the most columns and every
     line into as many (tabs for a `.tsv`); with another delimiter than the
     comma, a decimal comma where the numbers are written `0,5` and none `0.5`."""
-    if str(path).lower().endswith(".tsv"):
+    if table_suffix(path) == ".tsv":
         return CsvDialect("\t")
-    with open(path, "rb") as file:
+    with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
         head = file.read(SNIFF_BYTES)
     lines = head.decode("utf-8", errors="replace").splitlines()
     lines = [line for line in (lines[:-1] if len(head) == SNIFF_BYTES else lines)[:50] if line.strip()]
@@ -197,7 +213,7 @@ def csv_dialect(path) -> CsvDialect:
 
 def unreadable(path, flag, error):
     """The `UsageError` of a file pyarrow cannot read as a table."""
-    kind = "Parquet" if Path(path).suffix.lower() in PARQUET_SUFFIXES else "CSV"
+    kind = "Parquet" if table_suffix(path) in PARQUET_SUFFIXES else "CSV"
     return UsageError(f"{flag} {path} is not a readable {kind} table ({_one_line(error)}). Fix the file.")
 
 
@@ -226,7 +242,7 @@ def _numpy_column(pa, path, flag, name, column, compact=False):
         if _iso_dates(pa, pa.array(distinct, pa.string())):  # a Parquet file keeps dates as the strings it was given
             return np.array(strings.strings(), "datetime64[s]")
         return strings if compact else strings.strings()
-    if pa.types.is_binary(kind) and Path(path).suffix.lower() in CSV_SUFFIXES:  # pyarrow's column of text not in UTF-8
+    if pa.types.is_binary(kind) and table_suffix(path) in CSV_SUFFIXES:  # pyarrow's column of text not in UTF-8
         row, value = next((row, value) for row, value in enumerate(column.to_pylist()) if not _utf8(value))
         raise UsageError(f"{flag} {path}: column {name} holds text that is not UTF-8, first on line {row + 2} "
                          f"({value[:40]!r}). Save the file as UTF-8 (a spreadsheet's \"CSV UTF-8\").")
@@ -246,7 +262,7 @@ def _check_no_infinity(path, flag, name, values, first_row=0):
     if isinstance(values, np.ndarray) and values.dtype.kind == "f" and np.isinf(values).any():
         row = int(np.flatnonzero(np.isinf(values))[0])
         values, row = values[row:], row + first_row
-        where = f"line {row + 2}" if Path(path).suffix.lower() in CSV_SUFFIXES else f"row {row} (counted from 0)"
+        where = f"line {row + 2}" if table_suffix(path) in CSV_SUFFIXES else f"row {row} (counted from 0)"
         raise UsageError(f"{flag} {path}: {where}, column {name} holds {values[0]}, not a number a network can "
                          "learn from (an empty cell is a missing value). Fix the cell.")
 
