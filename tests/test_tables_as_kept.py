@@ -220,6 +220,24 @@ def test_a_compressed_csv_is_read_as_its_csv(tmp_path):
     assert not tables.is_table_spec("t.parquet.gz") and not tables.is_table_spec("t.gz")
 
 
+def test_a_column_of_numbers_with_question_marks_is_numbers_with_missing_cells(tmp_path, monkeypatch):
+    """UCI's files write an unknown value as "?": among numbers it is a missing cell, not a category
+    per number; among words it stays a word. A later file's "?" is missing too."""
+    ages = ["34", "?", "-5", "-", "61", "2.5"] * 5
+    write_csv(tmp_path / "t.csv", ["age", "code", "label"],
+              [[age, "AB?"[i % 3], "yes" if i % 2 else "no"] for i, age in enumerate(ages)])
+    monkeypatch.chdir(tmp_path)
+    table = tables.read_table("t.csv")
+    np.testing.assert_array_equal(table.columns["age"][:6], [34, np.nan, -5, np.nan, 61, 2.5])
+    assert table.columns["code"][:3].tolist() == ["A", "B", "?"]
+    assert table.notes == ("--data t.csv: column age: numbers, and '-' and '?' in 10 rows: read as missing",)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert data.columns == {"age": "numeric", "code": "string"}
+    write_csv(tmp_path / "later.csv", ["age", "code"], [["?", "A"], ["7", "?"]])
+    columns, _ = load_table_inputs("later.csv", {"columns": data.columns, "target": "label"})
+    np.testing.assert_array_equal(columns["age"], [np.nan, 7])
+
+
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "

@@ -39,6 +39,8 @@ YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for
 YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
 # Numbers written for people: thousands separators or a currency sign ("$1,234.50", "€ 12", "-1,000").
 # pyarrow reads them as strings; as strings a price would be a category of its own per value.
+# What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?").
+MARKER = re.compile(r"[?*.\-]{1,3}")
 WRITTEN_NUMBER = "written number"
 WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?")
 CSV_SUFFIXES = (".csv", ".tsv")
@@ -105,21 +107,31 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None, targe
     table, dialect = _arrow_table(pa, path, flag, kinds)
     names = table.column_names
     check_names(path, flag, names, table.num_rows)
+    notes = [dialect.note(path, flag)] if dialect and dialect.note(path, flag) else []
     columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name != target}
-                            if target is not None else ())
-    note = dialect.note(path, flag) if dialect else None
+                            if target is not None else (), notes=notes)
     return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)),
-                 (note,) if note else ())
+                 tuple(notes))
 
 
-def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=()):
+def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=None):
     """`{name: (N,) array}` of a pyarrow table or record batch (`read_table`'s
     kinds of array), checked; `first_row`: the file row of its first (a
     streamed file's batch), for the errors; the columns named in `compact` as
-    `read_table` reads them with a target."""
+    `read_table` reads them with a target. A column of numbers with a marker
+    in some cells (`MARKER`: "?", "-") is numbers, the marked cells missing,
+    where no `kinds` say otherwise; `notes` (a list) gets a line for each."""
     pa = require("pyarrow", extra="tables")
     columns = {name: _numpy_column(pa, path, flag, name, table.column(name), name in compact)
                for name in table.column_names}
+    for name, values in columns.items():
+        if kinds is None or kinds.get(name) == NUMERIC:
+            marked = _marked_numbers(values, name in compact)
+            if marked is not None:
+                columns[name], markers, count = marked
+                if notes is not None:
+                    notes.append(f"{flag} {path}: column {name}: numbers, and {' and '.join(map(repr, markers))} in "
+                                 f"{count} rows: read as missing")
     for name, values in columns.items():
         _check_no_infinity(path, flag, name, values, first_row)
     for name, kind in (kinds or {}).items():
@@ -248,6 +260,25 @@ def _numpy_column(pa, path, flag, name, column, compact=False):
                          f"({value[:40]!r}). Save the file as UTF-8 (a spreadsheet's \"CSV UTF-8\").")
     raise UsageError(f"{flag} {path}: column {name} is of the type {kind}, which kadapt cannot learn from (it takes "
                      "numbers, strings, true/false and dates). Flatten or drop the column.")
+
+
+def _marked_numbers(values, compact):
+    """`(numbers, markers, marked rows)` of a string column whose values are numbers but for
+    `MARKER`s (float, NaN where marked or empty); `None` for any other column."""
+    distinct = values.values if isinstance(values, CodedStrings) else \
+        np.unique(values.astype(str)) if isinstance(values, np.ndarray) and values.dtype.kind == "O" else None
+    if distinct is None:
+        return None
+    given = [str(value) for value in distinct.tolist() if value != ""]
+    markers = sorted(value for value in given if not _is_number(value))
+    if not markers or len(markers) == len(given) or not all(MARKER.fullmatch(value.strip()) for value in markers):
+        return None
+    table = np.array([np.nan if value == "" or value in markers else float(value) for value in
+                      (str(value) for value in distinct.tolist())], "float32" if compact else "float64")
+    if isinstance(values, CodedStrings):
+        return values.mapped(table), markers, int(np.isin(values.values, markers)[values.codes].sum())
+    cells = values.astype(str)
+    return table[np.searchsorted(distinct, cells)], markers, int(np.isin(cells, markers).sum())
 
 
 def _utf8(value):
