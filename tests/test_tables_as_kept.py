@@ -238,6 +238,19 @@ def test_a_column_of_numbers_with_question_marks_is_numbers_with_missing_cells(t
     np.testing.assert_array_equal(columns["age"], [np.nan, 7])
 
 
+def test_column_names_are_taken_without_the_spaces_around_them(tmp_path, monkeypatch):
+    """A header written "a, b" (a comma and a space) names " b": `--target label` finds " label"."""
+    (tmp_path / "t.csv").write_text("size, colour, label\n" + "1, red, yes\n2, blue, no\n" * 10)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert data.columns == {"size": "numeric", "colour": "string"} and data.class_names == (" no", " yes")
+    assert "--data t.csv: the spaces around 2 column names removed (' colour' is 'colour')" in data.notes
+    (tmp_path / "twice.csv").write_text("a, a,label\n1,2,yes\n")
+    assert bad(tmp_path, monkeypatch, data="twice.csv", target="label") == (
+        "--data twice.csv: the column name 'a' appears 2 times; the second would silently replace the first. "
+        "Rename one of them.")
+
+
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "

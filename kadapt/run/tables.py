@@ -108,9 +108,9 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None, targe
     names = table.column_names
     check_names(path, flag, names, table.num_rows)
     notes = [dialect.note(path, flag)] if dialect and dialect.note(path, flag) else []
-    columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name != target}
+    columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name.strip() != target}
                             if target is not None else (), notes=notes)
-    return Table(columns, frozenset(name for name in names if pa.types.is_integer(table.column(name).type)),
+    return Table(columns, frozenset(name.strip() for name in names if pa.types.is_integer(table.column(name).type)),
                  tuple(notes))
 
 
@@ -122,8 +122,13 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=
     in some cells (`MARKER`: "?", "-") is numbers, the marked cells missing,
     where no `kinds` say otherwise; `notes` (a list) gets a line for each."""
     pa = require("pyarrow", extra="tables")
-    columns = {name: _numpy_column(pa, path, flag, name, table.column(name), name in compact)
+    # A name as the user types it: "a, b" headers (a comma and a space) give " b".
+    columns = {name.strip(): _numpy_column(pa, path, flag, name, table.column(name), name in compact)
                for name in table.column_names}
+    spaced = [name for name in table.column_names if name != name.strip()]
+    if spaced and notes is not None:
+        notes.append(f"{flag} {path}: the spaces around {len(spaced)} column names removed ({spaced[0]!r} is "
+                     f"{spaced[0].strip()!r})")
     for name, values in columns.items():
         if kinds is None or kinds.get(name) == NUMERIC:
             marked = _marked_numbers(values, name in compact)
@@ -230,7 +235,8 @@ def unreadable(path, flag, error):
 
 
 def check_names(path, flag, names, rows):
-    """A `UsageError` for a table with two columns of one name, or without rows."""
+    """A `UsageError` for a table with two columns of one name (spaces around it aside), or without rows."""
+    names = [name.strip() for name in names]
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
         raise UsageError(f"{flag} {path}: the column name {duplicated[0]!r} appears {names.count(duplicated[0])} "
