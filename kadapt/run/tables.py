@@ -37,12 +37,13 @@ DATE = "date"
 DATETIME = "datetime"  # dates with a time of day: the hour is a part too
 YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for no
 YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
-# Numbers written for people: thousands separators or a currency sign ("$1,234.50", "€ 12", "-1,000").
-# pyarrow reads them as strings; as strings a price would be a category of its own per value.
 # What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?").
 MARKER = re.compile(r"[?*.\-]{1,3}")
+# Numbers written for people: thousands separators, a currency sign, a percent sign ("$1,234.50", "€ 12",
+# "-1,000", "12.5%": 12.5, as written). pyarrow reads them as strings; as strings a price would be a
+# category of its own per value.
 WRITTEN_NUMBER = "written number"
-WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?")
+WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?\s?%?")
 CSV_SUFFIXES = (".csv", ".tsv")
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
@@ -456,7 +457,7 @@ def _written_number(value):
         return np.nan
     if not WRITTEN.fullmatch(text):
         raise ValueError(value)
-    return float(re.sub(r"[$€£¥,\s]", "", text))
+    return float(re.sub(r"[$€£¥,%\s]", "", text))
 
 
 def yes_no(distinct) -> bool:
