@@ -252,6 +252,18 @@ def test_column_names_are_taken_without_the_spaces_around_them(tmp_path, monkeyp
         "Rename one of them.")
 
 
+def test_dates_written_as_people_write_them_are_named_with_the_fix(tmp_path):
+    """1/2/2023 is January 2nd or February 1st: kept as words, and the run says how to have dates."""
+    write_csv(tmp_path / "t.csv", ["day", "when", "label"],
+              [[f"{i % 6 + 1}/{i % 3 + 1}/2023", "31.01.2023 10:15", "yes" if i % 2 else "no"] for i in range(30)])
+    plan = tables.column_plan(tables.read_table(str(tmp_path / "t.csv")).columns)
+    assert plan.kinds["day"] == "string" and tables.plan_notes(plan)[-2:] == [
+        "column day: dates written as '1/1/2023' are read as words; write them as ISO dates (2023-01-31) to have "
+        "them read as dates (year, month, day, weekday)",
+        "column when: dates written as '31.01.2023 10:15' are read as words; write them as ISO dates (2023-01-31) "
+        "to have them read as dates (year, month, day, weekday)"]
+
+
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "

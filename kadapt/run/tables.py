@@ -37,6 +37,9 @@ DATE = "date"
 DATETIME = "datetime"  # dates with a time of day: the hour is a part too
 YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for no
 YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
+# Dates as people write them, day and month in either order: not read as dates (the order of a file of
+# days up to 12 is a guess), but named, with the fix.
+LOCAL_DATE = re.compile(r"\d{1,2}[/.\-]\d{1,2}[/.\-](\d{2}|\d{4})([ T]\d{1,2}:\d{2}(:\d{2})?)?")
 # What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?").
 MARKER = re.compile(r"[?*.\-]{1,3}")
 # Numbers written for people: thousands separators, a currency sign, a percent sign ("$1,234.50", "€ 12",
@@ -78,6 +81,7 @@ class ColumnPlan:
 
     kinds: dict
     dropped: dict = dataclasses.field(default_factory=dict)
+    advice: tuple = ()  # lines on columns read otherwise than their look suggests (`column_plan`)
 
 
 def is_table_spec(spec) -> bool:
@@ -405,7 +409,19 @@ def column_plan(columns: dict) -> ColumnPlan:
             dropped[name] = reason
         else:
             kinds[name] = _kind(values)
-    return ColumnPlan(kinds, dropped)
+    advice = tuple(f"column {name}: dates written as {_local_date(values)!r} are read as words; write them as ISO "
+                   "dates (2023-01-31) to have them read as dates (year, month, day, weekday)"
+                   for name, values in columns.items() if _local_date(values))
+    return ColumnPlan(kinds, dropped, advice)
+
+
+def _local_date(values):
+    """A value of a string column of dates written as people write them (1/31/2023, 31.01.2023), else `None`."""
+    if not (isinstance(values, CodedStrings) or (isinstance(values, np.ndarray) and values.dtype.kind == "O")):
+        return None
+    distinct = [str(value) for value in (values.values if isinstance(values, CodedStrings) else  # in file order
+                                         dict.fromkeys(values.tolist())) if value != ""]
+    return distinct[0] if distinct and all(LOCAL_DATE.fullmatch(value.strip()) for value in distinct) else None
 
 
 def plan_notes(plan: ColumnPlan) -> list:
@@ -414,7 +430,8 @@ def plan_notes(plan: ColumnPlan) -> list:
             *(f"column {name}: the words yes and no: one input, 1 for yes and 0 for no" for name, kind in
               plan.kinds.items() if kind == YES_NO),
             *(f"column {name}: numbers written with thousands separators or a currency sign: read as numbers"
-              for name, kind in plan.kinds.items() if kind == WRITTEN_NUMBER)]
+              for name, kind in plan.kinds.items() if kind == WRITTEN_NUMBER),
+            *plan.advice]
 
 
 def _kind(values):
