@@ -200,7 +200,7 @@ def image_files_in(folder, flag="--data"):
 
 
 def is_system_name(name) -> bool:
-    """Whether a file or folder name is the system's (`SYSTEM_NAMES`, or hidden), skipped as Keras skips any non-image."""
+    """Whether a file or folder name is the system's (`SYSTEM_NAMES`, or hidden): skipped, as Keras skips them."""
     return name.startswith(".") or name.lower() in SYSTEM_NAMES
 
 

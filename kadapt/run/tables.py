@@ -135,7 +135,9 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=
         notes.append(f"{flag} {path}: the spaces around {len(spaced)} column names removed ({spaced[0]!r} is "
                      f"{spaced[0].strip()!r})")
     for name, values in columns.items():
-        if kinds is None or kinds.get(name) == NUMERIC:
+        # The training file's feature columns (coded: a target's words are class names) and a later file's
+        # numbers.
+        if isinstance(values, CodedStrings) if kinds is None else kinds.get(name) == NUMERIC:
             marked = _marked_numbers(values, name in compact)
             if marked is not None:
                 columns[name], markers, count = marked
@@ -156,8 +158,8 @@ def is_parquet(path, flag) -> bool:
         raise UsageError(f"{flag} {path} does not exist.")
     suffix = table_suffix(path)
     if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
-        raise UsageError(f"{flag} {path} is neither a CSV (.csv, .tsv, or either compressed: .csv.gz) nor a Parquet (.parquet) file. Save the "
-                         "table as one of them.")
+        raise UsageError(f"{flag} {path} is neither a CSV (.csv, .tsv, or either compressed: .csv.gz) nor a "
+                         "Parquet (.parquet) file. Save the table as one of them.")
     return suffix in PARQUET_SUFFIXES
 
 
