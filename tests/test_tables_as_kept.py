@@ -206,6 +206,17 @@ def test_a_row_index_written_with_the_file_is_dropped_and_a_named_counter_kept(t
            "file: dropped" in data.notes
 
 
+def test_three_digits_after_a_comma_are_a_thousand_beside_tabs_and_a_decimal_beside_semicolons(tmp_path):
+    (tmp_path / "tabs.tsv").write_text("count\tlabel\n1,234\tyes\n12\tno\n")
+    (tmp_path / "halves.tsv").write_text("count\tlabel\n1,5\tyes\n12\tno\n")
+    (tmp_path / "semicolons.csv").write_text("count;label\n1,234;yes\n12;no\n")
+    assert tables.csv_dialect(tmp_path / "tabs.tsv") == tables.CsvDialect("\t", ".")
+    assert tables.csv_dialect(tmp_path / "semicolons.csv") == tables.CsvDialect(";", ",")
+    assert tables.csv_dialect(tmp_path / "halves.tsv") == tables.CsvDialect("\t", ",")
+    assert tables.written_numbers(tables.read_table(str(tmp_path / "tabs.tsv")).columns["count"])
+    assert tables.read_table(str(tmp_path / "semicolons.csv")).columns["count"][0] == pytest.approx(1.234)
+
+
 def test_a_compressed_csv_is_read_as_its_csv(tmp_path):
     import gzip
 

@@ -211,10 +211,10 @@ class CsvDialect:
 def csv_dialect(path) -> CsvDialect:
     """The `CsvDialect` of a CSV file, read off its first lines: the delimiter
     of `DELIMITERS` that splits the header into the most columns and every
-    line into as many (tabs for a `.tsv`); with another delimiter than the
-    comma, a decimal comma where the numbers are written `0,5` and none `0.5`."""
-    if table_suffix(path) == ".tsv":
-        return CsvDialect("\t")
+    line into as many (tabs in a `.tsv`); with another delimiter than the
+    comma, a decimal comma where the numbers are written `0,5` and none `0.5`
+    (`1,234`, three digits after the comma everywhere, is a decimal comma beside
+    semicolons only: beside tabs or bars it is a thousand, a `WRITTEN` number)."""
     with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
         head = file.read(SNIFF_BYTES)
     lines = head.decode("utf-8", errors="replace").splitlines()
@@ -224,14 +224,19 @@ def csv_dialect(path) -> CsvDialect:
         fields = [len(row) for row in stdlib_csv.reader(lines, delimiter=delimiter)]
         if fields and fields[0] > 1 and all(width == fields[0] for width in fields):
             widths[delimiter] = fields[0]
-    if not widths:
+    if table_suffix(path) == ".tsv":
+        delimiter = "\t"
+    elif widths:
+        delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
+    else:
         return CsvDialect()
-    delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
     if delimiter == ",":
         return CsvDialect()
     cells = [cell.strip() for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) for cell in row]
-    comma = any(re.fullmatch(r"-?\d*,\d+", cell) for cell in cells)
+    fractions = [found.group(1) for found in (re.fullmatch(r"-?\d*,(\d+)", cell) for cell in cells) if found]
     point = any(re.fullmatch(r"-?\d*\.\d+", cell) for cell in cells)
+    # "1,234" is a thousand beside tabs (a decimal comma beside semicolons); "0,5" a half beside either.
+    comma = any(len(digits) != 3 for digits in fractions) or (fractions and delimiter == ";")
     return CsvDialect(delimiter, "," if comma and not point else ".")
 
 
