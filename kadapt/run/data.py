@@ -244,10 +244,11 @@ def _labelled_rows(path, table, target, flag="--data"):
         notes.append(f"{flag} {path}: {int((~keep).sum())} of {len(keep)} rows have no {target} (an empty cell): "
                      "left out")
         columns, labels = {name: values[keep] for name, values in columns.items()}, labels[keep]
-    if tables.written_numbers(labels):
+    array = tables.label_array(path, target, labels, target in table.integer)
+    if labels.dtype.kind == "O" and array.dtype.kind == "f":  # words that were numbers written for people
         notes.append(f"--target {target}: numbers written with thousands separators or a currency sign: read as "
                      "numbers")
-    return (columns, tables.label_array(path, target, labels, target in table.integer)), notes
+    return (columns, array), notes
 
 
 def _encoded(x_parts, plan):

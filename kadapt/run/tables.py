@@ -112,7 +112,8 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None, targe
     table, dialect = _arrow_table(pa, path, flag, kinds)
     names = table.column_names
     check_names(path, flag, names, table.num_rows)
-    notes = [dialect.note(path, flag)] if dialect and dialect.note(path, flag) else []
+    note = dialect.note(path, flag) if dialect else None
+    notes = [note] if note else []
     columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name.strip() != target}
                             if target is not None else (), notes=notes)
     return Table(columns, frozenset(name.strip() for name in names if pa.types.is_integer(table.column(name).type)),
@@ -283,20 +284,17 @@ def _numpy_column(pa, path, flag, name, column, compact=False):
 def _marked_numbers(values, compact):
     """`(numbers, markers, marked rows)` of a string column whose values are numbers but for
     `MARKER`s (float, NaN where marked or empty); `None` for any other column."""
-    distinct = values.values if isinstance(values, CodedStrings) else \
-        np.unique(values.astype(str)) if isinstance(values, np.ndarray) and values.dtype.kind == "O" else None
-    if distinct is None:
+    coded = coded_strings(values)
+    if coded is None:
         return None
-    given = [str(value) for value in distinct.tolist() if value != ""]
+    distinct = [str(value) for value in coded.values.tolist()]
+    given = [value for value in distinct if value != ""]
     markers = sorted(value for value in given if not _is_number(value))
     if not markers or len(markers) == len(given) or not all(MARKER.fullmatch(value.strip()) for value in markers):
         return None
-    table = np.array([np.nan if value == "" or value in markers else float(value) for value in
-                      (str(value) for value in distinct.tolist())], "float32" if compact else "float64")
-    if isinstance(values, CodedStrings):
-        return values.mapped(table), markers, int(np.isin(values.values, markers)[values.codes].sum())
-    cells = values.astype(str)
-    return table[np.searchsorted(distinct, cells)], markers, int(np.isin(cells, markers).sum())
+    table = np.array([np.nan if value == "" or value in markers else float(value) for value in distinct],
+                     "float32" if compact else "float64")
+    return coded.mapped(table), markers, int(np.isin(coded.values, markers)[coded.codes].sum())
 
 
 def _utf8(value):
@@ -456,23 +454,27 @@ def _kind(values):
 
 def written_numbers(values) -> bool:
     """Whether a string column's given values are all `WRITTEN` numbers, some with a separator or a sign."""
-    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
-        return False
-    if not isinstance(values, (CodedStrings, np.ndarray)):
-        return False
-    distinct = [str(value) for value in (values.values if isinstance(values, CodedStrings) else set(values.tolist()))
-                if value != ""]
+    coded = coded_strings(values)
+    distinct = [] if coded is None else [str(value) for value in coded.values.tolist() if value != ""]
     return bool(distinct) and all(WRITTEN.fullmatch(value.strip()) for value in distinct) and \
         any(not _is_number(value) for value in distinct)
 
 
 def written_number_values(values):
     """A `written_numbers` column as float32: "$1,234.50" as 1234.5, NaN where missing."""
+    coded = coded_strings(values)
+    return coded.mapped(np.array([_written_number(value) for value in coded.values.tolist()], "float32"))
+
+
+def coded_strings(values):
+    """A string column as `CodedStrings` (an object array coded by its sorted distinct values); `None`
+    for a column of another kind."""
     if isinstance(values, CodedStrings):
-        return values.mapped(written_number_values(values.values))
-    distinct, inverse = np.unique(values.astype(str), return_inverse=True)
-    numbers = np.array([_written_number(value) for value in distinct.tolist()], "float32")
-    return numbers[inverse.reshape(-1)]
+        return values
+    if isinstance(values, np.ndarray) and values.dtype.kind == "O":
+        distinct, inverse = np.unique(values.astype(str), return_inverse=True)
+        return CodedStrings(inverse.reshape(-1).astype("int32"), distinct.astype(object))
+    return None
 
 
 def _written_number(value):
