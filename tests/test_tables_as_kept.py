@@ -206,6 +206,25 @@ def test_a_row_index_written_with_the_file_is_dropped_and_a_named_counter_kept(t
            "file: dropped" in data.notes
 
 
+def test_a_file_sorted_by_class_is_split_into_the_seeded_draw_of_rows(tmp_path, monkeypatch):
+    """Without --test the parts are a seeded draw of the rows (the training part gathered in the file's
+    order, for speed): the same rows as the draw, so a file sorted by class validates and tests on
+    every class, --train-rows included."""
+    rows = [[str(i), ["a", "b", "c"][i // 100]] for i in range(300)]
+    write_csv(tmp_path / "sorted.csv", ["step", "label"], rows)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="sorted.csv", target="label", seed=3, train_rows=150))
+    order = np.random.default_rng(3).permutation(300)  # the draw, as NumPy makes it
+    training, test = order[:240][:150], order[240:]
+    fit, validation = training[:135], training[135:]
+    mean, std = fit.mean(), fit.std()
+    for encoded, expected in ((data.x_train, fit), (data.x_val, validation), (data.x_test, test)):
+        assert np.allclose(np.sort(encoded[:, 0]), np.sort((expected - mean) / std), atol=1e-5)
+    assert np.allclose(data.x_val[:, 0], (validation - mean) / std, atol=1e-5)  # in the draw's order
+    names = np.array(data.class_names)
+    assert set(names[data.y_val]) == set(names[data.y_test]) == {"a", "b", "c"}
+
+
 def test_three_digits_after_a_comma_are_a_thousand_beside_tabs_and_a_decimal_beside_semicolons(tmp_path):
     (tmp_path / "tabs.tsv").write_text("count\tlabel\n1,234\tyes\n12\tno\n")
     (tmp_path / "halves.tsv").write_text("count\tlabel\n1,5\tyes\n12\tno\n")
