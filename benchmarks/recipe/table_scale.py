@@ -125,13 +125,13 @@ def main():
                    "cpu": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "load_before": os.getloadavg()}
         runs = {name: [] for name in (*READERS, "kadapt_small", "kadapt")}
-        for _ in range(args.repeat):
+        for round_ in range(args.repeat):
             for name in READERS:
                 runs[name].append(reader(name, big))
                 print(name, json.dumps(runs[name][-1]), flush=True)
-            runs["kadapt_small"].append(kadapt(small, folder / "run_small"))
+            runs["kadapt_small"].append(kadapt(small, folder / f"run_small{round_}"))
             print("kadapt", SMALL_ROWS, "rows", json.dumps(runs["kadapt_small"][-1]), flush=True)
-            runs["kadapt"].append(kadapt(big, folder / "run_big"))
+            runs["kadapt"].append(kadapt(big, folder / f"run_big{round_}"))
             print("kadapt", args.rows, "rows", json.dumps(runs["kadapt"][-1]), flush=True)
         for name in READERS:
             figures[name] = median_run(runs[name], ("seconds", "extra_mb"))
