@@ -282,16 +282,57 @@ def test_column_names_are_taken_without_the_spaces_around_them(tmp_path, monkeyp
         "Rename one of them.")
 
 
-def test_dates_written_as_people_write_them_are_named_with_the_fix(tmp_path):
-    """1/2/2023 is January 2nd or February 1st: kept as words, and the run says how to have dates."""
-    write_csv(tmp_path / "t.csv", ["day", "when", "label"],
-              [[f"{i % 6 + 1}/{i % 3 + 1}/2023", "31.01.2023 10:15", "yes" if i % 2 else "no"] for i in range(30)])
-    plan = tables.column_plan(tables.read_table(str(tmp_path / "t.csv")).columns)
-    assert plan.kinds["day"] == "string" and tables.plan_notes(plan)[-2:] == [
-        "column day: dates written as '1/1/2023' are read as words; write them as ISO dates (2023-01-31) to have "
-        "them read as dates (year, month, day, weekday)",
-        "column when: dates written as '31.01.2023 10:15' are read as words; write them as ISO dates (2023-01-31) "
-        "to have them read as dates (year, month, day, weekday)"]
+def test_dates_written_as_people_write_them_are_read_in_the_order_their_values_settle(tmp_path, monkeypatch):
+    """1/31/2023 can only be month first, 31.01.2023 day first: read as dates, the format kept in the
+    run's config, so a later file is read in the training file's order and a cell written otherwise is
+    named. 1/2/2023 is January 2nd or February 1st: where no value settles it, the column stays words and
+    the run says how to have dates."""
+    days = np.datetime64("2023-01-01") + np.arange(0, 300, 7)  # 43 weeks: days past 12 in every month
+    times = days.astype("datetime64[s]") + (np.arange(len(days)) % 24) * 3600 + 15 * 60
+    us = [f"{d.month}/{d.day}/{d.year}" for d in days.tolist()]
+    eu = [t.strftime("%d.%m.%Y %H:%M") for t in times.tolist()]
+    unsettled = [f"{i % 6 + 1}/{i % 3 + 1}/2023" for i in range(len(days))]
+    rows = [[u, e, n, "yes" if i % 2 else "no"] for i, (u, e, n) in enumerate(zip(us, eu, unsettled))]
+    rows[5][0] = ""  # an empty cell is a missing date
+    write_csv(tmp_path / "t.csv", ["sold", "sent", "day", "label"], rows)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label", test="t.csv"))
+    assert data.columns == {"sold": "date %m/%d/%Y", "sent": "datetime %d.%m.%Y %H:%M", "day": "string"}
+    assert {"column sold: dates written month first ('1/1/2023'): read as dates (year, month, day, weekday)",
+            "column sent: dates written day first ('01.01.2023 00:15'): read as dates (year, month, day, weekday, "
+            "hour)"} <= set(data.notes)
+    assert "column day: dates written as '1/1/2023' are read as words: no value settles which of its first two " \
+           "numbers is the day (neither passes 12 in every place); write them as ISO dates (2023-01-31) to have " \
+           "them read as dates (year, month, day, weekday)" in data.notes
+    record = {"columns": data.columns, "target": "label", "classes": ["no", "yes"]}
+    columns, _ = load_table_inputs("t.csv", record)  # how `kadapt predict` reads a file
+    expected = {"sold": tables.date_parts(days), "sent": tables.date_parts(times)}  # from the dates themselves
+    expected["sold"] = {part: np.where(np.arange(len(days)) == 5, np.nan, values) for part, values in
+                        expected["sold"].items()}
+    for name, parts in expected.items():
+        for part, values in parts.items():
+            if f"{name}.{part}" in columns:
+                np.testing.assert_array_equal(columns[f"{name}.{part}"], values)
+    assert set(columns) == {"sold.year", "sold.month", "sold.day", "sold.weekday", "sent.year", "sent.month",
+                            "sent.day", "sent.weekday", "sent.hour", "day"}
+    rows[7][1] = "2023-02-19 10:15"  # written otherwise in a later file
+    write_csv(tmp_path / "later.csv", ["sold", "sent", "day", "label"], rows)
+    with pytest.raises(UsageError, match=r"^--data later.csv: column sent holds '2023-02-19 10:15' on line 9; in the "
+                                         r"training file it holds dates written as %d.%m.%Y %H:%M. Fix the cell.$"):
+        load_table_inputs("later.csv", record)
+
+
+@pytest.mark.parametrize("values, form", [
+    (["1/31/2023", "12/1/2023"], "%m/%d/%Y"),
+    (["31-01-23", "1-12-23"], "%d-%m-%y"),
+    (["13.1.2023 8:05:59", "1.1.2023 23:00:00"], "%d.%m.%Y %H:%M:%S"),
+    (["1/2/2023", "12/11/2023"], None),  # nothing past 12: the order is a guess
+    (["13/1/2023", "1/13/2023"], None),  # both orders: not one format
+    (["31/1/2023", "1-2-2023"], None),  # two separators
+    (["31/1/2023", "1/2/23"], None),  # two lengths of year
+])
+def test_the_format_of_local_dates_is_the_one_every_value_settles(values, form):
+    assert tables.local_date_format(values) == form
 
 
 def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):

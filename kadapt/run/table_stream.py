@@ -194,9 +194,8 @@ def prediction_batches(spec, data):
 
     pa = require("pyarrow", extra="tables")
     kinds, target = data["columns"], data.get("target")
-    types = {name: {tables.NUMERIC: pa.float64(), tables.STRING: pa.string(), tables.YES_NO: pa.string(),
-                    tables.WRITTEN_NUMBER: pa.string()}.get(
-        kind, pa.timestamp("s")) for name, kind in kinds.items()}
+    types = {name: pa.string() if tables.read_as_strings(kind) else pa.float64() if kind == tables.NUMERIC else
+             pa.timestamp("s") for name, kind in kinds.items()}
     types.update({name: pa.string() for name in data.get("dropped_columns", {})})
     if target:  # class names are strings; classes given as numbers and values are read as numbers
         types[target] = pa.string() if data.get("classes") else pa.float64()

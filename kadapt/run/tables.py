@@ -37,9 +37,12 @@ DATE = "date"
 DATETIME = "datetime"  # dates with a time of day: the hour is a part too
 YES_NO = "yes/no"  # words yes and no (any case): one input, 1 for yes and 0 for no
 YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
-# Dates as people write them, day and month in either order: not read as dates (the order of a file of
-# days up to 12 is a guess), but named, with the fix.
-LOCAL_DATE = re.compile(r"\d{1,2}[/.\-]\d{1,2}[/.\-](\d{2}|\d{4})([ T]\d{1,2}:\d{2}(:\d{2})?)?")
+# Dates as people write them (1/31/2023, 31.01.2023 14:05): day and month in either order, which the
+# values settle where one of them passes 12 in the first place or in the second; a column whose values
+# settle nothing stays words (its order would be a guess), named with the fix. A settled column's kind
+# is `DATE` or `DATETIME` and the format it is read with ("date %m/%d/%Y"), kept in the run's config
+# so that a later file is read in the training file's order.
+LOCAL_DATE = re.compile(r"(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:([ T])\d{1,2}:\d{2}(:\d{2})?)?")
 # What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?").
 MARKER = re.compile(r"[?*.\-]{1,3}")
 # Numbers written for people: thousands separators, a currency sign, a percent sign ("$1,234.50", "€ 12",
@@ -171,7 +174,7 @@ def _arrow_table(pa, path, flag, kinds):
             return require("pyarrow.parquet", extra="tables").read_table(path), None
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
-        types = {name: pa.string() for name, kind in (kinds or {}).items() if kind in (STRING, YES_NO, WRITTEN_NUMBER)}
+        types = {name: pa.string() for name, kind in (kinds or {}).items() if read_as_strings(kind)}
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
         dialect = csv_dialect(path)
@@ -322,6 +325,8 @@ def _iso_dates(pa, strings):
 
 def _as_kind(path, flag, name, values, kind):
     """A column read from a later file as the training file's kind says, or a `UsageError`."""
+    if date_format(kind):
+        return _local_dates(path, flag, name, values, date_format(kind))
     wanted = {NUMERIC: "f", STRING: "O", YES_NO: "O", WRITTEN_NUMBER: "O", DATE: "M", DATETIME: "M"}[kind]
     if kind == WRITTEN_NUMBER and values.dtype.kind == "O":
         other = np.flatnonzero([value != "" and not WRITTEN.fullmatch(str(value).strip()) for value in values])
@@ -407,26 +412,97 @@ def check_input_names(path: str, columns, flag: str = "--data") -> None:
 
 def column_plan(columns: dict) -> ColumnPlan:
     """The `ColumnPlan` of a table's training feature columns."""
-    kinds, dropped = {}, {}
+    kinds, dropped, advice = {}, {}, []
     for name, values in columns.items():
-        reason = _index_reason(name, values) or (None if written_numbers(values) else _drop_reason(values))
+        written = _local_date(values)
+        form = local_date_format(_given_strings(values)) if written else None
+        reason = _index_reason(name, values) or (None if written_numbers(values) or form else _drop_reason(values))
         if reason:
             dropped[name] = reason
+        elif form:
+            kinds[name] = f"{DATETIME if '%H' in form else DATE} {form}"
+            advice.append(f"column {name}: dates written {'day' if form.startswith('%d') else 'month'} first "
+                          f"({written!r}): read as dates ({', '.join(_parts(kinds[name]))})")
         else:
             kinds[name] = _kind(values)
-    advice = tuple(f"column {name}: dates written as {_local_date(values)!r} are read as words; write them as ISO "
-                   "dates (2023-01-31) to have them read as dates (year, month, day, weekday)"
-                   for name, values in columns.items() if _local_date(values))
-    return ColumnPlan(kinds, dropped, advice)
+        if written and not form and name in kinds:
+            advice.append(f"column {name}: dates written as {written!r} are read as words: no value settles which "
+                          "of its first two numbers is the day (neither passes 12 in every place); write them as "
+                          "ISO dates (2023-01-31) to have them read as dates (year, month, day, weekday)")
+    return ColumnPlan(kinds, dropped, tuple(advice))
+
+
+def _given_strings(values):
+    """The distinct given values of a string column, in the order first seen where not coded."""
+    return [str(value) for value in (values.values if isinstance(values, CodedStrings) else
+                                     dict.fromkeys(values.tolist())) if value != ""]
 
 
 def _local_date(values):
     """A value of a string column of dates written as people write them (1/31/2023, 31.01.2023), else `None`."""
     if not (isinstance(values, CodedStrings) or (isinstance(values, np.ndarray) and values.dtype.kind == "O")):
         return None
-    distinct = [str(value) for value in (values.values if isinstance(values, CodedStrings) else  # in file order
-                                         dict.fromkeys(values.tolist())) if value != ""]
+    distinct = _given_strings(values)
     return distinct[0] if distinct and all(LOCAL_DATE.fullmatch(value.strip()) for value in distinct) else None
+
+
+def local_date_format(distinct) -> str | None:
+    """The `strptime` format of dates written as people write them (`LOCAL_DATE`), where the values
+    `distinct` share one separator, one length of year and one time of day, and settle the order of
+    day and month (a first number past 12 in some value and no second one: day first; the other way
+    round: month first); `None` otherwise."""
+    found = [LOCAL_DATE.fullmatch(value.strip()) for value in distinct]
+    if not found or not all(found):
+        return None
+    separators, years = {match[2] for match in found}, {len(match[4]) for match in found}
+    times = {(match[5], match[6] is not None) if match[5] else None for match in found}
+    day_first, month_first = any(int(match[1]) > 12 for match in found), any(int(match[3]) > 12 for match in found)
+    if len(separators) > 1 or len(years) > 1 or len(times) > 1 or day_first == month_first:
+        return None
+    separator, time = separators.pop(), times.pop()
+    order = f"%d{separator}%m" if day_first else f"%m{separator}%d"
+    clock = "" if time is None else f"{time[0]}%H:%M" + (":%S" if time[1] else "")
+    return f"{order}{separator}{'%Y' if years.pop() == 4 else '%y'}{clock}"
+
+
+def read_as_strings(kind) -> bool:
+    """Whether a later file's column of the training file's `kind` is read as strings, which kadapt converts."""
+    return kind in (STRING, YES_NO, WRITTEN_NUMBER) or date_format(kind) is not None
+
+
+def _written_as(value, form):
+    """Whether a date is written as `form` says: strptime's %Y also takes a year of two digits."""
+    match = LOCAL_DATE.fullmatch(value)
+    return match is not None and len(match[4]) == (4 if "%Y" in form else 2)
+
+
+def date_format(kind) -> str | None:
+    """The format of a kind of dates written as people write them ("date %d.%m.%Y"), else `None`."""
+    first, _, form = kind.partition(" ")
+    return form if first in (DATE, DATETIME) and form else None
+
+
+def _local_dates(path, flag, name, values, form):
+    """A string column of dates written in the format `form` as datetime64[s] (NaT where empty); a
+    `UsageError` naming the first cell written otherwise."""
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f" and np.isnan(values).all():
+        return np.full(len(values), np.datetime64("NaT"), "datetime64[s]")  # a later file's column empty everywhere
+    coded = coded_strings(values)
+    if coded is None:
+        raise UsageError(f"{flag} {path}: column {name} holds {'dates' if values.dtype.kind == 'M' else 'numbers'}; "
+                         f"in the training file it holds dates written as {form}. Fix the column.")
+    compute = require("pyarrow.compute", extra="tables")
+    pa = require("pyarrow", extra="tables")
+    distinct = [value.strip() for value in coded.values.tolist()]
+    parsed = compute.strptime(pa.array(distinct, pa.string()), format=form, unit="s", error_is_null=True)
+    dates = parsed.to_numpy(zero_copy_only=False).astype("datetime64[s]")
+    wrong = [i for i, value in enumerate(distinct) if value != "" and (np.isnat(dates[i]) or
+                                                                       not _written_as(value, form))]
+    if wrong:
+        row = int(np.flatnonzero(coded.codes == wrong[0])[0])
+        raise UsageError(f"{flag} {path}: column {name} holds {coded.values[wrong[0]]!r} on line {row + 2}; in the "
+                         f"training file it holds dates written as {form}. Fix the cell.")
+    return coded.mapped(dates)
 
 
 def plan_notes(plan: ColumnPlan) -> list:
@@ -547,15 +623,19 @@ def model_inputs(kinds: dict) -> dict:
     """`{input name: "numeric" or "string"}` of the model columns of `kinds` (`model_columns`' names)."""
     inputs = {}
     for name, kind in kinds.items():
-        if kind in (DATE, DATETIME):
+        if _is_date(kind):
             inputs.update({f"{input_name(name)}.{part}": NUMERIC for part in _parts(kind)})
         else:
             inputs[input_name(name)] = NUMERIC if kind in (YES_NO, WRITTEN_NUMBER) else kind
     return inputs
 
 
+def _is_date(kind):
+    return kind.partition(" ")[0] in (DATE, DATETIME)
+
+
 def _parts(kind):
-    return DATE_PARTS + (("hour",) if kind == DATETIME else ())
+    return DATE_PARTS + (("hour",) if kind.partition(" ")[0] == DATETIME else ())
 
 
 def model_columns(columns: dict, kinds: dict) -> dict:
@@ -563,8 +643,10 @@ def model_columns(columns: dict, kinds: dict) -> dict:
     where missing), strings as they are, each date as its parts (`date_parts`)."""
     inputs = {}
     for name, kind in kinds.items():
-        if kind in (DATE, DATETIME):
-            parts = date_parts(columns[name])
+        if _is_date(kind):
+            values = columns[name]  # a training file's dates written as people write them are still strings
+            parts = date_parts(_local_dates("--data", "", name, values, date_format(kind)) if date_format(kind)
+                               and not (isinstance(values, np.ndarray) and values.dtype.kind == "M") else values)
             inputs.update({f"{input_name(name)}.{part}": parts[part] for part in _parts(kind)})
         else:
             values = columns[name]
