@@ -142,20 +142,23 @@ def test_missing_is_one_thing_however_it_is_written(tmp_path):
     assert columns["b"].tolist() == ["", "", "", "x", ""]
 
 
-@pytest.mark.parametrize("name, delimiter, point, note", [
-    ("semicolons.csv", ";", ",", "--data semicolons.csv: values separated by semicolons, decimal commas"),
-    ("semicolons_points.csv", ";", ".", "--data semicolons_points.csv: values separated by semicolons"),
-    ("tabs.tsv", "\t", ".", "--data tabs.tsv: values separated by tabs"),
-    ("bars.csv", "|", ".", "--data bars.csv: values separated by bars"),
-    ("commas.csv", ",", ".", None),
+@pytest.mark.parametrize("name, delimiter, point, encoding, note", [
+    ("semicolons.csv", ";", ",", "utf-8", "--data semicolons.csv: values separated by semicolons, decimal commas"),
+    ("semicolons_points.csv", ";", ".", "utf-8", "--data semicolons_points.csv: values separated by semicolons"),
+    ("tabs.tsv", "\t", ".", "utf-8", "--data tabs.tsv: values separated by tabs"),
+    ("bars.csv", "|", ".", "utf-8", "--data bars.csv: values separated by bars"),
+    ("commas.csv", ",", ".", "utf-8", None),
+    ("bom.csv", ",", ".", "utf-8-sig", None),  # a spreadsheet's "CSV UTF-8"
+    ("unicode.csv", "\t", ".", "utf-16", "--data unicode.csv: values separated by tabs, text in UTF-16"),
 ])
 def test_a_csv_is_read_with_the_delimiter_and_decimal_point_it_was_written_with(tmp_path, monkeypatch, name,
-                                                                               delimiter, point, note):
-    """The oracle: the same rows written with commas and decimal points. A comma inside a quoted
-    word (a semicolon file) and a semicolon inside one (a comma file) do not mislead the reading."""
+                                                                               delimiter, point, encoding, note):
+    """The oracle: the same rows written with commas and decimal points in UTF-8. A comma inside a
+    quoted word (a semicolon file) and a semicolon inside one (a comma file) do not mislead the
+    reading; a spreadsheet's "Unicode text" (UTF-16, tabs) is read as such."""
     rows = [["1.5", "red; dark", "yes"], ["-0.25", "green, light", "no"], ["", "blue", "yes"], ["3", "", "no"]]
     header = ["size", "colour", "label"]
-    with open(tmp_path / name, "w", newline="") as file:
+    with open(tmp_path / name, "w", newline="", encoding=encoding) as file:
         writer = csv.writer(file, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
         writer.writerows([header, *([cell.replace(".", point) for cell in row] for row in rows)])
     write_csv(tmp_path / "oracle.csv", header, rows)
@@ -166,6 +169,13 @@ def test_a_csv_is_read_with_the_delimiter_and_decimal_point_it_was_written_with(
         "red; dark", "green, light", "blue", ""]
     assert table.notes == ((note,) if note else ())
     assert (note is None) or note in load_data(RunConfig(data=name, target="label")).notes
+
+
+def test_a_title_above_the_header_is_named_with_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "t.csv").write_text("Sales report, 2023\n\nsize,colour,weight,label\n1,red,2,yes\n2,blue,3,no\n")
+    assert bad(tmp_path, monkeypatch, data="t.csv", target="label") == (
+        "--data t.csv: line 1 ('Sales report, 2023') is text above the table, whose header is line 3 (4 values "
+        "separated by commas). Delete the lines above the header.")
 
 
 def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_path, monkeypatch):

@@ -130,7 +130,7 @@ def _dialect_notes(config):
     """How the CSV files were read, where not as commas and decimal points (`tables.CsvDialect.note`)."""
     files = [(path, flag) for path, flag in ((config.data, "--data"), (config.test, "--test"))
              if path and not tables.is_parquet(path, flag)]
-    return [note for note in (tables.csv_dialect(path).note(path, flag) for path, flag in files) if note]
+    return [note for note in (tables.csv_dialect(path, flag).note(path, flag) for path, flag in files) if note]
 
 
 def _batches(path, flag, types):
@@ -142,8 +142,8 @@ def _batches(path, flag, types):
             reader = require("pyarrow.parquet", extra="tables").ParquetFile(path)
             return reader.iter_batches(batch_size=BATCH_ROWS), reader.schema_arrow
         csv = require("pyarrow.csv", extra="tables")
-        dialect = tables.csv_dialect(path)
-        reader = csv.open_csv(path, read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+        dialect = tables.csv_dialect(path, flag)
+        reader = csv.open_csv(path, read_options=dialect.read_options(block_size=CSV_BLOCK_BYTES),
                               parse_options=dialect.parse_options(), convert_options=tables.csv_options(types, dialect))
         return reader, reader.schema
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:

@@ -54,7 +54,9 @@ CSV_SUFFIXES = (".csv", ".tsv")
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
 DELIMITERS = (",", ";", "\t", "|")
+DELIMITER_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars"}
 SNIFF_BYTES = 1 << 16
+TITLE_LINES = 10  # lines of text above a CSV's header that are named as such (`csv_dialect`)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # A CSV compressed whole (`data.csv.gz`), as large tables are published: pyarrow decompresses it by
 # the name's last suffix, reading and streaming alike.
@@ -177,8 +179,9 @@ def _arrow_table(pa, path, flag, kinds):
         types = {name: pa.string() for name, kind in (kinds or {}).items() if read_as_strings(kind)}
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
-        dialect = csv_dialect(path)
-        return csv.read_csv(path, parse_options=dialect.parse_options(), convert_options=csv_options(types, dialect),
+        dialect = csv_dialect(path, flag)
+        return csv.read_csv(path, read_options=dialect.read_options(), parse_options=dialect.parse_options(),
+                            convert_options=csv_options(types, dialect),
                             memory_pool=pa.system_memory_pool()), dialect
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise unreadable(path, flag, error) from None
@@ -195,53 +198,85 @@ def csv_options(types, dialect=None):
 
 @dataclasses.dataclass(frozen=True)
 class CsvDialect:
-    """How a CSV file separates its values and writes its decimal point."""
+    """How a CSV file separates its values, writes its decimal point and encodes its text
+    (UTF-8, or UTF-16 where the file starts with its byte-order mark, as a spreadsheet's
+    "Unicode" export and Windows tools write it)."""
 
     delimiter: str = ","
     decimal_point: str = "."
+    encoding: str = "utf8"
 
     def parse_options(self):
         return require("pyarrow.csv", extra="tables").ParseOptions(delimiter=self.delimiter)
 
+    def read_options(self, **options):
+        return require("pyarrow.csv", extra="tables").ReadOptions(encoding=self.encoding, **options)
+
     def note(self, path, flag):
-        """The line saying how the file was read, where not as commas and decimal points; else `None`."""
+        """The line saying how the file was read, where not as commas and decimal points in UTF-8; else `None`."""
         if self == CsvDialect():
             return None
-        named = {";": "semicolons", "\t": "tabs", "|": "bars"}[self.delimiter]
+        named = DELIMITER_NAMES[self.delimiter]
         decimal = ", decimal commas" if self.decimal_point == "," else ""
-        return f"{flag} {path}: values separated by {named}{decimal}"
+        text = ", text in UTF-16" if self.encoding != "utf8" else ""
+        return f"{flag} {path}: values separated by {named}{decimal}{text}"
 
 
-def csv_dialect(path) -> CsvDialect:
+def csv_dialect(path, flag="--data") -> CsvDialect:
     """The `CsvDialect` of a CSV file, read off its first lines: the delimiter
     of `DELIMITERS` that splits the header into the most columns and every
     line into as many (tabs in a `.tsv`); with another delimiter than the
     comma, a decimal comma where the numbers are written `0,5` and none `0.5`
     (`1,234`, three digits after the comma everywhere, is a decimal comma beside
-    semicolons only: beside tabs or bars it is a thousand, a `WRITTEN` number)."""
+    semicolons only: beside tabs or bars it is a thousand, a `WRITTEN` number). Lines of text above
+    the header (a title) are a `UsageError` naming them."""
     with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
         head = file.read(SNIFF_BYTES)
-    lines = head.decode("utf-8", errors="replace").splitlines()
-    lines = [line for line in (lines[:-1] if len(head) == SNIFF_BYTES else lines)[:50] if line.strip()]
-    widths = {}
-    for delimiter in DELIMITERS:
-        fields = [len(row) for row in stdlib_csv.reader(lines, delimiter=delimiter)]
-        if fields and fields[0] > 1 and all(width == fields[0] for width in fields):
-            widths[delimiter] = fields[0]
+    encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8"
+    lines = head.decode(encoding.replace("utf8", "utf-8"), errors="replace").splitlines()
+    numbered = [(number, line) for number, line in enumerate((lines[:-1] if len(head) == SNIFF_BYTES else lines)[:50],
+                                                             start=1) if line.strip()]
+    lines = [line for _, line in numbered]
+    widths = {delimiter: _width(lines, delimiter) for delimiter in DELIMITERS}
+    widths = {delimiter: width for delimiter, width in widths.items() if width}
     if table_suffix(path) == ".tsv":
         delimiter = "\t"
     elif widths:
         delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
     else:
-        return CsvDialect()
+        _check_title(path, flag, numbered)
+        return CsvDialect(encoding=encoding)
     if delimiter == ",":
-        return CsvDialect()
+        return CsvDialect(encoding=encoding)
     cells = [cell.strip() for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) for cell in row]
     fractions = [found.group(1) for found in (re.fullmatch(r"-?\d*,(\d+)", cell) for cell in cells) if found]
     point = any(re.fullmatch(r"-?\d*\.\d+", cell) for cell in cells)
     # "1,234" is a thousand beside tabs (a decimal comma beside semicolons); "0,5" a half beside either.
     comma = any(len(digits) != 3 for digits in fractions) or (fractions and delimiter == ";")
-    return CsvDialect(delimiter, "," if comma and not point else ".")
+    return CsvDialect(delimiter, "," if comma and not point else ".", encoding)
+
+
+def _width(lines, delimiter):
+    """How many values every one of `lines` holds split at `delimiter`, where that is one number above 1; else 0."""
+    fields = [len(row) for row in stdlib_csv.reader(lines, delimiter=delimiter)]
+    return fields[0] if fields and fields[0] > 1 and all(width == fields[0] for width in fields) else 0
+
+
+def _check_title(path, flag, numbered):
+    """A `UsageError` where the first of the lines (`(line number, text)` of those not blank; up to
+    `TITLE_LINES`) hold at most half as many values as the lines after them, which all hold one
+    number of values: a title above the header."""
+    lines = [line for _, line in numbered]
+    for first in range(1, min(TITLE_LINES, len(lines) - 1) + 1):
+        for delimiter in DELIMITERS:
+            width = _width(lines[first:], delimiter)
+            if width and all(len(row) <= width // 2 for row in stdlib_csv.reader(lines[:first], delimiter=delimiter)):
+                above = f"line {numbered[0][0]} ({lines[0][:60]!r}) is" if first == 1 else \
+                    f"lines {numbered[0][0]}-{numbered[first - 1][0]} (the first: {lines[0][:60]!r}) are"
+                raise UsageError(f"{flag} {path}: {above} text above the table, whose header is line "
+                                 f"{numbered[first][0]} "
+                                 f"({width} values separated by {DELIMITER_NAMES[delimiter]}). Delete the lines "
+                                 "above the header.")
 
 
 def unreadable(path, flag, error):
