@@ -182,7 +182,7 @@ def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_pat
     """Thousands separators and currency signs, as a spreadsheet exports a price: read as numbers (a
     price on every row is no id), the target a regression, each choice a note; a later file's cell
     that is not such a number is named with its line."""
-    fees = ["$1,234.50", "1,000", "", "€ 12", "-$3", "12.5%"] * 5
+    fees = ["$1,234.50", "1,000", "", "€ 12", "-$3", "12.5%", "4 129", "1\u202f000\u00a0000.5"] * 4
     prices = [f"${1000 * (i + 1) + 0.25 * i:,.2f}" for i in range(25)]
     write_csv(tmp_path / "t.csv", ["fee", "colour", "price"],
               [[fee, "red" if i % 2 else "blue", price] for i, (fee, price) in enumerate(zip(fees, prices))])
@@ -193,8 +193,8 @@ def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_pat
         data.notes
     assert "column fee: numbers written with thousands separators or a currency sign: read as numbers" in data.notes
     columns = tables.read_table("t.csv").columns
-    np.testing.assert_array_equal(tables.written_number_values(columns["fee"][:6]),
-                                  [1234.5, 1000, np.nan, 12, -3, 12.5])
+    np.testing.assert_array_equal(tables.written_number_values(columns["fee"][:8]),
+                                  [1234.5, 1000, np.nan, 12, -3, 12.5, 4129, 1000000.5])
     np.testing.assert_array_equal(tables.label_array("t.csv", "price", columns["price"][:2], False), [1000, 2000.25])
     write_csv(tmp_path / "later.csv", ["fee", "colour"], [["$5", "red"], ["about 7", "blue"]])
     with pytest.raises(UsageError, match=r"^--data later.csv: column fee holds 'about 7' on line 3; in the training "

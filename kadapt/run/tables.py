@@ -45,11 +45,11 @@ YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
 LOCAL_DATE = re.compile(r"(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:([ T])\d{1,2}:\d{2}(:\d{2})?)?")
 # What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?").
 MARKER = re.compile(r"[?*.\-]{1,3}")
-# Numbers written for people: thousands separators, a currency sign, a percent sign ("$1,234.50", "€ 12",
-# "-1,000", "12.5%": 12.5, as written). pyarrow reads them as strings; as strings a price would be a
-# category of its own per value.
+# Numbers written for people: thousands separators (commas, or spaces as in "4 129", the no-break ones
+# too), a currency sign, a percent sign ("$1,234.50", "€ 12", "-1,000", "12.5%": 12.5, as written).
+# pyarrow reads them as strings; as strings a price would be a category of its own per value.
 WRITTEN_NUMBER = "written number"
-WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?\s?%?")
+WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(\.\d+)?\s?%?")
 CSV_SUFFIXES = (".csv", ".tsv")
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
