@@ -116,6 +116,13 @@ def test_a_rise_below_ten_times_is_healthy():
     assert verdicts(rule, 1.0, [(0.5, 0.5), (5.0, 0.6)]) == [None, DIVERGED]
 
 
+def test_a_validation_loss_far_above_a_training_loss_near_zero_is_not_diverged():
+    """A small table learnt by heart: the training loss falls to 0.01 while the validation loss
+    stays near 0.3; each is measured against its own lowest (both were once 30x apart)."""
+    rule = DeadRunRule(WINE_CHANCE)
+    assert verdicts(rule, 1.1, [(0.5, 0.4), (0.02, 0.35), (0.01, 0.3), (0.01, 3.6)]) == [None, None, None, DIVERGED]
+
+
 def test_no_trigger_after_max_actions():
     rule = DeadRunRule(WINE_CHANCE, max_actions=1)
     state = rule.start(1.0)
@@ -127,8 +134,9 @@ def test_no_trigger_after_max_actions():
 
 def test_restarted_forgets_the_epoch_at_chance_and_takes_the_restored_loss():
     rule = DeadRunRule(WINE_CHANCE)
-    state = rule.restarted(RunHealth(lowest_loss=0.2, previous=1.1, actions=1), restored_loss=1.3)
-    assert state == RunHealth(lowest_loss=1.3, previous=None, actions=1)
+    state = rule.restarted(RunHealth(lowest_loss=0.2, previous=1.1, actions=1, lowest_monitored=0.4),
+                           restored_loss=1.3)
+    assert state == RunHealth(lowest_loss=1.3, previous=None, actions=1, lowest_monitored=0.4)
 
 
 def test_rule_arguments_are_checked():

@@ -2,9 +2,13 @@
 
 Two signatures, checked at every epoch end from the first:
 
-- **diverged**: a loss is not finite, or the epoch's training or monitored
-  loss is at least `jump` (10) times the lowest loss seen so far (the first
-  batch's, at the initial weights, included). A loss an order of magnitude
+- **diverged**: a loss is not finite, or the epoch's training loss is at
+  least `jump` (10) times the lowest training loss seen so far, or its
+  monitored loss as many times the lowest monitored one (the first batch's
+  loss, at the initial weights, counts as both). Each against its own: a
+  network that learns a small table's training rows far better than it
+  validates has a validation loss many times its training loss and has not
+  diverged. A loss an order of magnitude
   up is a step that left the basin, not noise: on scikit-learn's raw wine
   the recipe's SGD took the first epoch's mean loss from ~1.1 to ~6,400.
   Not the constant predictor's loss: on raw rows a network's first loss
@@ -45,14 +49,16 @@ class RunHealth:
     """What the rule remembers between epochs.
 
     Args:
-        lowest_loss: Float. The lowest loss seen, training or monitored (`inf` until one is).
+        lowest_loss: Float. The lowest training loss seen (`inf` until one is).
         previous: Float or `None`. The last epoch's monitored loss, when it was at chance.
         actions: Int. The triggers returned so far.
+        lowest_monitored: Float. The lowest monitored loss seen (`inf` until one is).
     """
 
     lowest_loss: float = math.inf
     previous: float | None = None
     actions: int = 0
+    lowest_monitored: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +113,8 @@ class DeadRunRule:
 
     def start(self, initial_loss: float = math.inf) -> RunHealth:
         """The state before the first epoch: `initial_loss` is the first batch's training loss."""
-        return RunHealth(lowest_loss=initial_loss if math.isfinite(initial_loss) else math.inf)
+        lowest = initial_loss if math.isfinite(initial_loss) else math.inf
+        return RunHealth(lowest_loss=lowest, lowest_monitored=lowest)
 
     def judge(self, state: RunHealth, loss: float, monitored: float) -> Verdict:
         """The verdict on an epoch with training loss `loss` and monitored loss `monitored`."""
@@ -115,24 +122,27 @@ class DeadRunRule:
         if trigger is not None and state.actions >= self.max_actions:
             trigger, reason = None, f"{reason}; no action left (max_actions={self.max_actions})"
         at_chance = math.isfinite(monitored) and monitored >= self._chance_floor()
-        seen = [value for value in (loss, monitored) if math.isfinite(value)] if trigger != DIVERGED else []
-        lowest = min([state.lowest_loss, *seen])
-        following = RunHealth(lowest, monitored if at_chance else None, state.actions + (trigger is not None))
+        healthy = trigger != DIVERGED  # a diverged epoch's losses are not a level to return to
+        following = RunHealth(min(state.lowest_loss, loss) if healthy else state.lowest_loss,
+                              monitored if at_chance else None, state.actions + (trigger is not None),
+                              min(state.lowest_monitored, monitored) if healthy else state.lowest_monitored)
         return Verdict(trigger, reason, following)
 
     def restarted(self, state: RunHealth, restored_loss: float) -> RunHealth:
-        """The state after a rollback to a point whose training loss was `restored_loss`."""
+        """The state after a rollback to a point whose training loss was `restored_loss`; the
+        lowest monitored loss stays what the run reached."""
         lowest = restored_loss if math.isfinite(restored_loss) else state.lowest_loss
-        return RunHealth(lowest_loss=lowest, previous=None, actions=state.actions)
+        return RunHealth(lowest_loss=lowest, previous=None, actions=state.actions,
+                         lowest_monitored=state.lowest_monitored)
 
     def _signature(self, state, loss, monitored):
         if not (math.isfinite(loss) and math.isfinite(monitored)):
             return DIVERGED, f"a loss is not finite (loss {loss}, monitored {monitored})"
-        worst = max(loss, monitored)
-        if worst >= self.jump * state.lowest_loss:
-            return DIVERGED, (f"the {'training' if worst == loss else 'monitored'} loss {worst:.4g} is "
-                              f"{worst / state.lowest_loss:.3g}x the lowest loss seen ({state.lowest_loss:.4g}); "
-                              f"diverged at >= {self.jump:g}x")
+        for kind, value, lowest in (("training", loss, state.lowest_loss),
+                                    ("monitored", monitored, state.lowest_monitored)):
+            if value >= self.jump * lowest:
+                return DIVERGED, (f"the {kind} loss {value:.4g} is {value / lowest:.3g}x the lowest {kind} loss "
+                                  f"seen ({lowest:.4g}); diverged at >= {self.jump:g}x")
         stayed = state.previous is not None and monitored > state.previous * (1.0 - self.tolerance)
         learning = loss < self.training_chance_loss * (1.0 - self.tolerance)
         if monitored >= self._chance_floor() and stayed and learning:
