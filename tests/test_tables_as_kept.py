@@ -262,29 +262,54 @@ def test_a_compressed_csv_is_read_as_its_csv(tmp_path):
 
 
 def test_a_column_of_numbers_with_question_marks_is_numbers_with_missing_cells(tmp_path, monkeypatch):
-    """UCI's files write an unknown value as "?": among numbers it is a missing cell, not a category
-    per number; among words it stays a word. A later file's "?" is missing too."""
+    """UCI's files write an unknown value as "?", a spreadsheet a failed formula's "#DIV/0!": among
+    numbers it is a missing cell, not a category per number; among words it stays a word. A later
+    file's "?" is missing too."""
     ages = ["34", "?", "-5", "-", "61", "2.5"] * 5
-    write_csv(tmp_path / "t.csv", ["age", "code", "label"],
-              [[age, "AB?"[i % 3], "yes" if i % 2 else "no"] for i, age in enumerate(ages)])
+    ratios = ["0.5", "#DIV/0!", "#VALUE!", "2"] * 8
+    write_csv(tmp_path / "t.csv", ["age", "ratio", "code", "label"],
+              [[age, ratio, "AB?"[i % 3], "yes" if i % 2 else "no"] for i, (age, ratio) in enumerate(zip(ages, ratios))])
     monkeypatch.chdir(tmp_path)
     table = tables.read_table("t.csv", target="label")
     np.testing.assert_array_equal(table.columns["age"][:6], [34, np.nan, -5, np.nan, 61, 2.5])
+    np.testing.assert_array_equal(table.columns["ratio"][:4], [0.5, np.nan, np.nan, 2])
     assert table.columns["code"][:3].strings().tolist() == ["A", "B", "?"]
-    assert table.notes == ("--data t.csv: column age: numbers, and '-' and '?' in 10 rows: read as missing",)
+    assert table.notes == ("--data t.csv: column age: numbers, and '-' and '?' in 10 rows: read as missing",
+                           "--data t.csv: column ratio: numbers, and '#DIV/0!' and '#VALUE!' in 15 rows: read as "
+                           "missing")
     data = load_data(RunConfig(data="t.csv", target="label"))
-    assert data.columns == {"age": "numeric", "code": "string"}
-    write_csv(tmp_path / "later.csv", ["age", "code"], [["?", "A"], ["7", "?"]])
+    assert data.columns == {"age": "numeric", "ratio": "numeric", "code": "string"}
+    write_csv(tmp_path / "later.csv", ["age", "ratio", "code"], [["?", "#REF!", "A"], ["7", "1", "?"]])
     columns, _ = load_table_inputs("later.csv", {"columns": data.columns, "target": "label"})
     np.testing.assert_array_equal(columns["age"], [np.nan, 7])
+    np.testing.assert_array_equal(columns["ratio"], [np.nan, 1])
+
+
+def test_spaces_around_a_word_do_not_make_a_class_or_category_of_their_own(tmp_path, monkeypatch):
+    """"high " is "high": a space a spreadsheet does not show. Said once per column; a later file's
+    padded word is the training file's word."""
+    write_csv(tmp_path / "t.csv", ["size", "colour", "label"],
+              [[str(i), ["red", "red ", " blue", "Red"][i % 4], "high " if i % 3 == 0 else ["high", "low"][i % 2]]
+               for i in range(40)])
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert list(data.class_names) == ["high", "low"]
+    assert data.vocabularies is None or sorted(data.vocabularies["colour"]) == ["Red", "blue", "red"]
+    assert {"--data t.csv: column colour: the spaces around its values removed ('red ' is 'red')",
+            "--data t.csv: column label: the spaces around its values removed ('high ' is 'high')"} <= set(data.notes)
+    assert sorted(tables.read_table("t.csv", target="label").columns["colour"].counts()) == ["Red", "blue", "red"]
+    write_csv(tmp_path / "later.csv", ["size", "colour"], [["1", " red "], ["2", "blue"]])
+    columns, _ = load_table_inputs("later.csv", {"columns": data.columns, "target": "label"})
+    assert columns["colour"].tolist() == ["red", "blue"]
 
 
 def test_column_names_are_taken_without_the_spaces_around_them(tmp_path, monkeypatch):
-    """A header written "a, b" (a comma and a space) names " b": `--target label` finds " label"."""
+    """A header written "a, b" (a comma and a space) names " b": `--target label` finds " label", and
+    the values' leading spaces go too."""
     (tmp_path / "t.csv").write_text("size, colour, label\n" + "1, red, yes\n2, blue, no\n" * 10)
     monkeypatch.chdir(tmp_path)
     data = load_data(RunConfig(data="t.csv", target="label"))
-    assert data.columns == {"size": "numeric", "colour": "string"} and data.class_names == (" no", " yes")
+    assert data.columns == {"size": "numeric", "colour": "string"} and data.class_names == ("no", "yes")
     assert "--data t.csv: the spaces around 2 column names removed (' colour' is 'colour')" in data.notes
     (tmp_path / "twice.csv").write_text("a, a,label\n1,2,yes\n")
     assert bad(tmp_path, monkeypatch, data="twice.csv", target="label") == (

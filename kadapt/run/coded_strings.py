@@ -31,6 +31,17 @@ class CodedStrings:
         return cls(encoded.indices.to_numpy(zero_copy_only=False).astype("int32", copy=False),
                    encoded.dictionary.to_numpy(zero_copy_only=False).astype(object))
 
+    def stripped(self) -> tuple:
+        """`(the column with the spaces around each value removed, the first value that had any or
+        None)`; values that then read alike are one (first-seen order kept)."""
+        values = self.values.tolist()
+        changed = next((value for value in values if value != value.strip()), None)
+        if changed is None:
+            return self, None
+        positions = {}
+        remap = np.array([positions.setdefault(value.strip(), len(positions)) for value in values], "int32")
+        return CodedStrings(remap[self.codes], np.array(list(positions), dtype=object)), changed
+
     def __len__(self) -> int:
         return len(self.codes)
 

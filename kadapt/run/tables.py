@@ -43,8 +43,9 @@ YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
 # is `DATE` or `DATETIME` and the format it is read with ("date %m/%d/%Y"), kept in the run's config
 # so that a later file is read in the training file's order.
 LOCAL_DATE = re.compile(r"(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:([ T])\d{1,2}:\d{2}(:\d{2})?)?")
-# What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?").
-MARKER = re.compile(r"[?*.\-]{1,3}")
+# What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?"),
+# and the error values a spreadsheet writes into a cell whose formula failed ("#DIV/0!").
+MARKER = re.compile(r"[?*.\-]{1,3}|#(DIV/0!|VALUE!|REF!|NAME\?|NUM!|NULL!|N/A|ERROR!)")
 # Numbers written for people: thousands separators (commas, or spaces as in "4 129", the no-break ones
 # too), a currency sign, a percent sign ("$1,234.50", "€ 12", "-1,000", "12.5%": 12.5, as written).
 # pyarrow reads them as strings; as strings a price would be a category of its own per value.
@@ -134,8 +135,12 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=
     where no `kinds` say otherwise; `notes` (a list) gets a line for each."""
     pa = require("pyarrow", extra="tables")
     # A name as the user types it: "a, b" headers (a comma and a space) give " b".
-    columns = {name.strip(): _numpy_column(pa, path, flag, name, table.column(name), name in compact)
+    padded = {}  # a string column's first value written with spaces around it
+    columns = {name.strip(): _numpy_column(pa, path, flag, name, table.column(name), name in compact, padded)
                for name in table.column_names}
+    if notes is not None:
+        notes.extend(f"{flag} {path}: column {name.strip()}: the spaces around its values removed ({value!r} is "
+                     f"{value.strip()!r})" for name, value in padded.items())
     spaced = [name for name in table.column_names if name != name.strip()]
     if spaced and notes is not None:
         notes.append(f"{flag} {path}: the spaces around {len(spaced)} column names removed ({spaced[0]!r} is "
@@ -297,7 +302,7 @@ def check_names(path, flag, names, rows):
                          "row of values.")
 
 
-def _numpy_column(pa, path, flag, name, column, compact=False):
+def _numpy_column(pa, path, flag, name, column, compact=False, padded=None):
     kind = column.type
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) \
             or pa.types.is_decimal(kind) or pa.types.is_null(kind):
@@ -306,7 +311,10 @@ def _numpy_column(pa, path, flag, name, column, compact=False):
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
         return column.cast(pa.timestamp("s")).to_numpy(zero_copy_only=False)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
-        strings = CodedStrings.from_arrow(pa, column)
+        # "red " is "red": a space a spreadsheet does not show would make a class or category of its own.
+        strings, value = CodedStrings.from_arrow(pa, column).stripped()
+        if value is not None and padded is not None:
+            padded[name] = value
         distinct = strings.values[strings.values != ""]
         if _iso_dates(pa, pa.array(distinct, pa.string())):  # a Parquet file keeps dates as the strings it was given
             return np.array(strings.strings(), "datetime64[s]")
