@@ -506,6 +506,16 @@ def test_a_nested_parquet_column(tmp_path):
         tables.read_table(str(tmp_path / "nested.parquet"))
 
 
+def test_whole_numbers_past_a_floats_range_are_read_as_the_nearest_floats(tmp_path):
+    """A hash or a long id (past 2**53) stopped in pyarrow's cast; it is read, and said."""
+    pq.write_table(pa.table({"hash": pa.array([2**60 + 1, -(2**62), 7], pa.int64()), "label": [0, 1, 0]}),
+                   tmp_path / "t.parquet")
+    table = tables.read_table(str(tmp_path / "t.parquet"))
+    np.testing.assert_array_equal(table.columns["hash"], [2.0**60, -(2.0**62), 7.0])
+    assert table.notes == (f"--data {tmp_path / 't.parquet'}: column hash: whole numbers past 2**53, beyond a "
+                           "float's exact range (an id or a code?): read as the nearest floats",)
+
+
 def test_a_predict_file_with_words_in_a_column_of_numbers(sales_run, sales, monkeypatch):
     write_csv(sales / "words.csv", HEADER[:-1], [["x1", "big", "red", "2025-03-04", "no"]])
     monkeypatch.chdir(sales)

@@ -135,12 +135,11 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=
     where no `kinds` say otherwise; `notes` (a list) gets a line for each."""
     pa = require("pyarrow", extra="tables")
     # A name as the user types it: "a, b" headers (a comma and a space) give " b".
-    padded = {}  # a string column's first value written with spaces around it
-    columns = {name.strip(): _numpy_column(pa, path, flag, name, table.column(name), name in compact, padded)
+    said = {}  # what reading a column changed, by column: a line of the notes
+    columns = {name.strip(): _numpy_column(pa, path, flag, name, table.column(name), name in compact, said)
                for name in table.column_names}
     if notes is not None:
-        notes.extend(f"{flag} {path}: column {name.strip()}: the spaces around its values removed ({value!r} is "
-                     f"{value.strip()!r})" for name, value in padded.items())
+        notes.extend(f"{flag} {path}: column {name.strip()}: {line}" for name, line in said.items())
     spaced = [name for name in table.column_names if name != name.strip()]
     if spaced and notes is not None:
         notes.append(f"{flag} {path}: the spaces around {len(spaced)} column names removed ({spaced[0]!r} is "
@@ -302,19 +301,24 @@ def check_names(path, flag, names, rows):
                          "row of values.")
 
 
-def _numpy_column(pa, path, flag, name, column, compact=False, padded=None):
+def _numpy_column(pa, path, flag, name, column, compact=False, said=None):
+    """A column's NumPy array (`numpy_columns`); `said` (a dict) gets a line where reading changed its values."""
     kind = column.type
+    said = {} if said is None else said
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) \
             or pa.types.is_decimal(kind) or pa.types.is_null(kind):
-        values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        if pa.types.is_integer(kind) and _past_float(pa, column):  # a hash, a long id: float64 holds it roughly
+            said[name] = f"whole numbers past 2**53, beyond a float's exact range (an id or a code?): read as " \
+                         "the nearest floats"
+        values = column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         return values.astype("float32") if compact else values
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
         return column.cast(pa.timestamp("s")).to_numpy(zero_copy_only=False)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
         # "red " is "red": a space a spreadsheet does not show would make a class or category of its own.
         strings, value = CodedStrings.from_arrow(pa, column).stripped()
-        if value is not None and padded is not None:
-            padded[name] = value
+        if value is not None:
+            said[name] = f"the spaces around its values removed ({value!r} is {value.strip()!r})"
         distinct = strings.values[strings.values != ""]
         if _iso_dates(pa, pa.array(distinct, pa.string())):  # a Parquet file keeps dates as the strings it was given
             return np.array(strings.strings(), "datetime64[s]")
@@ -325,6 +329,13 @@ def _numpy_column(pa, path, flag, name, column, compact=False, padded=None):
                          f"({value[:40]!r}). Save the file as UTF-8 (a spreadsheet's \"CSV UTF-8\").")
     raise UsageError(f"{flag} {path}: column {name} is of the type {kind}, which kadapt cannot learn from (it takes "
                      "numbers, strings, true/false and dates). Flatten or drop the column.")
+
+
+def _past_float(pa, column):
+    """Whether an integer column holds a value that float64 cannot hold exactly (past 2**53)."""
+    compute = require("pyarrow.compute", extra="tables")
+    extremes = compute.min_max(column).as_py() if len(column) else {"min": None, "max": None}
+    return any(value is not None and abs(value) > 2**53 for value in extremes.values())
 
 
 def _marked_numbers(values, compact):
