@@ -143,6 +143,8 @@ def _batches(path, flag, types):
             return reader.iter_batches(batch_size=BATCH_ROWS), reader.schema_arrow
         csv = require("pyarrow.csv", extra="tables")
         dialect = tables.csv_dialect(path, flag)
+        if not dialect.quoted_lines and tables.quoted_anywhere(path):  # a quoted value may hold a line break
+            dialect = dataclasses.replace(dialect, quoted_lines=True)
         reader = csv.open_csv(path, read_options=dialect.read_options(block_size=CSV_BLOCK_BYTES),
                               parse_options=dialect.parse_options(), convert_options=tables.csv_options(types, dialect))
         return reader, reader.schema

@@ -22,6 +22,7 @@ Errors name the file, the column and the fix.
 
 import csv as stdlib_csv
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
@@ -184,11 +185,20 @@ def _arrow_table(pa, path, flag, kinds):
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
         dialect = csv_dialect(path, flag)
-        return csv.read_csv(path, read_options=dialect.read_options(), parse_options=dialect.parse_options(),
-                            convert_options=csv_options(types, dialect),
-                            memory_pool=pa.system_memory_pool()), dialect
+        try:
+            return _read_csv(pa, csv, path, dialect, types), dialect
+        except pa.ArrowInvalid as error:  # a line break in a quoted value past the lines read for the dialect
+            if "newlines_in_values" not in str(error) or dialect.quoted_lines:
+                raise
+            dialect = dataclasses.replace(dialect, quoted_lines=True)
+            return _read_csv(pa, csv, path, dialect, types), dialect
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise unreadable(path, flag, error) from None
+
+
+def _read_csv(pa, csv, path, dialect, types):
+    return csv.read_csv(path, read_options=dialect.read_options(), parse_options=dialect.parse_options(),
+                        convert_options=csv_options(types, dialect), memory_pool=pa.system_memory_pool())
 
 
 def csv_options(types, dialect=None):
@@ -209,16 +219,20 @@ class CsvDialect:
     delimiter: str = ","
     decimal_point: str = "."
     encoding: str = "utf8"
+    # A quoted value may hold a line break (a comment, an address): pyarrow must then parse the file
+    # in order (~12% slower on table_scale's file), so only a file with quotes in it does.
+    quoted_lines: bool = False
 
     def parse_options(self):
-        return require("pyarrow.csv", extra="tables").ParseOptions(delimiter=self.delimiter)
+        return require("pyarrow.csv", extra="tables").ParseOptions(delimiter=self.delimiter,
+                                                                    newlines_in_values=self.quoted_lines)
 
     def read_options(self, **options):
         return require("pyarrow.csv", extra="tables").ReadOptions(encoding=self.encoding, **options)
 
     def note(self, path, flag):
         """The line saying how the file was read, where not as commas and decimal points in UTF-8; else `None`."""
-        if self == CsvDialect():
+        if dataclasses.replace(self, quoted_lines=False) == CsvDialect():
             return None
         named = DELIMITER_NAMES[self.delimiter]
         decimal = ", decimal commas" if self.decimal_point == "," else ""
@@ -241,6 +255,7 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     numbered = [(number, line) for number, line in enumerate((lines[:-1] if len(head) == SNIFF_BYTES else lines)[:50],
                                                              start=1) if line.strip()]
     lines = [line for _, line in numbered]
+    quoted = '"' in "".join(lines)
     widths = {delimiter: _width(lines, delimiter) for delimiter in DELIMITERS}
     widths = {delimiter: width for delimiter, width in widths.items() if width}
     if table_suffix(path) == ".tsv":
@@ -249,15 +264,31 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
         delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
     else:
         _check_title(path, flag, numbered)
-        return CsvDialect(encoding=encoding)
+        return CsvDialect(encoding=encoding, quoted_lines=quoted)
     if delimiter == ",":
-        return CsvDialect(encoding=encoding)
+        return CsvDialect(encoding=encoding, quoted_lines=quoted)
     cells = [cell.strip() for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) for cell in row]
     fractions = [found.group(1) for found in (re.fullmatch(r"-?\d*,(\d+)", cell) for cell in cells) if found]
     point = any(re.fullmatch(r"-?\d*\.\d+", cell) for cell in cells)
     # "1,234" is a thousand beside tabs (a decimal comma beside semicolons); "0,5" a half beside either.
     comma = any(len(digits) != 3 for digits in fractions) or (fractions and delimiter == ";")
-    return CsvDialect(delimiter, "," if comma and not point else ".", encoding)
+    return CsvDialect(delimiter, "," if comma and not point else ".", encoding, quoted)
+
+
+def quoted_anywhere(path) -> bool:
+    """Whether a CSV file holds a quote past the first lines `csv_dialect` reads (a streamed file,
+    read in blocks, must know before its first block). Read once per file and version."""
+    stat = Path(path).stat()
+    return _quoted_anywhere(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _quoted_anywhere(path, size, mtime):
+    with require("pyarrow", extra="tables").input_stream(path, compression="detect") as file:
+        while block := file.read(1 << 24):
+            if b'"' in block:
+                return True
+    return False
 
 
 def _width(lines, delimiter):
