@@ -264,7 +264,8 @@ def _encoded(x_parts, plan):
         stats = encoding.statistics(x_train)
         kinds = {name: tables.STRING if name in stats.vocabularies else tables.NUMERIC for name in x_train}
         encoder, vocabularies = encoding.column_encoder(stats, kinds)
-        return encoding.training_rows(stats, kinds, x_parts), encoder, encoding.notes(stats, "column {}"), vocabularies
+        return (encoding.training_rows(stats, kinds, x_parts, encoder), encoder, encoding.notes(stats, "column {}"),
+                vocabularies)
     if x_train.ndim != 2:
         return x_parts, None, [], {}
     stats = encoding.statistics(dict(enumerate(x_train.T)))

@@ -136,12 +136,16 @@ def column_encoder(stats: Statistics, kinds: dict, strings: bool | None = None) 
     return keras.Model(inputs, features, name="encoder"), ({} if strings else dict(stats.vocabularies))
 
 
-def training_rows(stats: Statistics, kinds: dict, parts: list) -> list:
+def training_rows(stats: Statistics, kinds: dict, parts: list, encoder: keras.Model | None = None) -> list:
     """The float32 matrices of `parts` (dicts of model columns) by the index
     form of the encoder (`column_encoder(..., strings=False)`) on every
     backend: the matrix the saved encoder makes of the same rows, without
-    handing TensorFlow a string per row (tests/test_tables_as_kept.py holds the two equal)."""
-    encoder, _ = column_encoder(stats, kinds, strings=False)
+    handing TensorFlow a string per row (tests/test_tables_as_kept.py holds the two equal).
+    `encoder`: the saved one (`column_encoder(stats, kinds)`), used where it is
+    that index form already (no string column, or a backend without string
+    tensors): an encoder of a wide table takes seconds to build (2,000 columns: 2 s)."""
+    if encoder is None or (stats.vocabularies and strings_in_model()):
+        encoder, _ = column_encoder(stats, kinds, strings=False)
     return [encode(encoder, indexed(x, stats.vocabularies)) for x in parts]
 
 
