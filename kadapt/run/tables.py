@@ -339,8 +339,8 @@ def _numpy_column(pa, path, flag, name, column, compact=False, said=None):
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) \
             or pa.types.is_decimal(kind) or pa.types.is_null(kind):
         if pa.types.is_integer(kind) and _past_float(pa, column):  # a hash, a long id: float64 holds it roughly
-            said[name] = f"whole numbers past 2**53, beyond a float's exact range (an id or a code?): read as " \
-                         "the nearest floats"
+            said[name] = "whole numbers past 2**53, beyond a float's exact range (an id or a code?): read as the " \
+                         "nearest floats"
         values = column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         return values.astype("float32") if compact else values
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
