@@ -373,6 +373,24 @@ def test_dates_written_as_people_write_them_are_read_in_the_order_their_values_s
         load_table_inputs("later.csv", record)
 
 
+def test_dates_with_the_months_name_are_dates(tmp_path, monkeypatch):
+    """05-Jan-2023 (a bank's export) or Jan 5, 2023: the name settles the order."""
+    days = np.datetime64("2023-01-01") + np.arange(0, 400, 9)
+    rows = [[d.strftime("%d-%b-%Y"), d.strftime("%b %d, %Y"), "yes" if i % 2 else "no"]
+            for i, d in enumerate(days.tolist())]
+    write_csv(tmp_path / "t.csv", ["paid", "sent", "label"], rows)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert data.columns == {"paid": "date %d-%b-%Y", "sent": "date %b %d, %Y"}
+    assert "column paid: dates written with the month's name ('01-Jan-2023'): read as dates (year, month, day, " \
+           "weekday)" in data.notes
+    columns, _ = load_table_inputs("t.csv", {"columns": data.columns, "target": "label"})
+    for name in ("paid", "sent"):
+        for part, values in tables.date_parts(days).items():
+            if part != "hour":
+                np.testing.assert_array_equal(columns[f"{name}.{part}"], values)
+
+
 @pytest.mark.parametrize("values, form", [
     (["1/31/2023", "12/1/2023"], "%m/%d/%Y"),
     (["31-01-23", "1-12-23"], "%d-%m-%y"),

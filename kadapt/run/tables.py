@@ -44,6 +44,11 @@ YES_NO_WORDS = {"yes": 1.0, "no": 0.0}
 # is `DATE` or `DATETIME` and the format it is read with ("date %m/%d/%Y"), kept in the run's config
 # so that a later file is read in the training file's order.
 LOCAL_DATE = re.compile(r"(\d{1,2})([/.\-])(\d{1,2})\2(\d{4}|\d{2})(?:([ T])\d{1,2}:\d{2}(:\d{2})?)?")
+# Dates with the month's name (English, full or cut to three letters: pyarrow's %b reads both), which
+# settle the order themselves: "05-Jan-2023", "5 Jan 2023", "Jan 5, 2023", "January 5 2023".
+MONTH_NAME_FORMS = ("%d-%b-%Y", "%d-%b-%y", "%d %b %Y", "%b %d, %Y", "%b %d %Y")
+FORM_PARTS = {"%d": r"\d{1,2}", "%m": r"\d{1,2}", "%Y": r"\d{4}", "%y": r"\d{2}", "%H": r"\d{1,2}", "%M": r"\d{2}",
+              "%S": r"\d{2}", "%b": r"[A-Za-z]{3,9}"}
 # What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?"),
 # and the error values a spreadsheet writes into a cell whose formula failed ("#DIV/0!").
 MARKER = re.compile(r"[?*.\-]{1,3}|#(DIV/0!|VALUE!|REF!|NAME\?|NUM!|NULL!|N/A|ERROR!)")
@@ -500,14 +505,16 @@ def column_plan(columns: dict) -> ColumnPlan:
     kinds, dropped, advice = {}, {}, []
     for name, values in columns.items():
         written = _local_date(values)
-        form = local_date_format(_given_strings(values)) if written else None
+        given = _given_strings(values) if is_strings(values) else []
+        form = local_date_format(given) if written else month_name_format(given)
         reason = _index_reason(name, values) or (None if written_numbers(values) or form else _drop_reason(values))
         if reason:
             dropped[name] = reason
         elif form:
             kinds[name] = f"{DATETIME if '%H' in form else DATE} {form}"
-            advice.append(f"column {name}: dates written {'day' if form.startswith('%d') else 'month'} first "
-                          f"({written!r}): read as dates ({', '.join(_parts(kinds[name]))})")
+            how = "with the month's name" if "%b" in form else f"{'day' if form.startswith('%d') else 'month'} first"
+            advice.append(f"column {name}: dates written {how} ({given[0]!r}): read as dates "
+                          f"({', '.join(_parts(kinds[name]))})")
         else:
             kinds[name] = _kind(values)
         if written and not form and name in kinds:
@@ -550,15 +557,36 @@ def local_date_format(distinct) -> str | None:
     return f"{order}{separator}{'%Y' if years.pop() == 4 else '%y'}{clock}"
 
 
+def month_name_format(distinct) -> str | None:
+    """The first of `MONTH_NAME_FORMS` that every one of `distinct` (a string column's given values)
+    is written in and reads as a date in; `None` where there is none."""
+    if not distinct:
+        return None
+    compute = require("pyarrow.compute", extra="tables")
+    pa = require("pyarrow", extra="tables")
+    for form in MONTH_NAME_FORMS:
+        if all(_written_as(value.strip(), form) for value in distinct):
+            parsed = compute.strptime(pa.array([value.strip() for value in distinct], pa.string()), format=form,
+                                      unit="s", error_is_null=True)
+            if parsed.null_count == 0:
+                return form
+    return None
+
+
 def read_as_strings(kind) -> bool:
     """Whether a later file's column of the training file's `kind` is read as strings, which kadapt converts."""
     return kind in (STRING, YES_NO, WRITTEN_NUMBER) or date_format(kind) is not None
 
 
 def _written_as(value, form):
-    """Whether a date is written as `form` says: strptime's %Y also takes a year of two digits."""
-    match = LOCAL_DATE.fullmatch(value)
-    return match is not None and len(match[4]) == (4 if "%Y" in form else 2)
+    """Whether a date is written as `form` says, digit for digit (strptime's %Y also takes a year of two)."""
+    return _form_pattern(form).fullmatch(value) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _form_pattern(form):
+    return re.compile("".join(FORM_PARTS.get(token, re.escape(token)) for token in re.split(r"(%[a-zA-Z])", form)
+                              if token))
 
 
 def date_format(kind) -> str | None:
