@@ -218,6 +218,23 @@ def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_pat
         load_table_inputs("later.csv", {"columns": data.columns, "target": "price"})
 
 
+def test_numbers_written_with_decimal_commas_and_thousands_points_are_numbers(tmp_path, monkeypatch):
+    """A spreadsheet's export in much of Europe: semicolons, "2.423,40 €", a price "410.878,65". The
+    kind keeps the decimal comma, so a later file's column reads the same."""
+    rows = [[f"{i},5", f"{1 + i}.{i % 10}00,25 €" if i % 3 else f"{i},5 €", f"{100 + i}.000,{i % 100:02d}"]
+            for i in range(30)]
+    (tmp_path / "t.csv").write_text("size;fee;price\n" + "".join(";".join(row) + "\n" for row in rows))
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="price", validation_split=0.0, test="t.csv"))
+    assert data.columns == {"size": "numeric", "fee": "written number, decimal comma"}
+    assert data.task.kind == "regression"
+    np.testing.assert_allclose(tables.label_array("t.csv", "price", np.array(["410.878,65", "1.000"], object), False,
+                                                  ","), [410878.65, 1000])
+    (tmp_path / "later.csv").write_text("size;fee\n1,5;2.423,40 €\n2;12,5 %\n")
+    columns, _ = load_table_inputs("later.csv", {"columns": data.columns, "target": "price"})
+    np.testing.assert_allclose(columns["fee"], [2423.4, 12.5])
+
+
 def test_a_row_index_written_with_the_file_is_dropped_and_a_named_counter_kept(tmp_path, monkeypatch):
     """pandas' `to_csv` writes its index as a first column with no name: row numbers, not data. A
     named column of the same numbers (a time step) is the user's and stays."""

@@ -216,7 +216,7 @@ def _table_data(config):
     (x, y), notes = _labelled_rows(config.data, table, config.target)
     notes = [*table.notes, *notes]
     tables.check_input_names(config.data, x)
-    plan = tables.column_plan(x)
+    plan = tables.column_plan(x, table.decimal_point)
     notes += tables.plan_notes(plan)
     x = tables.model_columns(x, plan.kinds)
     if config.test is None:
@@ -237,14 +237,14 @@ def _labelled_rows(path, table, target, flag="--data"):
     """`(feature columns, labels)` of the rows of `table` that have a label, and a note of those left out."""
     columns = dict(table.columns)
     labels = columns.pop(target)
-    tables.check_label_words(path, target, labels)
+    tables.check_label_words(path, target, labels, decimal_point=table.decimal_point)
     keep = tables.labelled(labels)
     notes = []
     if not keep.all():
         notes.append(f"{flag} {path}: {int((~keep).sum())} of {len(keep)} rows have no {target} (an empty cell): "
                      "left out")
         columns, labels = {name: values[keep] for name, values in columns.items()}, labels[keep]
-    array = tables.label_array(path, target, labels, target in table.integer)
+    array = tables.label_array(path, target, labels, target in table.integer, table.decimal_point)
     if labels.dtype.kind == "O" and array.dtype.kind == "f":  # words that were numbers written for people
         notes.append(f"--target {target}: numbers written with thousands separators or a currency sign: read as "
                      "numbers")

@@ -57,6 +57,11 @@ MARKER = re.compile(r"[?*.\-]{1,3}|#(DIV/0!|VALUE!|REF!|NAME\?|NUM!|NULL!|N/A|ER
 # pyarrow reads them as strings; as strings a price would be a category of its own per value.
 WRITTEN_NUMBER = "written number"
 WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(\.\d+)?\s?%?")
+# The same in a file of decimal commas (`CsvDialect`), thousands by points or spaces: "1.234,56 €",
+# "12,5 %". Its kind says so, and a later file's column is read with it, whatever that file's dialect.
+WRITTEN_DECIMAL_COMMA = "written number, decimal comma"
+WRITTEN_COMMA = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(\.\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(,\d+)?\s?[%€]?")
+WRITTEN_KINDS = {WRITTEN_NUMBER: WRITTEN, WRITTEN_DECIMAL_COMMA: WRITTEN_COMMA}
 CSV_SUFFIXES = (".csv", ".tsv")
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
@@ -84,6 +89,7 @@ class Table:
     columns: dict
     integer: frozenset = frozenset()
     notes: tuple = ()  # how the file was read, where that is a choice (`CsvDialect.note`)
+    decimal_point: str = "."  # a CSV's (`CsvDialect`): how its numbers written for people read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +135,7 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None, targe
     columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name.strip() != target}
                             if target is not None else (), notes=notes)
     return Table(columns, frozenset(name.strip() for name in names if pa.types.is_integer(table.column(name).type)),
-                 tuple(notes))
+                 tuple(notes), dialect.decimal_point if dialect else ".")
 
 
 def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=None):
@@ -417,9 +423,11 @@ def _as_kind(path, flag, name, values, kind):
     """A column read from a later file as the training file's kind says, or a `UsageError`."""
     if date_format(kind):
         return _local_dates(path, flag, name, values, date_format(kind))
-    wanted = {NUMERIC: "f", STRING: "O", YES_NO: "O", WRITTEN_NUMBER: "O", DATE: "M", DATETIME: "M"}[kind]
-    if kind == WRITTEN_NUMBER and values.dtype.kind == "O":
-        other = np.flatnonzero([value != "" and not WRITTEN.fullmatch(str(value).strip()) for value in values])
+    wanted = {NUMERIC: "f", STRING: "O", YES_NO: "O", WRITTEN_NUMBER: "O", WRITTEN_DECIMAL_COMMA: "O", DATE: "M",
+              DATETIME: "M"}[kind]
+    if kind in WRITTEN_KINDS and values.dtype.kind == "O":
+        other = np.flatnonzero([value != "" and not WRITTEN_KINDS[kind].fullmatch(str(value).strip())
+                                for value in values])
         if len(other):
             raise UsageError(f"{flag} {path}: column {name} holds {values[other[0]]!r} on line {other[0] + 2}; in "
                              "the training file it holds numbers (written as 1,234 or $12). Fix the cell.")
@@ -500,14 +508,16 @@ def check_input_names(path: str, columns, flag: str = "--data") -> None:
         seen[input_name(name)] = name
 
 
-def column_plan(columns: dict) -> ColumnPlan:
-    """The `ColumnPlan` of a table's training feature columns."""
+def column_plan(columns: dict, decimal_point: str = ".") -> ColumnPlan:
+    """The `ColumnPlan` of a table's training feature columns, of a file that writes `decimal_point`."""
     kinds, dropped, advice = {}, {}, []
+    written_kind = WRITTEN_DECIMAL_COMMA if decimal_point == "," else WRITTEN_NUMBER
     for name, values in columns.items():
         written = _local_date(values)
         given = _given_strings(values) if is_strings(values) else []
         form = local_date_format(given) if written else month_name_format(given)
-        reason = _index_reason(name, values) or (None if written_numbers(values) or form else _drop_reason(values))
+        written_number = written_numbers(values, written_kind)
+        reason = _index_reason(name, values) or (None if written_number or form else _drop_reason(values))
         if reason:
             dropped[name] = reason
         elif form:
@@ -516,7 +526,7 @@ def column_plan(columns: dict) -> ColumnPlan:
             advice.append(f"column {name}: dates written {how} ({given[0]!r}): read as dates "
                           f"({', '.join(_parts(kinds[name]))})")
         else:
-            kinds[name] = _kind(values)
+            kinds[name] = written_kind if written_number else _kind(values)
         if written and not form and name in kinds:
             advice.append(f"column {name}: dates written as {written!r} are read as words: no value settles which "
                           "of its first two numbers is the day (neither passes 12 in every place); write them as "
@@ -575,7 +585,7 @@ def month_name_format(distinct) -> str | None:
 
 def read_as_strings(kind) -> bool:
     """Whether a later file's column of the training file's `kind` is read as strings, which kadapt converts."""
-    return kind in (STRING, YES_NO, WRITTEN_NUMBER) or date_format(kind) is not None
+    return kind in (STRING, YES_NO, *WRITTEN_KINDS) or date_format(kind) is not None
 
 
 def _written_as(value, form):
@@ -624,13 +634,11 @@ def plan_notes(plan: ColumnPlan) -> list:
             *(f"column {name}: the words yes and no: one input, 1 for yes and 0 for no" for name, kind in
               plan.kinds.items() if kind == YES_NO),
             *(f"column {name}: numbers written with thousands separators or a currency sign: read as numbers"
-              for name, kind in plan.kinds.items() if kind == WRITTEN_NUMBER),
+              for name, kind in plan.kinds.items() if kind in WRITTEN_KINDS),
             *plan.advice]
 
 
 def _kind(values):
-    if written_numbers(values):
-        return WRITTEN_NUMBER
     if isinstance(values, CodedStrings):
         return YES_NO if yes_no(values.counts()) else STRING
     if values.dtype.kind == "M":
@@ -641,18 +649,21 @@ def _kind(values):
     return YES_NO if yes_no(set(values.tolist())) else STRING
 
 
-def written_numbers(values) -> bool:
-    """Whether a string column's given values are all `WRITTEN` numbers, some with a separator or a sign."""
+def written_numbers(values, kind=WRITTEN_NUMBER) -> bool:
+    """Whether a string column's given values are all numbers written as `kind` says (`WRITTEN_KINDS`),
+    some with a separator or a sign (or, of decimal commas, a comma)."""
     coded = coded_strings(values)
     distinct = [] if coded is None else [str(value) for value in coded.values.tolist() if value != ""]
-    return bool(distinct) and all(WRITTEN.fullmatch(value.strip()) for value in distinct) and \
-        any(not _is_number(value) for value in distinct)
+    return bool(distinct) and all(WRITTEN_KINDS[kind].fullmatch(value.strip()) for value in distinct) and \
+        any(not (_is_number(value) if kind == WRITTEN_NUMBER else re.fullmatch(r"[-+]?\d+", value.strip()))
+            for value in distinct)
 
 
-def written_number_values(values):
-    """A `written_numbers` column as float32: "$1,234.50" as 1234.5, NaN where missing."""
+def written_number_values(values, kind=WRITTEN_NUMBER):
+    """A `written_numbers` column as float32: "$1,234.50" (or, of decimal commas, "1.234,50 €") as
+    1234.5, NaN where missing."""
     coded = coded_strings(values)
-    return coded.mapped(np.array([_written_number(value) for value in coded.values.tolist()], "float32"))
+    return coded.mapped(np.array([_written_number(value, kind) for value in coded.values.tolist()], "float32"))
 
 
 def coded_strings(values):
@@ -666,12 +677,14 @@ def coded_strings(values):
     return None
 
 
-def _written_number(value):
+def _written_number(value, kind=WRITTEN_NUMBER):
     text = value.strip()
     if text == "":
         return np.nan
-    if not WRITTEN.fullmatch(text):
+    if not WRITTEN_KINDS[kind].fullmatch(text):
         raise ValueError(value)
+    if kind == WRITTEN_DECIMAL_COMMA:
+        text = re.sub(r"[.]", "", text).replace(",", ".")
     return float(re.sub(r"[$€£¥,%\s]", "", text))
 
 
@@ -739,7 +752,7 @@ def model_inputs(kinds: dict) -> dict:
         if _is_date(kind):
             inputs.update({f"{input_name(name)}.{part}": NUMERIC for part in _parts(kind)})
         else:
-            inputs[input_name(name)] = NUMERIC if kind in (YES_NO, WRITTEN_NUMBER) else kind
+            inputs[input_name(name)] = NUMERIC if kind in (YES_NO, *WRITTEN_KINDS) else kind
     return inputs
 
 
@@ -765,7 +778,7 @@ def model_columns(columns: dict, kinds: dict) -> dict:
             values = columns[name]
             inputs[input_name(name)] = values.astype("float32", copy=False) if kind == NUMERIC else \
                 yes_no_numbers(values) if kind == YES_NO else \
-                written_number_values(values) if kind == WRITTEN_NUMBER else values
+                written_number_values(values, kind) if kind in WRITTEN_KINDS else values
     return inputs
 
 
@@ -784,25 +797,29 @@ def date_parts(values: np.ndarray) -> dict:
     return {part: np.where(absent, np.nan, values).astype("float32") for part, values in parts.items()}
 
 
-def label_array(path: str, name: str, values: np.ndarray, integer: bool) -> np.ndarray:
+def label_array(path: str, name: str, values: np.ndarray, integer: bool, decimal_point: str = ".") -> np.ndarray:
     """Labels as `.npy` labels would come: int64 for a column stored as
     integers (`integer`) and complete, float64 for other numbers (NaN where
-    missing), str class names for words (`""` where missing)."""
+    missing), str class names for words (`""` where missing); numbers written
+    for people as numbers, read with the file's `decimal_point`."""
     if values.dtype.kind == "M":
         raise UsageError(f"--target {name}: column {name} of {path} holds dates; kadapt predicts classes or "
                          "numbers. Pass another column.")
     if values.dtype.kind == "f":
         return values.astype("int64") if integer and not np.isnan(values).any() else values
-    if written_numbers(values):  # a price written "$1,234.50": values to predict, not class names
-        return written_number_values(values).astype("float64")
+    kind = WRITTEN_DECIMAL_COMMA if decimal_point == "," else WRITTEN_NUMBER
+    if written_numbers(values, kind):  # a price written "$1,234.50": values to predict, not class names
+        return written_number_values(values, kind).astype("float64")
     return values.astype(str)
 
 
-def check_label_words(path: str, name: str, values: np.ndarray, first_row: int = 0) -> None:
+def check_label_words(path: str, name: str, values: np.ndarray, first_row: int = 0,
+                      decimal_point: str = ".") -> None:
     """A `UsageError` for a label column of numbers mixed with words (read as strings)."""
     if values.dtype.kind != "O":
         return
-    distinct = {value: _is_number(value) or bool(WRITTEN.fullmatch(str(value).strip()))
+    written = WRITTEN_COMMA if decimal_point == "," else WRITTEN
+    distinct = {value: _is_number(value) or bool(written.fullmatch(str(value).strip()))
                 for value in set(values.tolist()) if value != ""}
     if any(distinct.values()) and not all(distinct.values()):
         rows = np.flatnonzero(values != "")
