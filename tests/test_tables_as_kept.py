@@ -187,6 +187,19 @@ def test_a_quoted_value_with_a_line_break_past_the_first_block_is_read(tmp_path)
     assert sum(len(batch) for batch in streamed) == 120_000
 
 
+def test_a_header_one_name_short_is_rs_row_names(tmp_path, monkeypatch):
+    """R's `write.table(sep=",")` writes no name for its row names: pyarrow stopped ("Expected 3 columns,
+    got 4"). The first values are a column with no name (here the cars' names: an id, dropped)."""
+    lines = ['"mpg","cyl","label"'] + [f'"car {i}",{20 + i % 7},{4 + 2 * (i % 3)},"{"ab"[i % 2]}"' for i in range(30)]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert data.columns == {"mpg": "numeric", "cyl": "numeric"}
+    assert data.dropped == {"": "a distinct value on every training row (an id)"}
+    assert "--data t.csv: its header names one column fewer than its rows hold: each row's first value is its " \
+           "name (R's write.table), read as a column with no name" in data.notes
+
+
 def test_a_title_above_the_header_is_named_with_the_fix(tmp_path, monkeypatch):
     (tmp_path / "t.csv").write_text("Sales report, 2023\n\nsize,colour,weight,label\n1,red,2,yes\n2,blue,3,no\n")
     assert bad(tmp_path, monkeypatch, data="t.csv", target="label") == (

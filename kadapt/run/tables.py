@@ -233,22 +233,31 @@ class CsvDialect:
     # A quoted value may hold a line break (a comment, an address): pyarrow must then parse the file
     # in order (~12% slower on table_scale's file), so only a file with quotes in it does.
     quoted_lines: bool = False
+    # A header one name short of the rows' values, as R's `write.table` writes row names: its names,
+    # the rows' first values read as a column with no name.
+    row_names: tuple | None = None
 
     def parse_options(self):
         return require("pyarrow.csv", extra="tables").ParseOptions(delimiter=self.delimiter,
                                                                     newlines_in_values=self.quoted_lines)
 
     def read_options(self, **options):
+        if self.row_names is not None:  # the header line skipped, the names given with one for the row names
+            options.update(column_names=["", *self.row_names], skip_rows=1)
         return require("pyarrow.csv", extra="tables").ReadOptions(encoding=self.encoding, **options)
 
     def note(self, path, flag):
-        """The line saying how the file was read, where not as commas and decimal points in UTF-8; else `None`."""
-        if dataclasses.replace(self, quoted_lines=False) == CsvDialect():
-            return None
-        named = DELIMITER_NAMES[self.delimiter]
-        decimal = ", decimal commas" if self.decimal_point == "," else ""
-        text = ", text in UTF-16" if self.encoding != "utf8" else ""
-        return f"{flag} {path}: values separated by {named}{decimal}{text}"
+        """The line saying how the file was read, where not as commas and decimal points in UTF-8 or
+        its rows have names; else `None`."""
+        said = []
+        if (self.delimiter, self.decimal_point, self.encoding) != (",", ".", "utf8"):
+            decimal = ", decimal commas" if self.decimal_point == "," else ""
+            text = ", text in UTF-16" if self.encoding != "utf8" else ""
+            said.append(f"values separated by {DELIMITER_NAMES[self.delimiter]}{decimal}{text}")
+        if self.row_names is not None:
+            said.append("its header names one column fewer than its rows hold: each row's first value is its "
+                        "name (R's write.table), read as a column with no name")
+        return f"{flag} {path}: {'; '.join(said)}" if said else None
 
 
 def csv_dialect(path, flag="--data") -> CsvDialect:
@@ -269,21 +278,36 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     quoted = '"' in "".join(lines)
     widths = {delimiter: _width(lines, delimiter) for delimiter in DELIMITERS}
     widths = {delimiter: width for delimiter, width in widths.items() if width}
+    row_names = None
     if table_suffix(path) == ".tsv":
         delimiter = "\t"
     elif widths:
         delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
     else:
-        _check_title(path, flag, numbered)
-        return CsvDialect(encoding=encoding, quoted_lines=quoted)
+        delimiter, row_names = _row_names(lines)
+        if delimiter is None:
+            _check_title(path, flag, numbered)
+            return CsvDialect(encoding=encoding, quoted_lines=quoted)
     if delimiter == ",":
-        return CsvDialect(encoding=encoding, quoted_lines=quoted)
+        return CsvDialect(encoding=encoding, quoted_lines=quoted, row_names=row_names)
     cells = [cell.strip() for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) for cell in row]
     fractions = [found.group(1) for found in (re.fullmatch(r"-?\d*,(\d+)", cell) for cell in cells) if found]
     point = any(re.fullmatch(r"-?\d*\.\d+", cell) for cell in cells)
     # "1,234" is a thousand beside tabs (a decimal comma beside semicolons); "0,5" a half beside either.
     comma = any(len(digits) != 3 for digits in fractions) or (fractions and delimiter == ";")
-    return CsvDialect(delimiter, "," if comma and not point else ".", encoding, quoted)
+    return CsvDialect(delimiter, "," if comma and not point else ".", encoding, quoted, row_names)
+
+
+def _row_names(lines):
+    """`(delimiter, header names)` where the header holds one value fewer than every line after it,
+    which all hold one number of values (R's `write.table` with row names); `(None, None)` otherwise."""
+    for delimiter in DELIMITERS:
+        width = _width(lines[1:], delimiter)
+        header = next(stdlib_csv.reader(lines[:1], delimiter=delimiter), [])
+        first = [row[0] for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) if row]
+        if width > 2 and len(header) == width - 1 and len(set(first)) == len(first):  # row names are unique
+            return delimiter, tuple(header)
+    return None, None
 
 
 def quoted_anywhere(path) -> bool:
