@@ -243,9 +243,16 @@ def test_numbers_written_with_decimal_commas_and_thousands_points_are_numbers(tm
     assert data.task.kind == "regression"
     np.testing.assert_allclose(tables.label_array("t.csv", "price", np.array(["410.878,65", "1.000"], object), False,
                                                   ","), [410878.65, 1000])
-    (tmp_path / "later.csv").write_text("size;fee\n1,5;2.423,40 €\n2;12,5 %\n")
-    columns, _ = load_table_inputs("later.csv", {"columns": data.columns, "target": "price"})
+    (tmp_path / "later.csv").write_text("size;fee;price\n1,5;2.423,40 €;150.000\n2;12,5 %;7,5\n")
+    record = {"columns": data.columns, "target": "price", "task": {"kind": "regression"}}
+    columns, labels = load_table_inputs("later.csv", record)  # "150.000" beside "7,5": a thousand
     np.testing.assert_allclose(columns["fee"], [2423.4, 12.5])
+    np.testing.assert_allclose(labels, [150000, 7.5])
+    (tmp_path / "worded.csv").write_text("size;fee;price\n1,5;2.423,40 €;unknown\n")
+    with pytest.raises(UsageError, match=r"^--data worded.csv: column price holds 'unknown' on line 2; the run "
+                                         r"predicts numbers there. Fix the cell, or drop the column to predict "
+                                         r"without scoring.$"):
+        load_table_inputs("worded.csv", record)
 
 
 def test_a_row_index_written_with_the_file_is_dropped_and_a_named_counter_kept(tmp_path, monkeypatch):
@@ -314,7 +321,8 @@ def test_a_column_of_numbers_with_question_marks_is_numbers_with_missing_cells(t
     ages = ["34", "?", "-5", "-", "61", "2.5"] * 5
     ratios = ["0.5", "#DIV/0!", "#VALUE!", "2"] * 8
     write_csv(tmp_path / "t.csv", ["age", "ratio", "code", "label"],
-              [[age, ratio, "AB?"[i % 3], "yes" if i % 2 else "no"] for i, (age, ratio) in enumerate(zip(ages, ratios))])
+              [[age, ratio, "AB?"[i % 3], "yes" if i % 2 else "no"]
+               for i, (age, ratio) in enumerate(zip(ages, ratios))])
     monkeypatch.chdir(tmp_path)
     table = tables.read_table("t.csv", target="label")
     np.testing.assert_array_equal(table.columns["age"][:6], [34, np.nan, -5, np.nan, 61, 2.5])

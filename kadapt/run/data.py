@@ -495,7 +495,7 @@ def load_table_inputs(spec: str, data: dict) -> tuple[dict, np.ndarray | None]:
     from kadapt.run.encoding import table_inputs
 
     table = tables.read_table(spec, kinds=data["columns"])
-    return table_inputs(spec, table.columns, table.integer, data)
+    return table_inputs(spec, table.columns, table.integer, data, table.decimal_point)
 
 
 def _npz_keys(path):

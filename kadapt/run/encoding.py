@@ -35,6 +35,7 @@ import numpy as np
 
 from kadapt.run import tables
 from kadapt.run.coded_strings import CodedStrings
+from kadapt.run.errors import UsageError
 from kadapt.run.tables import STRING
 from kadapt.run.tables import is_strings
 
@@ -282,16 +283,24 @@ def _string_tensor(values):
     return tf.constant(values if values.dtype.kind == "O" else values.astype(str))  # Python strings as they are
 
 
-def table_inputs(spec: str, columns: dict, integer, data: dict) -> tuple[dict, np.ndarray | None]:
-    """`load_table_inputs` of a table's columns as read (all of them, or a streamed file's batch);
-    `integer`: the names of the columns stored as whole numbers."""
+def table_inputs(spec: str, columns: dict, integer, data: dict, decimal_point: str = ".",
+                 first_row: int = 0) -> tuple[dict, np.ndarray | None]:
+    """`load_table_inputs` of a table's columns as read (all of them, or a streamed file's batch
+    whose first row is the file's `first_row`); `integer`: the names of the columns stored as
+    whole numbers; `decimal_point`: the file's (`kadapt.run.tables.CsvDialect`)."""
     target = data.get("target")
     plan = tables.ColumnPlan(data["columns"], data.get("dropped_columns", {}))
     given = {name: values for name, values in columns.items() if name != target}
     tables.check_same_columns(spec, given, plan, flag="--data")
     labels = None
     if target in columns:
-        labels = tables.label_array(spec, target, columns[target], target in integer)
+        labels = tables.label_array(spec, target, columns[target], target in integer, decimal_point)
+        if data.get("task", {}).get("kind") == "regression" and labels.dtype.kind in "OUS":
+            row = int(np.flatnonzero((labels != "") & ~np.array([tables.is_number(value) for value in labels]))[0])
+            where = f"line {first_row + row + 2}" if tables.table_suffix(spec) in tables.CSV_SUFFIXES else \
+                f"row {first_row + row} (counted from 0)"
+            raise UsageError(f"--data {spec}: column {target} holds {str(labels[row])!r} on {where}; the run predicts "
+                             "numbers there. Fix the cell, or drop the column to predict without scoring.")
     columns = tables.model_columns(given, plan.kinds)
     if data.get("vocabularies"):
         columns = indexed(columns, data["vocabularies"])

@@ -201,9 +201,10 @@ def prediction_batches(spec, data):
     types.update({name: pa.string() for name in data.get("dropped_columns", {})})
     if target:  # class names are strings; classes given as numbers and values are read as numbers
         types[target] = pa.string() if data.get("classes") else pa.float64()
+    decimal_point = "." if tables.is_parquet(spec, "--data") else tables.csv_dialect(spec).decimal_point
     try:
-        for _, columns, integer in read_batches(spec, "--data", types, kinds):
-            yield table_inputs(spec, columns, integer, data)
+        for first, columns, integer in read_batches(spec, "--data", types, kinds):
+            yield table_inputs(spec, columns, integer, data, decimal_point, first)
     except _Widen as change:
         raise UsageError(f"--data {spec}: a cell of column {change.name} is not of the kind the run trained on "
                          f"({kinds.get(change.name, 'the target')}). Fix the cell.") from None

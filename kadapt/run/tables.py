@@ -60,13 +60,15 @@ WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d{1,3}([ \u00a0\u20
 # The same in a file of decimal commas (`CsvDialect`), thousands by points or spaces: "1.234,56 €",
 # "12,5 %". Its kind says so, and a later file's column is read with it, whatever that file's dialect.
 WRITTEN_DECIMAL_COMMA = "written number, decimal comma"
-WRITTEN_COMMA = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(\.\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(,\d+)?\s?[%€]?")
+WRITTEN_COMMA = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(\.\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(,\d+)?"
+                           r"\s?[%€]?")
 WRITTEN_KINDS = {WRITTEN_NUMBER: WRITTEN, WRITTEN_DECIMAL_COMMA: WRITTEN_COMMA}
 CSV_SUFFIXES = (".csv", ".tsv")
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
 DELIMITERS = (",", ";", "\t", "|")
 DELIMITER_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars"}
+THOUSANDS_POINT = re.compile(r"-?\d{1,3}(\.\d{3})+")  # "150.000": a thousand or a decimal, as the file writes
 SNIFF_BYTES = 1 << 16
 TITLE_LINES = 10  # lines of text above a CSV's header that are named as such (`csv_dialect`)
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -292,9 +294,12 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
         return CsvDialect(encoding=encoding, quoted_lines=quoted, row_names=row_names)
     cells = [cell.strip() for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) for cell in row]
     fractions = [found.group(1) for found in (re.fullmatch(r"-?\d*,(\d+)", cell) for cell in cells) if found]
-    point = any(re.fullmatch(r"-?\d*\.\d+", cell) for cell in cells)
+    # "1.234" beside semicolons may be a thousand written with a point ("1.234,56" is one): no evidence.
+    point = any(re.fullmatch(r"-?\d*\.\d+", cell) and not (delimiter == ";" and THOUSANDS_POINT.fullmatch(cell))
+                for cell in cells)
+    grouped = any(re.fullmatch(r"-?\d{1,3}(\.\d{3})+,\d+", cell) for cell in cells)
     # "1,234" is a thousand beside tabs (a decimal comma beside semicolons); "0,5" a half beside either.
-    comma = any(len(digits) != 3 for digits in fractions) or (fractions and delimiter == ";")
+    comma = any(len(digits) != 3 for digits in fractions) or (fractions and delimiter == ";") or grouped
     return CsvDialect(delimiter, "," if comma and not point else ".", encoding, quoted, row_names)
 
 
@@ -412,7 +417,7 @@ def _marked_numbers(values, compact):
         return None
     distinct = [str(value) for value in coded.values.tolist()]
     given = [value for value in distinct if value != ""]
-    markers = sorted(value for value in given if not _is_number(value))
+    markers = sorted(value for value in given if not is_number(value))
     if not markers or len(markers) == len(given) or not all(MARKER.fullmatch(value.strip()) for value in markers):
         return None
     table = np.array([np.nan if value == "" or value in markers else float(value) for value in distinct],
@@ -679,7 +684,7 @@ def written_numbers(values, kind=WRITTEN_NUMBER) -> bool:
     coded = coded_strings(values)
     distinct = [] if coded is None else [str(value) for value in coded.values.tolist() if value != ""]
     return bool(distinct) and all(WRITTEN_KINDS[kind].fullmatch(value.strip()) for value in distinct) and \
-        any(not (_is_number(value) if kind == WRITTEN_NUMBER else re.fullmatch(r"[-+]?\d+", value.strip()))
+        any(not (is_number(value) if kind == WRITTEN_NUMBER else re.fullmatch(r"[-+]?\d+", value.strip()))
             for value in distinct)
 
 
@@ -843,7 +848,7 @@ def check_label_words(path: str, name: str, values: np.ndarray, first_row: int =
     if values.dtype.kind != "O":
         return
     written = WRITTEN_COMMA if decimal_point == "," else WRITTEN
-    distinct = {value: _is_number(value) or bool(written.fullmatch(str(value).strip()))
+    distinct = {value: is_number(value) or bool(written.fullmatch(str(value).strip()))
                 for value in set(values.tolist()) if value != ""}
     if any(distinct.values()) and not all(distinct.values()):
         rows = np.flatnonzero(values != "")
@@ -855,7 +860,8 @@ def check_label_words(path: str, name: str, values: np.ndarray, first_row: int =
                          "the file.")
 
 
-def _is_number(value):
+def is_number(value) -> bool:
+    """Whether a string is a number as Python reads one."""
     try:
         float(value)
     except ValueError:
