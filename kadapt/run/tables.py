@@ -540,12 +540,12 @@ def check_input_names(path: str, columns, flag: str = "--data") -> None:
 def column_plan(columns: dict, decimal_point: str = ".") -> ColumnPlan:
     """The `ColumnPlan` of a table's training feature columns, of a file that writes `decimal_point`."""
     kinds, dropped, advice = {}, {}, []
-    written_kind = WRITTEN_DECIMAL_COMMA if decimal_point == "," else WRITTEN_NUMBER
+    written = written_kind(decimal_point)
     for name, values in columns.items():
-        written = _local_date(values)
         given = _given_strings(values) if is_strings(values) else []
-        form = local_date_format(given) if written else month_name_format(given)
-        written_number = written_numbers(values, written_kind)
+        local = given and all(LOCAL_DATE.fullmatch(value.strip()) for value in given)  # 1/31/2023, 31.01.2023
+        form = local_date_format(given) if local else month_name_format(given)
+        written_number = written_numbers(values, written)
         reason = _index_reason(name, values) or (None if written_number or form else _drop_reason(values))
         if reason:
             dropped[name] = reason
@@ -555,9 +555,9 @@ def column_plan(columns: dict, decimal_point: str = ".") -> ColumnPlan:
             advice.append(f"column {name}: dates written {how} ({given[0]!r}): read as dates "
                           f"({', '.join(_parts(kinds[name]))})")
         else:
-            kinds[name] = written_kind if written_number else _kind(values)
-        if written and not form and name in kinds:
-            advice.append(f"column {name}: dates written as {written!r} are read as words: no value settles which "
+            kinds[name] = written if written_number else _kind(values)
+        if local and not form and name in kinds:
+            advice.append(f"column {name}: dates written as {given[0]!r} are read as words: no value settles which "
                           "of its first two numbers is the day (neither passes 12 in every place); write them as "
                           "ISO dates (2023-01-31) to have them read as dates (year, month, day, weekday)")
     return ColumnPlan(kinds, dropped, tuple(advice))
@@ -567,14 +567,6 @@ def _given_strings(values):
     """The distinct given values of a string column, in the order first seen where not coded."""
     return [str(value) for value in (values.values if isinstance(values, CodedStrings) else
                                      dict.fromkeys(values.tolist())) if value != ""]
-
-
-def _local_date(values):
-    """A value of a string column of dates written as people write them (1/31/2023, 31.01.2023), else `None`."""
-    if not (isinstance(values, CodedStrings) or (isinstance(values, np.ndarray) and values.dtype.kind == "O")):
-        return None
-    distinct = _given_strings(values)
-    return distinct[0] if distinct and all(LOCAL_DATE.fullmatch(value.strip()) for value in distinct) else None
 
 
 def local_date_format(distinct) -> str | None:
@@ -676,6 +668,11 @@ def _kind(values):
     if values.dtype.kind == "f":
         return NUMERIC
     return YES_NO if yes_no(set(values.tolist())) else STRING
+
+
+def written_kind(decimal_point: str) -> str:
+    """The kind of numbers written for people in a file whose decimal point is `decimal_point`."""
+    return WRITTEN_DECIMAL_COMMA if decimal_point == "," else WRITTEN_NUMBER
 
 
 def written_numbers(values, kind=WRITTEN_NUMBER) -> bool:
@@ -800,7 +797,7 @@ def model_columns(columns: dict, kinds: dict) -> dict:
     for name, kind in kinds.items():
         if _is_date(kind):
             values = columns[name]  # a training file's dates written as people write them are still strings
-            parts = date_parts(_local_dates("--data", "", name, values, date_format(kind)) if date_format(kind)
+            parts = date_parts(_local_dates("", "--data", name, values, date_format(kind)) if date_format(kind)
                                and not (isinstance(values, np.ndarray) and values.dtype.kind == "M") else values)
             inputs.update({f"{input_name(name)}.{part}": parts[part] for part in _parts(kind)})
         else:
@@ -836,7 +833,7 @@ def label_array(path: str, name: str, values: np.ndarray, integer: bool, decimal
                          "numbers. Pass another column.")
     if values.dtype.kind == "f":
         return values.astype("int64") if integer and not np.isnan(values).any() else values
-    kind = WRITTEN_DECIMAL_COMMA if decimal_point == "," else WRITTEN_NUMBER
+    kind = written_kind(decimal_point)
     if written_numbers(values, kind):  # a price written "$1,234.50": values to predict, not class names
         return written_number_values(values, kind).astype("float64")
     return values.astype(str)
@@ -847,7 +844,7 @@ def check_label_words(path: str, name: str, values: np.ndarray, first_row: int =
     """A `UsageError` for a label column of numbers mixed with words (read as strings)."""
     if values.dtype.kind != "O":
         return
-    written = WRITTEN_COMMA if decimal_point == "," else WRITTEN
+    written = WRITTEN_KINDS[written_kind(decimal_point)]
     distinct = {value: is_number(value) or bool(written.fullmatch(str(value).strip()))
                 for value in set(values.tolist()) if value != ""}
     if any(distinct.values()) and not all(distinct.values()):
