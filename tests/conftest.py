@@ -21,7 +21,7 @@ DEFAULT_BACKENDS = ("tensorflow",)
 # these, longest first, each followed by one module of xdist's order, so that only two or three of
 # them run at once (all six multi-process ones at once put ~15 TensorFlow processes on the 2 cores).
 LONG_MODULES = ("test_distributed_search.py", "test_multi_worker_train.py", "test_multi_worker.py",
-                "test_real_clients.py", "test_multi_worker_adaptive.py", "test_recipe_front_doors.py",
+                "test_real_clients.py", "test_recipe_front_doors.py",
                 "test_environment.py", "test_collect_workers.py", "test_oom_recovery.py",
                 "test_real_clients_auto.py", "test_jax_workers.py", "test_data_parallel_jax.py",
                 "test_jax_processes.py", "test_run_processes.py", "test_probe_training_peaks.py")

@@ -64,22 +64,15 @@ JOB = Path(__file__).with_name("multi_worker_job.py")
 ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1"}
 JOB_TIMEOUT_SECONDS = 300  # bound on one whole multi-worker job
 COLLECTIVE_TIMEOUT_SECONDS = 200  # a collective may wait this long for a slow peer
-LOST_PEER_TIMEOUT_SECONDS = 80  # the exactness job's: a killed peer is noticed within this
+# A killed peer is noticed by TensorFlow's coordination service within ~10 s of its last heartbeat
+# (measured: ~10 s after the kill in `kadapt train --workers 2`); the bound leaves a loaded machine room.
+LOST_PEER_SECONDS = 120
 
 
-def run_workers(count, output, *arguments):
-    """Runs `count` workers of multi_worker_job.py on free 127.0.0.1 ports; ends them all."""
-    with _workers(count, output, arguments) as processes:
-        for process in processes:
-            process.wait(timeout=JOB_TIMEOUT_SECONDS)
-    codes = [process.returncode for process in processes]
-    assert codes == [0] * count, _logs(output, count)
-
-
-def run_workers_until_one_is_killed(output, scenario, lost_peer_seconds):
+def run_workers_until_one_is_killed(output, lost_peer_seconds):
     """Runs 2 workers; once worker 0 marks `worker-0.started`, kills worker 1 and waits at most
     `lost_peer_seconds` for worker 0 to end: its exit code and the seconds it took."""
-    with _workers(2, output, [scenario]) as processes:
+    with _workers(2, output) as processes:
         started, deadline = Path(output) / "worker-0.started", time.monotonic() + JOB_TIMEOUT_SECONDS
         while not started.exists() and time.monotonic() < deadline:
             assert all(p.poll() is None for p in processes), "a worker ended early\n" + _logs(output, 2)
@@ -91,13 +84,13 @@ def run_workers_until_one_is_killed(output, scenario, lost_peer_seconds):
 
 
 @contextlib.contextmanager
-def _workers(count, output, arguments):
+def _workers(count, output):
     """`count` workers of multi_worker_job.py on free 127.0.0.1 ports, logging to `output`; all ended on exit."""
     ports = ",".join(str(postgres.free_port()) for _ in range(count))
     environment = {**os.environ, **ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     environment.pop("TF_CONFIG", None)
     logs = [open(Path(output) / f"worker-{index}.log", "w") for index in range(count)]
-    processes = [subprocess.Popen([sys.executable, str(JOB), str(index), ports, str(output), *arguments],
+    processes = [subprocess.Popen([sys.executable, str(JOB), str(index), ports, str(output)],
                                   env=environment, stdout=log, stderr=subprocess.STDOUT)
                  for index, log in enumerate(logs)]
     try:
