@@ -2,7 +2,7 @@
 
 Run by tests/test_data_parallel_jax.py in a process of its own: JAX reads
 `XLA_FLAGS=--xla_force_host_platform_device_count=4` when it loads. Each
-check trains on a mesh of 2 and of 4 of the devices and against the oracle,
+check trains on a mesh of the 4 devices and against the oracle,
 plain Keras on one device (no distribution); writes what it measured as JSON
 to the path in argv[1].
 """
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import kadapt  # noqa: E402
 from kadapt.batching.jax.memory_plan import step_plan  # noqa: E402
 
-MESHES = (2, 4)
+MESHES = (4,)  # micro-batch 12 divides over it and 6 (after a shrink) does not: both layouts
 ROWS, FEATURES, OUTPUTS = 100, 5, 3
 BATCH, MICRO = 48, 12  # the last batch of each epoch has 4 rows
 XLA_OUT_OF_MEMORY = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes."
