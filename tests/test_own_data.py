@@ -223,8 +223,8 @@ def test_a_regression_plot_has_no_accuracy_panel():
 
 def test_a_misspelled_target_lists_the_columns(tables, monkeypatch):
     assert bad(tables, monkeypatch, data="train.csv", target="lable") == (
-        "--target lable is not a column of train.csv; its columns: floor area, color, label. Pass one of them. "
-        "Received: --target=lable")
+        "--target lable is not a column of train.csv; its columns: floor area, color, label. Did you mean "
+        "--target 'label'? Received: --target=lable")
 
 
 def test_a_target_with_arrays(tables, monkeypatch):

@@ -563,11 +563,57 @@ def test_a_target_empty_everywhere(tmp_path, monkeypatch):
         "that holds the values to predict.")
 
 
-def test_a_file_that_is_neither_csv_nor_parquet(tmp_path):
-    (tmp_path / "t.xlsx").write_bytes(b"PK")
-    with pytest.raises(UsageError, match=r"^--data .*t.xlsx is neither a CSV \(.csv, .tsv, or either compressed: "
-                                         r".csv.gz\) nor a Parquet \(.parquet\) file. Save the table as one of them.$"):
-        tables.read_table(str(tmp_path / "t.xlsx"))
+@pytest.mark.parametrize("name, said", [
+    ("t.xlsx", "is a spreadsheet, and kadapt reads tables from CSV (.csv, .tsv, .txt; compressed: .csv.gz) and "
+               "Parquet (.parquet) files: save the sheet as CSV (UTF-8)."),
+    ("t.zip", "is an archive, and kadapt reads tables from CSV (.csv, .tsv, .txt; compressed: .csv.gz) and Parquet "
+              "(.parquet) files: unpack it and pass the table inside."),
+    ("t.foo", "is neither CSV nor Parquet, and kadapt reads tables from CSV (.csv, .tsv, .txt; compressed: .csv.gz) "
+              "and Parquet (.parquet) files: save the table as one of them."),
+])
+def test_a_file_that_is_neither_csv_nor_parquet_is_named_with_the_way_to_one(name, said, tmp_path, monkeypatch):
+    """`--data t.xlsx --target y` said "--target goes with a table ...: Drop --target", a fix that fixes nothing."""
+    (tmp_path / name).write_bytes(b"PK")
+    with pytest.raises(UsageError) as raised:
+        tables.read_table(str(tmp_path / name))
+    assert str(raised.value) == f"--data {tmp_path / name} {said}"
+    assert bad(tmp_path, monkeypatch, data=name, target="label") == f"--data {name} {said}"
+
+
+def test_delimited_text_under_other_names_and_with_spaces_between_values_is_a_table(tmp_path, monkeypatch):
+    """Tables published as `.data` or `.txt` (UCI's repository, R's `write.table`, whose default writes
+    single spaces, quoted strings and row names) were "not a table"."""
+    rows = [[str(i % 7), ["Lyon", "New York"][i % 2], "ab"[i % 3 % 2]] for i in range(30)]
+    write_csv(tmp_path / "t.data", ["size", "city", "label"], rows)
+    (tmp_path / "t.txt").write_text('"size" "city" "label"\n' + "".join(
+        f'"{i + 1}" {size} "{city}" "{label}"\n' for i, (size, city, label) in enumerate(rows)))
+    monkeypatch.chdir(tmp_path)
+    for name in ("t.data", "t.txt"):
+        data = load_data(RunConfig(data=name, target="label"))
+        assert data.columns == {"size": "numeric", "city": "string"}
+        assert len(data.y_train) + len(data.y_val) + len(data.y_test) == 30  # every row read
+    assert "--data t.txt: values separated by spaces" in data.notes[0]
+
+
+@pytest.mark.parametrize("target, advice", [
+    ("Label", "Did you mean --target 'label'?"),
+    ("lable", "Did you mean --target 'label'?"),
+    ("price", "Pass one of them."),
+])
+def test_a_target_not_in_the_header_is_met_with_the_column_meant(target, advice, tmp_path, monkeypatch):
+    write_csv(tmp_path / "t.csv", ["size", "label"], [["1", "a"], ["2", "b"]])
+    assert bad(tmp_path, monkeypatch, data="t.csv", target=target) == (
+        f"--target {target} is not a column of t.csv; its columns: size, label. {advice} Received: --target={target}")
+
+
+def test_a_file_without_a_header_line_is_named_so_where_the_target_is_not_found(tmp_path, monkeypatch):
+    """A file written without its header (UCI's `adult.data`): its first row read as names, numbers among
+    them; `--target` names none of them, and the first row of data must not be lost as a header."""
+    write_csv(tmp_path / "adult.data", ["39", "State-gov", "77516", "<=50K"], [["50", "Private", "83311", ">50K"]])
+    assert bad(tmp_path, monkeypatch, data="adult.data", target="income") == (
+        "--target income is not a column of adult.data; its columns: 39, State-gov, 77516, <=50K. Its first line "
+        "holds numbers (39, 77516) where a header holds names: if the file has no header line, add one naming its "
+        "columns, then pass the one to predict. Received: --target=income")
 
 
 def test_a_nested_parquet_column(tmp_path):

@@ -4,6 +4,7 @@ run's saved model, which takes the rows as they are kept: it standardizes and en
 import argparse
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from kadapt.run.data import load_table_inputs
 from kadapt.run.report import in_progress_text
 from kadapt.run.tables import is_strings
 from kadapt.run.tables import is_table_spec
+from kadapt.run.tables import not_a_table
 from kadapt.run.tables import labelled
 from kadapt.saving import load_model
 
@@ -97,6 +99,8 @@ def _input_batches(spec, config, data):
     hold a batch at a time, `kadapt.run.table_stream`), else arrays, in one batch."""
     if data.get("columns"):
         if not is_table_spec(spec):
+            if Path(spec).is_file() and Path(spec).suffix.lower() not in (".npz", ".npy"):
+                raise not_a_table(spec)
             raise UsageError(f"--data {spec}: this run was trained on a table; pass a .csv or .parquet file with "
                              f"its columns ({', '.join(data['columns'])}).")
         from kadapt.run.table_stream import prediction_batches

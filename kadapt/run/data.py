@@ -199,6 +199,8 @@ def _raw_data(config):
     if is_table_spec(config.data):
         return _table_data(config)
     if config.target is not None or config.test is not None:
+        if Path(config.data).is_file() and Path(config.data).suffix.lower() not in (".npz", ".npy"):
+            raise tables.not_a_table(config.data)  # a table in a form kadapt does not read (a spreadsheet, ...)
         flag = "--target" if config.target is not None else "--test"
         value = config.target if config.target is not None else config.test
         raise UsageError(f"{flag} goes with a table (--data TABLE.csv or TABLE.parquet); --data {config.data} is "

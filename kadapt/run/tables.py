@@ -63,11 +63,25 @@ WRITTEN_DECIMAL_COMMA = "written number, decimal comma"
 WRITTEN_COMMA = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(\.\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(,\d+)?"
                            r"\s?[%€]?")
 WRITTEN_KINDS = {WRITTEN_NUMBER: WRITTEN, WRITTEN_DECIMAL_COMMA: WRITTEN_COMMA}
-CSV_SUFFIXES = (".csv", ".tsv")
+# Delimited text as tables are published: comma- or tab-separated, and the plain-text names UCI's
+# repository and other archives give them (`adult.data`, `table.txt`), the delimiter read off the file.
+CSV_SUFFIXES = (".csv", ".tsv", ".txt", ".dat", ".data")
+# Files that hold a table kadapt does not read: what each is, and how to make one it reads.
+OTHER_TABLES = {
+    **dict.fromkeys((".xlsx", ".xlsm", ".xls", ".ods"), ("a spreadsheet", "save the sheet as CSV (UTF-8)")),
+    **dict.fromkeys((".zip", ".tar", ".tgz", ".7z", ".rar"), ("an archive", "unpack it and pass the table inside")),
+    **dict.fromkeys((".json", ".jsonl", ".ndjson"), ("JSON", "write the table as Parquet (pandas: "
+                                                              "`read_json(...).to_parquet(\"table.parquet\")`)")),
+    **dict.fromkeys((".feather", ".arrow", ".orc", ".h5", ".hdf5", ".sav", ".dta", ".sas7bdat", ".pkl", ".pickle"),
+                    ("not a CSV or Parquet file", "write the table as Parquet (pandas: `to_parquet`)")),
+}
+TABLE_FORMS = "CSV (.csv, .tsv, .txt; compressed: .csv.gz) and Parquet (.parquet)"
 # The delimiters published CSV files use: commas; semicolons, where the comma is the decimal point (a
 # spreadsheet's export in much of Europe); tabs; bars. Read off the file's first lines (`csv_dialect`).
 DELIMITERS = (",", ";", "\t", "|")
-DELIMITER_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars"}
+# Single spaces, as R's `write.table` writes by default, only where none of those splits every line alike.
+SPACE = " "
+DELIMITER_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars", SPACE: "spaces"}
 THOUSANDS_POINT = re.compile(r"-?\d{1,3}(\.\d{3})+")  # "150.000": a thousand or a decimal, as the file writes
 SNIFF_BYTES = 1 << 16
 TITLE_LINES = 10  # lines of text above a CSV's header that are named as such (`csv_dialect`)
@@ -182,9 +196,14 @@ def is_parquet(path, flag) -> bool:
         raise UsageError(f"{flag} {path} does not exist.")
     suffix = table_suffix(path)
     if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
-        raise UsageError(f"{flag} {path} is neither a CSV (.csv, .tsv, or either compressed: .csv.gz) nor a "
-                         "Parquet (.parquet) file. Save the table as one of them.")
+        raise not_a_table(path, flag)
     return suffix in PARQUET_SUFFIXES
+
+
+def not_a_table(path, flag="--data") -> UsageError:
+    """The error for a file that is not a table kadapt reads, with the way to make one of it."""
+    what, how = OTHER_TABLES.get(table_suffix(path), ("neither CSV nor Parquet", "save the table as one of them"))
+    return UsageError(f"{flag} {path} is {what}, and kadapt reads tables from {TABLE_FORMS} files: {how}.")
 
 
 def _arrow_table(pa, path, flag, kinds):
@@ -280,13 +299,15 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     quoted = '"' in "".join(lines)
     widths = {delimiter: _width(lines, delimiter) for delimiter in DELIMITERS}
     widths = {delimiter: width for delimiter, width in widths.items() if width}
+    if not widths and not _row_names(lines, DELIMITERS)[0] and _width(lines, SPACE):
+        widths = {SPACE: _width(lines, SPACE)}
     row_names = None
     if table_suffix(path) == ".tsv":
         delimiter = "\t"
     elif widths:
-        delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
+        delimiter = max(widths, key=lambda name: (widths[name], -(DELIMITERS + (SPACE,)).index(name)))
     else:
-        delimiter, row_names = _row_names(lines)
+        delimiter, row_names = _row_names(lines, DELIMITERS + (SPACE,))
         if delimiter is None:
             _check_title(path, flag, numbered)
             return CsvDialect(encoding=encoding, quoted_lines=quoted)
@@ -303,10 +324,11 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     return CsvDialect(delimiter, "," if comma and not point else ".", encoding, quoted, row_names)
 
 
-def _row_names(lines):
+def _row_names(lines, delimiters):
     """`(delimiter, header names)` where the header holds one value fewer than every line after it,
-    which all hold one number of values (R's `write.table` with row names); `(None, None)` otherwise."""
-    for delimiter in DELIMITERS:
+    which all hold one number of values, split at one of `delimiters` (R's `write.table` with row
+    names); `(None, None)` otherwise."""
+    for delimiter in delimiters:
         width = _width(lines[1:], delimiter)
         header = next(stdlib_csv.reader(lines[:1], delimiter=delimiter), [])
         first = [row[0] for row in stdlib_csv.reader(lines[1:], delimiter=delimiter) if row]
@@ -497,9 +519,26 @@ def check_target_name(path: str, columns: list, target: str | None, flag: str = 
                          f"(its columns: {listed}).")
     if target not in columns:
         raise UsageError(f"--target {target} is not a column of {path}; its columns: {listed}. "
-                         f"Pass one of them. Received: --target={target}")
+                         f"{_target_advice(target, columns)} Received: --target={target}")
     if len(columns) < 2:
         raise UsageError(f"{flag} {path} holds only the --target column {target}: add the columns to learn from.")
+
+
+def _target_advice(target, columns):
+    """How to name the column to predict: the column `target` was likely meant as (another case,
+    spaces, a typo), or, where the header holds numbers, the header line a file without one lacks."""
+    import difflib
+
+    folded = {name.strip().casefold(): name for name in columns}
+    meant = folded.get(target.strip().casefold()) or next(iter(difflib.get_close_matches(target, columns, 1, 0.75)),
+                                                            None)
+    if meant is not None:
+        return f"Did you mean --target {meant!r}?"
+    numbers = [name for name in columns if is_number(name)]
+    if numbers:
+        return (f"Its first line holds numbers ({', '.join(numbers[:3])}) where a header holds names: if the file "
+                "has no header line, add one naming its columns, then pass the one to predict.")
+    return "Pass one of them."
 
 
 def is_strings(values) -> bool:
