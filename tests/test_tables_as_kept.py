@@ -442,11 +442,27 @@ def test_the_format_of_local_dates_is_the_one_every_value_settles(values, form):
     assert tables.local_date_format(values) == form
 
 
-def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
-    (tmp_path / "t.csv").write_bytes("size,colour\n1,red\n2,caf\xe9\n".encode("latin-1"))
-    with pytest.raises(UsageError, match=r"^--data .*t.csv: column colour holds text that is not UTF-8, first on line "
-                                         r"3 \(b'caf\\xe9'\). Save the file as UTF-8"):
-        tables.read_table(str(tmp_path / "t.csv"))
+def test_text_in_windows_1252_is_read_so_and_past_the_first_lines_named_with_its_line(tmp_path):
+    """A spreadsheet's plain "CSV" on Windows is Windows-1252 ("café", "5 €"): it stopped ("not UTF-8").
+    Where the first lines are UTF-8 and a later one is not, the line is named."""
+    (tmp_path / "t.csv").write_bytes("size,colour,price\n1,red,5 \u20ac\n2,caf\xe9,6 \u20ac\n".encode("cp1252"))
+    table = tables.read_table(str(tmp_path / "t.csv"))
+    assert table.columns["colour"].tolist() == ["red", "café"] and table.columns["price"].tolist() == ["5 €", "6 €"]
+    assert table.notes == (f"--data {tmp_path / 't.csv'}: values separated by commas, text in Windows-1252 (its first "
+                           "lines are not UTF-8)",)
+    (tmp_path / "late.csv").write_bytes(("size,colour\n" + "1,red\n" * 20_000 + "2,caf\xe9\n").encode("latin-1"))
+    with pytest.raises(UsageError, match=r"^--data .*late.csv: column colour holds text that is not UTF-8, first on "
+                                         r"line 20002 \(b'caf\\xe9'\). Save the file as UTF-8"):
+        tables.read_table(str(tmp_path / "late.csv"))
+
+
+def test_a_first_line_naming_the_delimiter_is_read_and_skipped(tmp_path):
+    """A spreadsheet writes "sep=;" above the header for itself: it was "text above the table"."""
+    (tmp_path / "t.csv").write_text("sep=;\nsize;colour\n1,5;red\n2;blue\n")
+    table = tables.read_table(str(tmp_path / "t.csv"))
+    assert table.columns["size"].tolist() == [1.5, 2.0] and table.columns["colour"].tolist() == ["red", "blue"]
+    assert table.notes == (f"--data {tmp_path / 't.csv'}: values separated by semicolons (its first line, 'sep=;', "
+                           "says so: skipped), decimal commas",)
 
 
 @BOTH_BACKENDS

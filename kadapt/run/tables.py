@@ -53,15 +53,17 @@ FORM_PARTS = {"%d": r"\d{1,2}", "%m": r"\d{1,2}", "%Y": r"\d{4}", "%y": r"\d{2}"
 # and the error values a spreadsheet writes into a cell whose formula failed ("#DIV/0!").
 MARKER = re.compile(r"[?*.\-]{1,3}|#(DIV/0!|VALUE!|REF!|NAME\?|NUM!|NULL!|N/A|ERROR!)")
 # Numbers written for people: thousands separators (commas, or spaces as in "4 129", the no-break ones
-# too), a currency sign, a percent sign ("$1,234.50", "€ 12", "-1,000", "12.5%": 12.5, as written).
+# too), a currency sign, a percent sign ("$1,234.50", "€ 12", "-1,000", "12.5%": 12.5, as written), and
+# parentheses for a negative amount, as accounts write it ("(1,234.50)": -1234.5).
 # pyarrow reads them as strings; as strings a price would be a category of its own per value.
 WRITTEN_NUMBER = "written number"
-WRITTEN = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(\.\d+)?\s?%?")
+WRITTEN_FORM = r"[-+]?[$€£¥]?\s?(\d{1,3}(,\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(\.\d+)?\s?%?"
+WRITTEN = re.compile(rf"{WRITTEN_FORM}|\({WRITTEN_FORM}\)")
 # The same in a file of decimal commas (`CsvDialect`), thousands by points or spaces: "1.234,56 €",
 # "12,5 %". Its kind says so, and a later file's column is read with it, whatever that file's dialect.
 WRITTEN_DECIMAL_COMMA = "written number, decimal comma"
-WRITTEN_COMMA = re.compile(r"[-+]?[$€£¥]?\s?(\d{1,3}(\.\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(,\d+)?"
-                           r"\s?[%€]?")
+WRITTEN_COMMA_FORM = r"[-+]?[$€£¥]?\s?(\d{1,3}(\.\d{3})+|\d{1,3}([ \u00a0\u202f]\d{3})+|\d+)(,\d+)?\s?[%€]?"
+WRITTEN_COMMA = re.compile(rf"{WRITTEN_COMMA_FORM}|\({WRITTEN_COMMA_FORM}\)")
 WRITTEN_KINDS = {WRITTEN_NUMBER: WRITTEN, WRITTEN_DECIMAL_COMMA: WRITTEN_COMMA}
 # Delimited text as tables are published: comma- or tab-separated, and the plain-text names UCI's
 # repository and other archives give them (`adult.data`, `table.txt`), the delimiter read off the file.
@@ -81,6 +83,7 @@ TABLE_FORMS = "CSV (.csv, .tsv, .txt; compressed: .csv.gz) and Parquet (.parquet
 DELIMITERS = (",", ";", "\t", "|")
 # Single spaces, as R's `write.table` writes by default, only where none of those splits every line alike.
 SPACE = " "
+ENCODING_NAMES = {"utf-16": "UTF-16", "cp1252": "Windows-1252 (its first lines are not UTF-8)"}
 DELIMITER_NAMES = {",": "commas", ";": "semicolons", "\t": "tabs", "|": "bars", SPACE: "spaces"}
 THOUSANDS_POINT = re.compile(r"-?\d{1,3}(\.\d{3})+")  # "150.000": a thousand or a decimal, as the file writes
 SNIFF_BYTES = 1 << 16
@@ -245,8 +248,9 @@ def csv_options(types, dialect=None):
 @dataclasses.dataclass(frozen=True)
 class CsvDialect:
     """How a CSV file separates its values, writes its decimal point and encodes its text
-    (UTF-8, or UTF-16 where the file starts with its byte-order mark, as a spreadsheet's
-    "Unicode" export and Windows tools write it)."""
+    (UTF-8; UTF-16 where the file starts with its byte-order mark, as a spreadsheet's
+    "Unicode" export and Windows tools write it; Windows-1252 where its first lines are not
+    UTF-8, as a spreadsheet's plain "CSV" on Windows is written)."""
 
     delimiter: str = ","
     decimal_point: str = "."
@@ -257,24 +261,30 @@ class CsvDialect:
     # A header one name short of the rows' values, as R's `write.table` writes row names: its names,
     # the rows' first values read as a column with no name.
     row_names: tuple | None = None
+    # A first line "sep=;" names the delimiter, as a spreadsheet writes it for itself: skipped.
+    delimiter_line: bool = False
 
     def parse_options(self):
         return require("pyarrow.csv", extra="tables").ParseOptions(delimiter=self.delimiter,
                                                                     newlines_in_values=self.quoted_lines)
 
     def read_options(self, **options):
+        skipped = int(self.delimiter_line)
         if self.row_names is not None:  # the header line skipped, the names given with one for the row names
-            options.update(column_names=["", *self.row_names], skip_rows=1)
+            options.update(column_names=["", *self.row_names], skip_rows=skipped + 1)
+        elif skipped:
+            options.update(skip_rows=skipped)
         return require("pyarrow.csv", extra="tables").ReadOptions(encoding=self.encoding, **options)
 
     def note(self, path, flag):
         """The line saying how the file was read, where not as commas and decimal points in UTF-8 or
         its rows have names; else `None`."""
         said = []
-        if (self.delimiter, self.decimal_point, self.encoding) != (",", ".", "utf8"):
+        if (self.delimiter, self.decimal_point, self.encoding) != (",", ".", "utf8") or self.delimiter_line:
             decimal = ", decimal commas" if self.decimal_point == "," else ""
-            text = ", text in UTF-16" if self.encoding != "utf8" else ""
-            said.append(f"values separated by {DELIMITER_NAMES[self.delimiter]}{decimal}{text}")
+            text = f", text in {ENCODING_NAMES[self.encoding]}" if self.encoding != "utf8" else ""
+            named = f" (its first line, {'sep=' + self.delimiter!r}, says so: skipped)" if self.delimiter_line else ""
+            said.append(f"values separated by {DELIMITER_NAMES[self.delimiter]}{named}{decimal}{text}")
         if self.row_names is not None:
             said.append("its header names one column fewer than its rows hold: each row's first value is its "
                         "name (R's write.table), read as a column with no name")
@@ -291,8 +301,27 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     the header (a title) are a `UsageError` naming them."""
     with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
         head = file.read(SNIFF_BYTES)
-    encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8"
+    encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8" if _utf8(head) else "cp1252"
     lines = head.decode(encoding.replace("utf8", "utf-8"), errors="replace").splitlines()
+    named = re.fullmatch(r"sep=(.)", lines[0].strip("\ufeff")) if lines else None
+    if named is not None and named.group(1) in DELIMITER_NAMES:  # "sep=;": a spreadsheet's line for itself
+        return dataclasses.replace(_dialect(path, flag, lines[1:], head, encoding, named.group(1)),
+                                   delimiter_line=True)
+    return _dialect(path, flag, lines, head, encoding)
+
+
+def _utf8(head):
+    """Whether the first bytes of a file are UTF-8 (a character cut at their end aside)."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return error.start >= len(head) - 3 and error.reason == "unexpected end of data"
+    return True
+
+
+def _dialect(path, flag, lines, head, encoding, named=None):
+    """`csv_dialect` of the file's first `lines` (decoded from `head`, its first bytes, as `encoding`);
+    `named`: the delimiter a first line "sep=;" names."""
     numbered = [(number, line) for number, line in enumerate((lines[:-1] if len(head) == SNIFF_BYTES else lines)[:50],
                                                              start=1) if line.strip()]
     lines = [line for _, line in numbered]
@@ -302,7 +331,9 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     if not widths and not _row_names(lines, DELIMITERS)[0] and _width(lines, SPACE):
         widths = {SPACE: _width(lines, SPACE)}
     row_names = None
-    if table_suffix(path) == ".tsv":
+    if named is not None:
+        delimiter = named
+    elif table_suffix(path) == ".tsv":
         delimiter = "\t"
     elif widths:
         delimiter = max(widths, key=lambda name: (widths[name], -(DELIMITERS + (SPACE,)).index(name)))
@@ -748,9 +779,10 @@ def _written_number(value, kind=WRITTEN_NUMBER):
         return np.nan
     if not WRITTEN_KINDS[kind].fullmatch(text):
         raise ValueError(value)
+    sign = -1.0 if text.startswith("(") else 1.0  # "(1,234.50)": an amount owed, as accounts write it
     if kind == WRITTEN_DECIMAL_COMMA:
         text = re.sub(r"[.]", "", text).replace(",", ".")
-    return float(re.sub(r"[$€£¥,%\s]", "", text))
+    return sign * float(re.sub(r"[$€£¥,%\s()]", "", text))
 
 
 def yes_no(distinct) -> bool:
