@@ -450,6 +450,11 @@ def test_text_in_windows_1252_is_read_so_and_past_the_first_lines_named_with_its
     assert table.columns["colour"].tolist() == ["red", "café"] and table.columns["price"].tolist() == ["5 €", "6 €"]
     assert table.notes == (f"--data {tmp_path / 't.csv'}: values separated by commas, text in Windows-1252 (its first "
                            "lines are not UTF-8)",)
+    # UTF-8 whose first 64 KiB, the bytes the dialect is read off, end inside an "é" stays UTF-8.
+    (tmp_path / "cut.csv").write_text("sz,colour\n" + "1,café\n" * 9000)
+    assert (tmp_path / "cut.csv").read_bytes()[tables.SNIFF_BYTES - 1:tables.SNIFF_BYTES + 1] == "é".encode()
+    cut = tables.read_table(str(tmp_path / "cut.csv"))
+    assert cut.notes == () and set(cut.columns["colour"].tolist()) == {"café"}
     (tmp_path / "late.csv").write_bytes(("size,colour\n" + "1,red\n" * 20_000 + "2,caf\xe9\n").encode("latin-1"))
     with pytest.raises(UsageError, match=r"^--data .*late.csv: column colour holds text that is not UTF-8, first on "
                                          r"line 20002 \(b'caf\\xe9'\). Save the file as UTF-8"):

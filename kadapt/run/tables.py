@@ -301,7 +301,7 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     the header (a title) are a `UsageError` naming them."""
     with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
         head = file.read(SNIFF_BYTES)
-    encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8" if _utf8(head) else "cp1252"
+    encoding = "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf8" if _head_is_utf8(head) else "cp1252"
     lines = head.decode(encoding.replace("utf8", "utf-8"), errors="replace").splitlines()
     named = re.fullmatch(r"sep=(.)", lines[0].strip("\ufeff")) if lines else None
     if named is not None and named.group(1) in DELIMITER_NAMES:  # "sep=;": a spreadsheet's line for itself
@@ -310,7 +310,7 @@ def csv_dialect(path, flag="--data") -> CsvDialect:
     return _dialect(path, flag, lines, head, encoding)
 
 
-def _utf8(head):
+def _head_is_utf8(head):
     """Whether the first bytes of a file are UTF-8 (a character cut at their end aside)."""
     try:
         head.decode("utf-8")
