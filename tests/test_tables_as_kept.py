@@ -200,6 +200,21 @@ def test_a_header_one_name_short_is_rs_row_names(tmp_path, monkeypatch):
            "name (R's write.table), read as a column with no name" in data.notes
 
 
+def test_empty_columns_without_names_beside_the_table_are_dropped_not_a_duplicate_name(tmp_path, monkeypatch):
+    """A spreadsheet exports the empty cells it formatted beside and below a table ("a,b,,", ",,,,"): two
+    columns named "" stopped ("the column name '' appears 2 times ... Rename one of them"). Named
+    "Unnamed: i" as pandas names them, each is dropped as empty; two that hold values are both kept."""
+    lines = ["size,colour,label,,"] + [f"{i % 7},{'rg'[i % 2]},{'ab'[i % 3 % 2]},," for i in range(30)] + [",,,,"] * 3
+    (tmp_path / "t.csv").write_text("\r\n".join(lines) + "\r\n")
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label"))
+    assert data.columns == {"size": "numeric", "colour": "string"}
+    assert data.dropped == {"Unnamed: 3": "empty in every training row", "Unnamed: 4": "empty in every training row"}
+    assert "--data t.csv: 3 of 33 rows have no label (an empty cell): left out" in data.notes
+    write_csv(tmp_path / "two.csv", ["", "", "label"], [["1", "x", "a"], ["2", "y", "b"]])
+    assert list(tables.read_table(str(tmp_path / "two.csv")).columns) == ["Unnamed: 0", "Unnamed: 1", "label"]
+
+
 def test_a_title_above_the_header_is_named_with_the_fix(tmp_path, monkeypatch):
     (tmp_path / "t.csv").write_text("Sales report, 2023\n\nsize,colour,weight,label\n1,red,2,yes\n2,blue,3,no\n")
     assert bad(tmp_path, monkeypatch, data="t.csv", target="label") == (

@@ -167,7 +167,8 @@ def read_batches(path, flag, types, kinds=None):
     pa = require("pyarrow", extra="tables")
     batches, schema = _batches(path, flag, types)
     tables.check_names(path, flag, schema.names, 1)
-    integer = frozenset(field.name.strip() for field in schema if pa.types.is_integer(field.type))
+    integer = frozenset(name for name, field in zip(tables.column_names(schema.names), schema)
+                        if pa.types.is_integer(field.type))
     first = 0
     try:
         for batch in batches:

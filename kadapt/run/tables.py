@@ -153,7 +153,8 @@ def read_table(path: str, flag: str = "--data", kinds: dict | None = None, targe
     notes = [note] if note else []
     columns = numpy_columns(path, flag, table, kinds, compact={name for name in names if name.strip() != target}
                             if target is not None else (), notes=notes)
-    return Table(columns, frozenset(name.strip() for name in names if pa.types.is_integer(table.column(name).type)),
+    return Table(columns, frozenset(name for name, field in zip(column_names(names), table.schema)
+                                    if pa.types.is_integer(field.type)),
                  tuple(notes), dialect.decimal_point if dialect else ".")
 
 
@@ -165,12 +166,12 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=
     in some cells (`MARKER`: "?", "-") is numbers, the marked cells missing,
     where no `kinds` say otherwise; `notes` (a list) gets a line for each."""
     pa = require("pyarrow", extra="tables")
-    # A name as the user types it: "a, b" headers (a comma and a space) give " b".
     said = {}  # what reading a column changed, by column: a line of the notes
-    columns = {name.strip(): _numpy_column(pa, path, flag, name, table.column(name), name in compact, said)
-               for name in table.column_names}
+    named = column_names(table.column_names)  # a name as the user types it
+    columns = {name: _numpy_column(pa, path, flag, name, table.column(i), given in compact, said)
+               for i, (name, given) in enumerate(zip(named, table.column_names))}
     if notes is not None:
-        notes.extend(f"{flag} {path}: column {name.strip()}: {line}" for name, line in said.items())
+        notes.extend(f"{flag} {path}: column {name}: {line}" for name, line in said.items())
     spaced = [name for name in table.column_names if name != name.strip()]
     if spaced and notes is not None:
         notes.append(f"{flag} {path}: the spaces around {len(spaced)} column names removed ({spaced[0]!r} is "
@@ -413,9 +414,18 @@ def unreadable(path, flag, error):
     return UsageError(f"{flag} {path} is not a readable {kind} table ({_one_line(error)}). Fix the file.")
 
 
+def column_names(names) -> list:
+    """A file's column names as kadapt names them: without the spaces around them ("a, b" headers, a
+    comma and a space, give " b"), and, where several have no name (a spreadsheet's export of empty
+    columns beside the table: "a,b,,"), "Unnamed: i" after their position, as pandas names them."""
+    stripped = [name.strip() for name in names]
+    unnamed = stripped.count("") > 1
+    return [f"Unnamed: {i}" if unnamed and name == "" else name for i, name in enumerate(stripped)]
+
+
 def check_names(path, flag, names, rows):
     """A `UsageError` for a table with two columns of one name (spaces around it aside), or without rows."""
-    names = [name.strip() for name in names]
+    names = column_names(names)
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
         raise UsageError(f"{flag} {path}: the column name {duplicated[0]!r} appears {names.count(duplicated[0])} "
