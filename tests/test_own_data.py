@@ -137,6 +137,32 @@ def test_string_labels_are_class_names_kept_in_the_run_and_predicted_by_name(nam
     assert lines[0] == "class" and len(lines) == 61 and set(lines[1:]) <= {"cat", "dog"}
 
 
+def test_predicted_class_names_with_commas_and_quotes_read_back_from_the_csv(tmp_path):
+    """`np.savetxt` wrote names unquoted: "New York, NY" split a row in two, and pandas could not read the file."""
+    import argparse
+    import csv
+
+    from kadapt.cli.predict import _Predictions
+
+    names = ["New York, NY", 'Paris "FR"']
+    logits = np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]], "float32")
+    for probabilities, header, expected in ((False, ["class"], [["New York, NY"], ['Paris "FR"'], ["New York, NY"]]),
+                                            (True, [f"class_{name}" for name in names], None)):
+        output = tmp_path / f"p{int(probabilities)}.csv"
+        predictions = _Predictions(argparse.Namespace(output=str(output), probabilities=probabilities), names, False,
+                                   "label")
+        predictions.add(logits[:2], None)
+        predictions.add(logits[2:], None)  # a second batch appends
+        predictions.close()
+        with open(output, newline="") as file:
+            rows = list(csv.reader(file))
+        assert rows[0] == header and len(rows) == 4
+        if expected is not None:
+            assert rows[1:] == expected
+        else:
+            np.testing.assert_allclose(np.array(rows[1:], float).sum(axis=1), 1.0, rtol=1e-5)
+
+
 def test_a_csv_trains_on_its_columns_and_predicts_raw_rows_with_an_unseen_category(csv_run, tables, capsys,
                                                                                      monkeypatch):
     data = json.loads((csv_run / "config.json").read_text())["resolved"]["data"]

@@ -2,6 +2,7 @@
 run's saved model, which takes the rows as they are kept: it standardizes and encodes them itself."""
 
 import argparse
+import csv
 import re
 import sys
 from pathlib import Path
@@ -146,7 +147,7 @@ class _Predictions:
             self.low, self.high = min(self.low, float(values.min(initial=np.inf))), max(
                 self.high, float(values.max(initial=-np.inf)))
             self.total += float(values.sum())
-            self._write(values, self.target)
+            self._write(values, [self.target])
             return
         classes = np.argmax(outputs, axis=-1)
         predicted = np.array(self.names)[classes] if self.names else classes
@@ -159,23 +160,26 @@ class _Predictions:
             self.scored += len(y)
         labels = self.names or range(outputs.shape[-1])
         if self.args.probabilities:
-            self._write(softmax(outputs), ",".join(f"class_{c}" for c in labels))
+            self._write(softmax(outputs), [f"class_{c}" for c in labels])
         else:
-            self._write(predicted, "class")
+            self._write(predicted, ["class"])
 
     def _write(self, rows, header):
+        """Appends `rows` to `--output`; `header`: the CSV's column names, written with the first rows."""
         output = self.args.output
         if output is None:
             return
         if output.endswith(".npy"):
             self.written.append(rows)  # saved as one array at the end (`close`)
             return
-        fmt = "%s" if rows.dtype.kind == "U" else "%d" if rows.dtype.kind in "iu" else "%.6g"
         try:
             if self.handle is None:
-                self.handle = open(output, "w")
-                self.handle.write(header + "\n")
-            np.savetxt(self.handle, rows, fmt=fmt, delimiter=",")
+                self.handle = open(output, "w", newline="")
+                csv.writer(self.handle, lineterminator="\n").writerow(header)  # a class name may hold a comma
+            if rows.dtype.kind in "UO":  # class names, quoted where they hold a comma or a quote
+                csv.writer(self.handle, lineterminator="\n").writerows([name] for name in rows.tolist())
+            else:
+                np.savetxt(self.handle, rows, fmt="%d" if rows.dtype.kind in "iu" else "%.6g", delimiter=",")
         except OSError as error:
             raise UsageError(f"--output {output} cannot be written: {error.strerror or error}.") from None
 
