@@ -185,3 +185,17 @@ def test_streaming_refuses_a_disk_without_room_with_the_figure(tmp_path, monkeyp
                         lambda _: collections.namedtuple("usage", "total used free")(10, 10, 1000))
     with pytest.raises(UsageError, match=r"encoded rows take 0\.0 GiB on disk, and .* has 0\.0 GiB free"):
         load_data(RunConfig(str(path), target="label", stream="on"))
+
+
+def test_a_streamed_prediction_file_gives_each_batch_its_row_ids_as_written(tmp_path):
+    """The columns a run dropped as ids name a streamed file's rows too, read as strings ("007" stays so)."""
+    from kadapt.run import tables
+
+    with open(tmp_path / "new.csv", "w", newline="") as file:
+        csv.writer(file).writerows([["id", "x"], *([f"{i:03d}", str(i / 10)] for i in range(25))])
+    data = {"columns": {"x": tables.NUMERIC}, "dropped_columns": {"id": tables.ID_REASON}, "target": "label"}
+    batches = list(table_stream.prediction_batches(str(tmp_path / "new.csv"), data))
+    ids = np.concatenate([ids["id"] for _, _, ids in batches])
+    assert ids.tolist() == [f"{i:03d}" for i in range(25)]
+    np.testing.assert_allclose(np.concatenate([columns["x"] for columns, _, _ in batches]).reshape(-1),
+                               np.arange(25) / 10, rtol=1e-6)

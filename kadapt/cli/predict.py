@@ -64,8 +64,8 @@ def run_predict(args: argparse.Namespace) -> int:
         return _predict_images(args, model, config, directory.read_json(files.CLASSES))
     predictions = _Predictions(args, directory.read_json(files.CLASSES), regression, data.get("target"))
     try:
-        for x, y in _input_batches(args.data, config, data):
-            predictions.add(_outputs(model, x, config), y)
+        for x, y, ids in _input_batches(args.data, config, data):
+            predictions.add(_outputs(model, x, config), y, ids)
     finally:
         predictions.close()
     print(f"predicted {predictions.rows} rows of {args.data} with {directory / files.MODEL}")
@@ -96,8 +96,9 @@ def _predict_images(args, model, config, names):
 
 
 def _input_batches(spec, config, data):
-    """`(rows, labels or None)` batches: a table's columns for a run trained on one (a table too large to
-    hold a batch at a time, `kadapt.run.table_stream`), else arrays, in one batch."""
+    """`(rows, labels or None, row ids)` batches: a table's columns for a run trained on one (a table too
+    large to hold a batch at a time, `kadapt.run.table_stream`) and its id columns, else arrays, in one
+    batch."""
     if data.get("columns"):
         if not is_table_spec(spec):
             if Path(spec).is_file() and Path(spec).suffix.lower() not in (".npz", ".npy"):
@@ -109,8 +110,8 @@ def _input_batches(spec, config, data):
 
         if too_large([spec]):
             return prediction_batches(spec, data)
-        return [load_table_inputs(spec, data)]
-    return [load_inputs(spec, config.get("options", {}).get("seed", 0))]
+        return [load_table_inputs(spec, data, ids=True)]
+    return [(*load_inputs(spec, config.get("options", {}).get("seed", 0)), {})]
 
 
 def _outputs(model, x, config):
@@ -132,13 +133,17 @@ class _Predictions:
 
     def __init__(self, args, names, regression, target):
         self.args, self.names, self.regression, self.target = args, names, regression, target or "value"
+        self.ids = {}
         self.rows, self.classes, self.handle, self.written = 0, None, None, []
         self.right = self.scored = 0
         self.errors = RegressionSums()
         self.low, self.high, self.total = np.inf, -np.inf, 0.0
 
-    def add(self, outputs, y):
+    def add(self, outputs, y, ids=None):
+        """Adds a batch: the model's `outputs`, its labels `y` (or `None`) and the columns that name
+        its rows (`ids`, `{name: values}`: a table's ids, written first in a CSV)."""
         self.rows += len(outputs)
+        self.ids = ids or {}
         if self.regression:
             values = outputs.reshape(-1)
             if y is not None:
@@ -173,13 +178,13 @@ class _Predictions:
             self.written.append(rows)  # saved as one array at the end (`close`)
             return
         try:
+            # A class name may hold a comma or a quote: the csv module quotes it.
             if self.handle is None:
                 self.handle = open(output, "w", newline="")
-                csv.writer(self.handle, lineterminator="\n").writerow(header)  # a class name may hold a comma
-            if rows.dtype.kind in "UO":  # class names, quoted where they hold a comma or a quote
-                csv.writer(self.handle, lineterminator="\n").writerows([name] for name in rows.tolist())
-            else:
-                np.savetxt(self.handle, rows, fmt="%d" if rows.dtype.kind in "iu" else "%.6g", delimiter=",")
+                csv.writer(self.handle, lineterminator="\n").writerow([*self.ids, *header])
+            names = list(zip(*(values.tolist() for values in self.ids.values()))) if self.ids else [()] * len(rows)
+            csv.writer(self.handle, lineterminator="\n").writerows(
+                [*name, *row] for name, row in zip(names, _cells(rows), strict=True))
         except OSError as error:
             raise UsageError(f"--output {output} cannot be written: {error.strerror or error}.") from None
 
@@ -212,6 +217,16 @@ class _Predictions:
         elif self.classes is not None:
             listed = ", ".join(f"{c}: {n}" for c, n in zip(self.names or range(len(self.classes)), self.classes))
             print(f"rows per predicted class: {listed}")
+
+
+def _cells(rows):
+    """The CSV cells of predicted `rows` ((N,) or (N, classes)): names as they are, whole numbers as
+    such, values to 6 significant digits."""
+    rows = rows.reshape(len(rows), -1)
+    if rows.dtype.kind in "UO":
+        return rows.tolist()
+    form = "{:d}" if rows.dtype.kind in "iu" else "{:.6g}"
+    return [[form.format(value) for value in row] for row in rows.tolist()]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

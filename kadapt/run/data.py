@@ -490,14 +490,17 @@ def load_inputs(spec: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None
     return x, y
 
 
-def load_table_inputs(spec: str, data: dict) -> tuple[dict, np.ndarray | None]:
+def load_table_inputs(spec: str, data: dict, ids: bool = False) -> tuple:
     """The model columns of every row of the table file `spec`, read as the
     run's config `data` says (its columns' kinds, those dropped, its target),
-    and the target's labels (`None` without that column)."""
+    and the target's labels (`None` without that column); with `ids`, also
+    the columns the run dropped as ids, as written (`kadapt.run.tables.row_ids`)."""
     from kadapt.run.encoding import table_inputs
 
-    table = tables.read_table(spec, kinds=data["columns"])
-    return table_inputs(spec, table.columns, table.integer, data, table.decimal_point)
+    named = {name: tables.STRING for name in tables.row_ids(dict.fromkeys(data.get("dropped_columns", {})), data)}
+    table = tables.read_table(spec, kinds={**data["columns"], **named})
+    columns, labels = table_inputs(spec, table.columns, table.integer, data, table.decimal_point)
+    return (columns, labels, tables.row_ids(table.columns, data)) if ids else (columns, labels)
 
 
 def _npz_keys(path):

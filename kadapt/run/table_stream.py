@@ -191,8 +191,9 @@ def _read(path, flag, types, target, kinds=None):
 
 
 def prediction_batches(spec, data):
-    """`kadapt predict`'s `(model columns, labels or None)` of a table too large to hold, a batch
-    at a time, read as the run's config `data` says (`kadapt.run.encoding.table_inputs`)."""
+    """`kadapt predict`'s `(model columns, labels or None, row ids)` of a table too large to hold, a
+    batch at a time, read as the run's config `data` says (`kadapt.run.encoding.table_inputs`;
+    `kadapt.run.tables.row_ids`)."""
     from kadapt.run.encoding import table_inputs
 
     pa = require("pyarrow", extra="tables")
@@ -205,7 +206,7 @@ def prediction_batches(spec, data):
     decimal_point = "." if tables.is_parquet(spec, "--data") else tables.csv_dialect(spec).decimal_point
     try:
         for first, columns, integer in read_batches(spec, "--data", types, kinds):
-            yield table_inputs(spec, columns, integer, data, decimal_point, first)
+            yield *table_inputs(spec, columns, integer, data, decimal_point, first), tables.row_ids(columns, data)
     except _Widen as change:
         raise UsageError(f"--data {spec}: a cell of column {change.name} is not of the kind the run trained on "
                          f"({kinds.get(change.name, 'the target')}). Fix the cell.") from None
@@ -350,7 +351,7 @@ class _Scan:
             if not self.given[name]:
                 dropped[name] = "empty in every training row"
             elif kind == "O" and self._is_id(tables.input_name(name)):
-                dropped[name] = "a distinct value on every training row (an id)"
+                dropped[name] = tables.ID_REASON
             else:
                 kinds[name] = {"f": tables.NUMERIC, "O": tables.STRING}.get(
                     kind, tables.DATETIME if name in self.has_time else tables.DATE)

@@ -98,6 +98,7 @@ ISO_DATE = r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2})?)?$"
 DATE_PARTS = ("year", "month", "day", "weekday")
 # A string column of at least this many rows whose every training row holds its own value is an id.
 ID_MIN_ROWS = 20
+ID_REASON = "a distinct value on every training row (an id)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -836,8 +837,15 @@ def _drop_reason(values):
     distinct = len(values.counts()) if isinstance(values, CodedStrings) else \
         len(set(values.tolist())) if values.dtype.kind == "O" else 0
     if len(values) >= ID_MIN_ROWS and distinct == len(values):
-        return "a distinct value on every training row (an id)"
+        return ID_REASON
     return None
+
+
+def row_ids(columns: dict, data: dict) -> dict:
+    """The columns of a file's `columns` (`{name: (N,) array}`) that the run (its config `data`) dropped
+    as ids: what names each row, which `kadapt predict` writes beside its predictions."""
+    return {name: columns[name] for name, reason in data.get("dropped_columns", {}).items()
+            if reason == ID_REASON and name in columns}
 
 
 def check_same_columns(path: str, columns: dict, plan: ColumnPlan, flag: str) -> None:
