@@ -217,6 +217,24 @@ def test_empty_columns_without_names_beside_the_table_are_dropped_not_a_duplicat
     assert list(tables.read_table(str(tmp_path / "two.csv")).columns) == ["Unnamed: 0", "Unnamed: 1", "label"]
 
 
+@pytest.mark.parametrize("stream", ["off", "on"])
+def test_a_question_mark_for_a_label_is_no_label_and_plus_and_minus_are_classes(stream, tmp_path, monkeypatch):
+    """UCI's files write "?" for an unknown value: in a target it was a class of its own ("?", "hi", "lo"),
+    and beside numbers it stopped ("holds numbers and words"). Its rows are left out, counted; "+" and
+    "-" (UCI's credit approval) stay classes."""
+    words, values, signs = (["hi", "lo", "?"], ["1.5", "2.25", "?"], "+-")
+    write_csv(tmp_path / "word.csv", ["x", "word", "sign"], [[i, words[i % 3], signs[i % 2]] for i in range(60)])
+    write_csv(tmp_path / "value.csv", ["x", "value", "sign"], [[i, values[i % 3], signs[i % 2]] for i in range(60)])
+    monkeypatch.chdir(tmp_path)
+    for target in ("word", "value"):
+        data = load_data(RunConfig(data=f"{target}.csv", target=target, stream=stream))
+        assert f"--data {target}.csv: 20 of 60 rows have no {target} (an empty cell or '?'): left out" in data.notes
+        assert len(data.y_train) + len(data.y_val) + len(data.y_test) == 40
+        assert data.columns == {"x": "numeric", "sign": "string"}
+    assert data.task.is_regression and set(np.asarray(data.y_test).tolist()) <= {1.5, 2.25}
+    assert list(load_data(RunConfig(data="word.csv", target="sign", stream=stream)).class_names) == ["+", "-"]
+
+
 def test_a_title_above_the_header_is_named_with_the_fix(tmp_path, monkeypatch):
     (tmp_path / "t.csv").write_text("Sales report, 2023\n\nsize,colour,weight,label\n1,red,2,yes\n2,blue,3,no\n")
     assert bad(tmp_path, monkeypatch, data="t.csv", target="label") == (

@@ -241,13 +241,14 @@ def _labelled_rows(path, table, target, flag="--data"):
     labels = columns.pop(target)
     tables.check_label_words(path, target, labels, decimal_point=table.decimal_point)
     keep = tables.labelled(labels)
+    array = tables.label_array(path, target, labels, target in table.integer, table.decimal_point)  # "?": missing
+    written = array.dtype.kind == "f" and tables.written_numbers(labels[keep], tables.written_kind(table.decimal_point))
     notes = []
     if not keep.all():
-        notes.append(f"{flag} {path}: {int((~keep).sum())} of {len(keep)} rows have no {target} (an empty cell): "
-                     "left out")
-        columns, labels = {name: values[keep] for name, values in columns.items()}, labels[keep]
-    array = tables.label_array(path, target, labels, target in table.integer, table.decimal_point)
-    if labels.dtype.kind == "O" and array.dtype.kind == "f":  # words that were numbers written for people
+        notes.append(f"{flag} {path}: {int((~keep).sum())} of {len(keep)} rows have no {target} "
+                     f"({tables.unlabelled_text(tables.label_markers(labels))}): left out")
+        columns, array = {name: values[keep] for name, values in columns.items()}, array[keep]
+    if written:  # words that were numbers written for people
         notes.append(f"--target {target}: numbers written with thousands separators or a currency sign: read as "
                      "numbers")
     return (columns, array), notes

@@ -306,6 +306,7 @@ class _Scan:
         self.moments, self.counts = collections.defaultdict(_Moments), collections.defaultdict(_Counts)
         self.sample, self.keys = {}, np.zeros(0)
         self.labels, self.label_notes, self.read = _Labels(), [], collections.Counter()
+        self.label_markers = set()  # the words that marked a row's label unknown ("?")
         self.types, self.plan = {}, None
 
     def reset(self, flag):
@@ -451,7 +452,8 @@ def _scan_file(scan, path, flag, config, test_fraction, types):
         positions, parts, trained, end = _batch_parts(labels, first, config, test_fraction, test_file, trained)
         rows, keep = first + (len(labels) if end is None else end), parts != UNUSED
         unlabelled += int((~tables.labelled(labels[:end])).sum())
-        scan.labels.add(tables.label_array(path, config.target, labels[keep], integer), parts[keep])
+        scan.label_markers.update(tables.label_markers(labels[:end]))
+        scan.labels.add(tables.label_array(path, config.target, labels, integer)[keep], parts[keep])  # "?": missing
         scan.read.update({part: int((parts == part).sum()) for part in (TRAIN, VALIDATION, TEST)})
         if test_file:
             tables.check_same_columns(path, columns, scan.plan, flag)
@@ -461,8 +463,8 @@ def _scan_file(scan, path, flag, config, test_fraction, types):
         if end is not None:
             break
     if unlabelled:
-        scan.label_notes.append(f"{flag} {path}: {unlabelled} of {rows} rows have no {config.target} (an empty "
-                                "cell): left out")
+        scan.label_notes.append(f"{flag} {path}: {unlabelled} of {rows} rows have no {config.target} "
+                                f"({tables.unlabelled_text(sorted(scan.label_markers))}): left out")
 
 
 def _second_pass(config, scan, encoder, vocabularies, test_fraction):

@@ -52,6 +52,8 @@ FORM_PARTS = {"%d": r"\d{1,2}", "%m": r"\d{1,2}", "%Y": r"\d{4}", "%y": r"\d{2}"
 # What a column of numbers holds where a value is unknown, in files that write no empty cell (UCI's "?"),
 # and the error values a spreadsheet writes into a cell whose formula failed ("#DIV/0!").
 MARKER = re.compile(r"[?*.\-]{1,3}|#(DIV/0!|VALUE!|REF!|NAME\?|NUM!|NULL!|N/A|ERROR!)")
+# In a label column, only "?" and the formula errors: "+" and "-" are classes there (UCI's credit approval).
+LABEL_MARKER = re.compile(r"\?{1,3}|#(DIV/0!|VALUE!|REF!|NAME\?|NUM!|NULL!|N/A|ERROR!)")
 # Numbers written for people: thousands separators (commas, or spaces as in "4 129", the no-break ones
 # too), a currency sign, a percent sign ("$1,234.50", "€ 12", "-1,000", "12.5%": 12.5, as written), and
 # parentheses for a negative amount, as accounts write it ("(1,234.50)": -1234.5).
@@ -922,6 +924,14 @@ def label_array(path: str, name: str, values: np.ndarray, integer: bool, decimal
                          "numbers. Pass another column.")
     if values.dtype.kind == "f":
         return values.astype("int64") if integer and not np.isnan(values).any() else values
+    marked = label_markers(values)
+    if marked:  # "?" marks an unknown label: missing, as an empty cell
+        values = np.where(np.isin(values, marked), "", values).astype(object)
+        given = {value for value in values.tolist() if value != ""}
+        if given and all(is_number(value) for value in given):  # numbers, read as strings beside the "?"
+            numbers = np.array([float(value) if value != "" else np.nan for value in values.tolist()], "float64")
+            whole = all(re.fullmatch(r"\s*[-+]?\d+\s*", value) for value in given)
+            return numbers.astype("int64") if whole and not np.isnan(numbers).any() else numbers
     kind = written_kind(decimal_point)
     if written_numbers(values, kind):  # a price written "$1,234.50": values to predict, not class names
         return written_number_values(values, kind).astype("float64")
@@ -934,10 +944,11 @@ def check_label_words(path: str, name: str, values: np.ndarray, first_row: int =
     if values.dtype.kind != "O":
         return
     written = WRITTEN_KINDS[written_kind(decimal_point)]
+    marked = label_markers(values)  # no label: left out, neither number nor word
     distinct = {value: is_number(value) or bool(written.fullmatch(str(value).strip()))
-                for value in set(values.tolist()) if value != ""}
+                for value in set(values.tolist()) if value != "" and value not in marked}
     if any(distinct.values()) and not all(distinct.values()):
-        rows = np.flatnonzero(values != "")
+        rows = np.flatnonzero(labelled(values))
         numbers = np.array([distinct[value] for value in values[rows]])
         number, word = rows[np.argmax(numbers)], rows[np.argmin(numbers)]
         raise UsageError(f"--target {name}: column {name} of {path} holds numbers ({values[number]!r} on line "
@@ -956,8 +967,23 @@ def is_number(value) -> bool:
 
 
 def labelled(labels: np.ndarray) -> np.ndarray:
-    """Which rows have a label."""
-    return ~missing(labels)
+    """Which rows have a label: not missing, nor a word that marks an unknown one (`label_markers`)."""
+    known = ~missing(labels)
+    marked = label_markers(labels)
+    return known & ~np.isin(labels, marked) if marked else known
+
+
+def unlabelled_text(markers) -> str:
+    """How the rows without a label write it: an empty cell, or one of `markers` ("?")."""
+    return "an empty cell" + "".join(f" or {marker!r}" for marker in markers)
+
+
+def label_markers(labels: np.ndarray) -> list:
+    """The words of a label column that mark an unknown label, not a class (`LABEL_MARKER`: "?", as
+    UCI's files write one, and a spreadsheet's formula errors)."""
+    if labels.dtype.kind not in "OU":
+        return []
+    return sorted(value for value in set(labels.tolist()) if LABEL_MARKER.fullmatch(str(value).strip()))
 
 
 def _one_line(error):
