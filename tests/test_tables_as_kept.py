@@ -235,6 +235,30 @@ def test_a_question_mark_for_a_label_is_no_label_and_plus_and_minus_are_classes(
     assert list(load_data(RunConfig(data="word.csv", target="sign", stream=stream)).class_names) == ["+", "-"]
 
 
+@pytest.mark.parametrize("stream", ["off", "on"])
+def test_a_number_column_named_as_an_id_with_its_own_whole_number_on_every_row_is_an_id(stream, tmp_path,
+                                                                                      monkeypatch):
+    """Kaggle's `PassengerId` (1..N) was a numeric input, noise to the network, and so not written beside
+    the predictions; a measure of distinct whole numbers under another name, or an `Id` repeated, stays."""
+    rows = [[i + 1, 1000 + 7 * i, i % 30, i % 5, "ab"[i % 3 % 2]] for i in range(60)]
+    write_csv(tmp_path / "t.csv", ["PassengerId", "width", "Id", "size", "label"], rows)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label", stream=stream))
+    assert data.dropped == {"PassengerId": tables.ID_REASON}
+    assert data.columns == {"width": "numeric", "Id": "numeric", "size": "numeric"}
+
+
+def test_predict_writes_a_parquet_files_number_ids_as_whole_numbers(tmp_path, monkeypatch, capsys):
+    table = pa.table({"PassengerId": pa.array(range(101, 161), pa.int64()), "size": [float(i % 7) for i in range(60)],
+                      "label": ["ab"[i % 7 > 3] for i in range(60)]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--data", "t.parquet", "--target", "label", "--out", "run", *SHORT]) == 0
+    assert cli.main(["predict", "run", "--data", "t.parquet", "--output", "p.csv"]) == 0
+    header, *rows = csv.reader((tmp_path / "p.csv").read_text().splitlines())
+    assert header == ["PassengerId", "class"] and [row[0] for row in rows] == [str(i) for i in range(101, 161)]
+
+
 def test_a_title_above_the_header_is_named_with_the_fix(tmp_path, monkeypatch):
     (tmp_path / "t.csv").write_text("Sales report, 2023\n\nsize,colour,weight,label\n1,red,2,yes\n2,blue,3,no\n")
     assert bad(tmp_path, monkeypatch, data="t.csv", target="label") == (

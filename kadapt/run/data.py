@@ -498,7 +498,9 @@ def load_table_inputs(spec: str, data: dict, ids: bool = False) -> tuple:
     the columns the run dropped as ids, as written (`kadapt.run.tables.row_ids`)."""
     from kadapt.run.encoding import table_inputs
 
-    named = {name: tables.STRING for name in tables.row_ids(dict.fromkeys(data.get("dropped_columns", {})), data)}
+    # A CSV's ids read as written ("007" stays so); a Parquet file's as it stores them.
+    named = {name: tables.STRING for name in tables.row_ids(dict.fromkeys(data.get("dropped_columns", {})), data)
+             if tables.table_suffix(spec) in tables.CSV_SUFFIXES}
     table = tables.read_table(spec, kinds={**data["columns"], **named})
     columns, labels = table_inputs(spec, table.columns, table.integer, data, table.decimal_point)
     return (columns, labels, tables.row_ids(table.columns, data)) if ids else (columns, labels)

@@ -351,7 +351,7 @@ class _Scan:
         for name, kind in self.raw_kinds.items():
             if not self.given[name]:
                 dropped[name] = "empty in every training row"
-            elif kind == "O" and self._is_id(tables.input_name(name)):
+            elif kind == "O" and self._is_id(tables.input_name(name)) or kind == "f" and self._is_number_id(name):
                 dropped[name] = tables.ID_REASON
             else:
                 kinds[name] = {"f": tables.NUMERIC, "O": tables.STRING}.get(
@@ -363,6 +363,14 @@ class _Scan:
             raise UsageError(f"--data {path}: no column besides the target holds values in the training rows. "
                              "Add the columns to learn from.")
         self.plan = tables.ColumnPlan(kinds, dropped)
+
+    def _is_number_id(self, name):
+        """`tables.numeric_id_reason` of a streamed column: its sample's rows (each its own whole number
+        there), none missing, and a range wide enough to give every row its own."""
+        moments = self.moments[tables.input_name(name)]
+        sample = self.sample[tables.input_name(name)]
+        return bool(tables.numeric_id_reason(name, sample)) and not moments.missing and \
+            moments.high - moments.low + 1 >= moments.given
 
     def _is_id(self, name):
         counts = self.counts[name]

@@ -101,6 +101,9 @@ DATE_PARTS = ("year", "month", "day", "weekday")
 # A string column of at least this many rows whose every training row holds its own value is an id.
 ID_MIN_ROWS = 20
 ID_REASON = "a distinct value on every training row (an id)"
+# A column of numbers is an id where its name says so ("Id", "customer_id", "PassengerId", "CustomerID")
+# and every training row holds its own whole number: a count or a measure of that name is not one.
+ID_NAME = re.compile(r"(?i:(^|[\s_.\-])id)$|[a-z](Id|ID)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -629,7 +632,8 @@ def column_plan(columns: dict, decimal_point: str = ".") -> ColumnPlan:
         local = given and all(LOCAL_DATE.fullmatch(value.strip()) for value in given)  # 1/31/2023, 31.01.2023
         form = local_date_format(given) if local else month_name_format(given)
         written_number = written_numbers(values, written)
-        reason = _index_reason(name, values) or (None if written_number or form else _drop_reason(values))
+        reason = _index_reason(name, values) or numeric_id_reason(name, values) or \
+            (None if written_number or form else _drop_reason(values))
         if reason:
             dropped[name] = reason
         elif form:
@@ -833,6 +837,16 @@ def _index_reason(name, values):
            "with the file"
 
 
+def numeric_id_reason(name, values):
+    """`ID_REASON` for a column of numbers named as an id (`ID_NAME`) whose every training row holds
+    its own whole number (Kaggle's `Id`, `PassengerId`); else `None`."""
+    if not (ID_NAME.search(name.strip()) and isinstance(values, np.ndarray) and values.dtype.kind == "f"
+            and len(values) >= ID_MIN_ROWS):
+        return None
+    whole = not np.isnan(values).any() and np.all(values == np.round(values))
+    return ID_REASON if whole and len(np.unique(values)) == len(values) else None
+
+
 def _drop_reason(values):
     if missing(values).all():
         return "empty in every training row"
@@ -846,8 +860,16 @@ def _drop_reason(values):
 def row_ids(columns: dict, data: dict) -> dict:
     """The columns of a file's `columns` (`{name: (N,) array}`) that the run (its config `data`) dropped
     as ids: what names each row, which `kadapt predict` writes beside its predictions."""
-    return {name: columns[name] for name, reason in data.get("dropped_columns", {}).items()
+    return {name: _id_text(columns[name]) for name, reason in data.get("dropped_columns", {}).items()
             if reason == ID_REASON and name in columns}
+
+
+def _id_text(values):
+    """Ids as written: whole numbers without a fractional part (a Parquet file's, read as numbers)."""
+    if not (isinstance(values, np.ndarray) and values.dtype.kind == "f"):
+        return values
+    return np.array(["" if np.isnan(value) else f"{value:.0f}" if value == round(value) else f"{value:g}"
+                     for value in values.tolist()], object)
 
 
 def check_same_columns(path: str, columns: dict, plan: ColumnPlan, flag: str) -> None:
