@@ -5,7 +5,6 @@ import argparse
 import csv
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +20,7 @@ from kadapt.run.report import in_progress_text
 from kadapt.run.tables import is_strings
 from kadapt.run.tables import is_table_spec
 from kadapt.run.tables import not_a_table
+from kadapt.run.tables import other_file
 from kadapt.run.tables import labelled
 from kadapt.saving import load_model
 
@@ -101,7 +101,7 @@ def _input_batches(spec, config, data):
     batch."""
     if data.get("columns"):
         if not is_table_spec(spec):
-            if Path(spec).is_file() and Path(spec).suffix.lower() not in (".npz", ".npy"):
+            if other_file(spec):
                 raise not_a_table(spec)
             raise UsageError(f"--data {spec}: this run was trained on a table; pass a .csv or .parquet file with "
                              f"its columns ({', '.join(data['columns'])}).")
@@ -133,7 +133,6 @@ class _Predictions:
 
     def __init__(self, args, names, regression, target):
         self.args, self.names, self.regression, self.target = args, names, regression, target or "value"
-        self.ids = {}
         self.rows, self.classes, self.handle, self.written = 0, None, None, []
         self.right = self.scored = 0
         self.errors = RegressionSums()
@@ -143,7 +142,7 @@ class _Predictions:
         """Adds a batch: the model's `outputs`, its labels `y` (or `None`) and the columns that name
         its rows (`ids`, `{name: values}`: a table's ids, written first in a CSV)."""
         self.rows += len(outputs)
-        self.ids = ids or {}
+        ids = ids or {}
         if self.regression:
             values = outputs.reshape(-1)
             if y is not None:
@@ -152,7 +151,7 @@ class _Predictions:
             self.low, self.high = min(self.low, float(values.min(initial=np.inf))), max(
                 self.high, float(values.max(initial=-np.inf)))
             self.total += float(values.sum())
-            self._write(values, [self.target])
+            self._write(values, [self.target], ids)
             return
         classes = np.argmax(outputs, axis=-1)
         predicted = np.array(self.names)[classes] if self.names else classes
@@ -165,12 +164,13 @@ class _Predictions:
             self.scored += len(y)
         labels = self.names or range(outputs.shape[-1])
         if self.args.probabilities:
-            self._write(softmax(outputs), [f"class_{c}" for c in labels])
+            self._write(softmax(outputs), [f"class_{c}" for c in labels], ids)
         else:
-            self._write(predicted, ["class"])
+            self._write(predicted, ["class"], ids)
 
-    def _write(self, rows, header):
-        """Appends `rows` to `--output`; `header`: the CSV's column names, written with the first rows."""
+    def _write(self, rows, header, ids):
+        """Appends `rows` to `--output`; `header`: the CSV's column names, written with the first rows,
+        after those of `ids` (`{name: values}`), whose values lead each row."""
         output = self.args.output
         if output is None:
             return
@@ -181,8 +181,8 @@ class _Predictions:
             # A class name may hold a comma or a quote: the csv module quotes it.
             if self.handle is None:
                 self.handle = open(output, "w", newline="")
-                csv.writer(self.handle, lineterminator="\n").writerow([*self.ids, *header])
-            names = list(zip(*(values.tolist() for values in self.ids.values()))) if self.ids else [()] * len(rows)
+                csv.writer(self.handle, lineterminator="\n").writerow([*ids, *header])
+            names = list(zip(*(values.tolist() for values in ids.values()))) if ids else [()] * len(rows)
             csv.writer(self.handle, lineterminator="\n").writerows(
                 [*name, *row] for name, row in zip(names, _cells(rows), strict=True))
         except OSError as error:

@@ -199,8 +199,8 @@ def _raw_data(config):
     if is_table_spec(config.data):
         return _table_data(config)
     if config.target is not None or config.test is not None:
-        if Path(config.data).is_file() and Path(config.data).suffix.lower() not in (".npz", ".npy"):
-            raise tables.not_a_table(config.data)  # a table in a form kadapt does not read (a spreadsheet, ...)
+        if tables.other_file(config.data):  # a table in a form kadapt does not read (a spreadsheet, ...)
+            raise tables.not_a_table(config.data)
         flag = "--target" if config.target is not None else "--test"
         value = config.target if config.target is not None else config.test
         raise UsageError(f"{flag} goes with a table (--data TABLE.csv or TABLE.parquet); --data {config.data} is "
@@ -499,8 +499,8 @@ def load_table_inputs(spec: str, data: dict, ids: bool = False) -> tuple:
     from kadapt.run.encoding import table_inputs
 
     # A CSV's ids read as written ("007" stays so); a Parquet file's as it stores them.
-    named = {name: tables.STRING for name in tables.row_ids(dict.fromkeys(data.get("dropped_columns", {})), data)
-             if tables.table_suffix(spec) in tables.CSV_SUFFIXES}
+    csv = tables.table_suffix(spec) in tables.CSV_SUFFIXES
+    named = {name: tables.STRING for name in tables.id_columns(data)} if csv else {}
     table = tables.read_table(spec, kinds={**data["columns"], **named})
     columns, labels = table_inputs(spec, table.columns, table.integer, data, table.decimal_point)
     return (columns, labels, tables.row_ids(table.columns, data)) if ids else (columns, labels)

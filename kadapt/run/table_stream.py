@@ -351,7 +351,7 @@ class _Scan:
         for name, kind in self.raw_kinds.items():
             if not self.given[name]:
                 dropped[name] = "empty in every training row"
-            elif kind == "O" and self._is_id(tables.input_name(name)) or kind == "f" and self._is_number_id(name):
+            elif (kind == "O" and self._is_id(tables.input_name(name))) or (kind == "f" and self._is_number_id(name)):
                 dropped[name] = tables.ID_REASON
             else:
                 kinds[name] = {"f": tables.NUMERIC, "O": tables.STRING}.get(

@@ -210,6 +210,11 @@ def is_parquet(path, flag) -> bool:
     return suffix in PARQUET_SUFFIXES
 
 
+def other_file(spec) -> bool:
+    """Whether `--data` names a file that is neither a table kadapt reads nor arrays (`.npz`, `.npy`)."""
+    return not is_table_spec(spec) and Path(spec).is_file() and Path(spec).suffix.lower() not in (".npz", ".npy")
+
+
 def not_a_table(path, flag="--data") -> UsageError:
     """The error for a file that is not a table kadapt reads, with the way to make one of it."""
     what, how = OTHER_TABLES.get(table_suffix(path), ("neither CSV nor Parquet", "save the table as one of them"))
@@ -335,17 +340,17 @@ def _dialect(path, flag, lines, head, encoding, named=None):
     quoted = '"' in "".join(lines)
     widths = {delimiter: _width(lines, delimiter) for delimiter in DELIMITERS}
     widths = {delimiter: width for delimiter, width in widths.items() if width}
-    if not widths and not _row_names(lines, DELIMITERS)[0] and _width(lines, SPACE):
-        widths = {SPACE: _width(lines, SPACE)}
     row_names = None
     if named is not None:
         delimiter = named
     elif table_suffix(path) == ".tsv":
         delimiter = "\t"
     elif widths:
-        delimiter = max(widths, key=lambda name: (widths[name], -(DELIMITERS + (SPACE,)).index(name)))
+        delimiter = max(widths, key=lambda name: (widths[name], -DELIMITERS.index(name)))
     else:
-        delimiter, row_names = _row_names(lines, DELIMITERS + (SPACE,))
+        delimiter, row_names = _row_names(lines, DELIMITERS)
+        if delimiter is None:  # single spaces, the last resort: every line alike, or R's row names
+            delimiter, row_names = (SPACE, None) if _width(lines, SPACE) else _row_names(lines, (SPACE,))
         if delimiter is None:
             _check_title(path, flag, numbered)
             return CsvDialect(encoding=encoding, quoted_lines=quoted)
@@ -478,16 +483,16 @@ def _past_float(pa, column):
     return any(value is not None and abs(value) > 2**53 for value in extremes.values())
 
 
-def _marked_numbers(values, compact):
+def _marked_numbers(values, compact, marker=MARKER):
     """`(numbers, markers, marked rows)` of a string column whose values are numbers but for
-    `MARKER`s (float, NaN where marked or empty); `None` for any other column."""
+    `marker`s (`MARKER`; float, NaN where marked or empty); `None` for any other column."""
     coded = coded_strings(values)
     if coded is None:
         return None
     distinct = [str(value) for value in coded.values.tolist()]
     given = [value for value in distinct if value != ""]
     markers = sorted(value for value in given if not is_number(value))
-    if not markers or len(markers) == len(given) or not all(MARKER.fullmatch(value.strip()) for value in markers):
+    if not markers or len(markers) == len(given) or not all(marker.fullmatch(value.strip()) for value in markers):
         return None
     table = np.array([np.nan if value == "" or value in markers else float(value) for value in distinct],
                      "float32" if compact else "float64")
@@ -857,11 +862,15 @@ def _drop_reason(values):
     return None
 
 
+def id_columns(data: dict) -> list:
+    """The names of the columns a run (its config `data`) dropped as ids."""
+    return [name for name, reason in data.get("dropped_columns", {}).items() if reason == ID_REASON]
+
+
 def row_ids(columns: dict, data: dict) -> dict:
     """The columns of a file's `columns` (`{name: (N,) array}`) that the run (its config `data`) dropped
     as ids: what names each row, which `kadapt predict` writes beside its predictions."""
-    return {name: _id_text(columns[name]) for name, reason in data.get("dropped_columns", {}).items()
-            if reason == ID_REASON and name in columns}
+    return {name: _id_text(columns[name]) for name in id_columns(data) if name in columns}
 
 
 def _id_text(values):
@@ -948,12 +957,10 @@ def label_array(path: str, name: str, values: np.ndarray, integer: bool, decimal
         return values.astype("int64") if integer and not np.isnan(values).any() else values
     marked = label_markers(values)
     if marked:  # "?" marks an unknown label: missing, as an empty cell
+        numbers = _marked_numbers(values, compact=False, marker=LABEL_MARKER)
+        if numbers is not None:  # numbers, read as strings beside the "?"
+            return numbers[0]
         values = np.where(np.isin(values, marked), "", values).astype(object)
-        given = {value for value in values.tolist() if value != ""}
-        if given and all(is_number(value) for value in given):  # numbers, read as strings beside the "?"
-            numbers = np.array([float(value) if value != "" else np.nan for value in values.tolist()], "float64")
-            whole = all(re.fullmatch(r"\s*[-+]?\d+\s*", value) for value in given)
-            return numbers.astype("int64") if whole and not np.isnan(numbers).any() else numbers
     kind = written_kind(decimal_point)
     if written_numbers(values, kind):  # a price written "$1,234.50": values to predict, not class names
         return written_number_values(values, kind).astype("float64")
