@@ -26,7 +26,8 @@ def predict_with_tta(model, x, batch_size=512, flip=True, shift=0):
             the two diagonal shifts; 0 turns them off. Defaults to `0`.
 
     Returns:
-        Array (N, ...) of the averaged outputs (logits for `fast_resnet`).
+        Float32 array (N, ...) of the averaged outputs (logits for `fast_resnet`),
+        whatever the model's dtype policy.
 
     Example:
 
@@ -40,11 +41,11 @@ def predict_with_tta(model, x, batch_size=512, flip=True, shift=0):
         x = x[..., None]
     check_range("shift", shift, low=0, high=min(x.shape[1:3]), high_open=True, integer=True)
 
+    def outputs(images):  # in float32 whatever the policy: NumPy sums bfloat16 in bfloat16
+        return np.asarray(model.predict(images, batch_size=batch_size, verbose=0), "float32")
+
     def view(images):
-        outputs = model.predict(images, batch_size=batch_size, verbose=0)
-        if not flip:
-            return outputs
-        return (outputs + model.predict(images[:, :, ::-1], batch_size=batch_size, verbose=0)) / 2
+        return (outputs(images) + outputs(images[:, :, ::-1])) / 2 if flip else outputs(images)
 
     if not shift:
         return view(x)

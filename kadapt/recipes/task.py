@@ -101,6 +101,7 @@ class Task:
         import keras
 
         labels = np.asarray(y).astype(int)
+        outputs = np.asarray(outputs, "float32")  # a mixed-precision network's bfloat16 would be averaged in bfloat16
         loss = keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
         return {"loss": float(np.mean(keras.ops.convert_to_numpy(loss))),
                 "accuracy": float(np.mean(np.asarray(outputs).argmax(-1) == labels))}
