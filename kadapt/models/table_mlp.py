@@ -17,6 +17,11 @@ its pieces (a value beyond the training range still moves the output).
 Inputs of at most two values (flags, one-hot categories) have nothing to
 cut. Measured: benchmarks/README.md#public_tables.
 
+A string column of many values (`kadapt.run.encoding.EMBED_ABOVE`) comes as
+an index, one of the matrix's last columns (`embedding_sizes`): it enters
+through an `Embedding` of its own, `embedding_width` wide (fastai's rule,
+1.6 * values^0.56, at most `EMBED_WIDTH`).
+
 Built from Keras' own layers and ops with constant edges: the saved model
 loads in plain Keras, in safe mode.
 """
@@ -33,6 +38,7 @@ ROWS_PER_PIECE = 2
 MAX_PIECES = 4096  # a first layer of MAX_PIECES x width at most, whatever the columns
 SAMPLE_ROWS = 65536  # the rows the quantiles are read from
 WIDTH = 128
+EMBED_WIDTH = 32  # the widest embedding of a many-valued string column
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,25 +78,39 @@ def quantile_pieces(x: np.ndarray, rows: int | None = None, bins: int = BINS) ->
     return Pieces(np.array(columns, "int32"), np.array(left, "float32"), np.array(span, "float32"), max(bins, 0))
 
 
-def table_mlp(x_train: np.ndarray, num_classes: int, rows: int | None = None, name: str = "mlp") -> keras.Model:
-    """Rows (N, features) -> [the rows, their `quantile_pieces`] ->
-    Dense(128, relu) -> Dense(num_classes), logits out.
+def table_mlp(x_train: np.ndarray, num_classes: int, rows: int | None = None, name: str = "mlp",
+              embedding_sizes: tuple = ()) -> keras.Model:
+    """Rows (N, features) -> [the rows, their `quantile_pieces`, the
+    embeddings of the index columns] -> Dense(128, relu) -> Dense(num_classes), logits out.
 
     Args:
         x_train: Array (N, features). The encoded training rows, or a sample of them.
         num_classes: Int. Output logits.
         rows: Int. The training rows `x_train` is a sample of. Defaults to `len(x_train)`.
         name: String. The model's name. Defaults to `"mlp"`.
+        embedding_sizes: Tuple of ints. The index counts of the last `len(embedding_sizes)`
+            columns of `x_train`, each an index (0 ... size - 1, as floats) to embed.
+            Defaults to none.
     """
     if len(x_train) > SAMPLE_ROWS:
         x_train = x_train[np.random.default_rng(0).choice(len(x_train), SAMPLE_ROWS, replace=False)]
+    width = x_train.shape[1] - len(embedding_sizes)
     inputs = keras.Input((x_train.shape[1],), name="features")
-    pieces = quantile_pieces(x_train, rows)
-    features = inputs
-    if len(pieces.columns):
-        features = keras.layers.Concatenate(name="inputs_and_pieces")([inputs, pieces(inputs)])
+    numbers = keras.ops.take(inputs, np.arange(width, dtype="int32"), axis=1) if embedding_sizes else inputs
+    pieces = quantile_pieces(x_train[:, :width], rows)
+    parts = [numbers, pieces(inputs)] if len(pieces.columns) else [numbers]
+    for i, size in enumerate(embedding_sizes):
+        index = keras.ops.cast(keras.ops.take(inputs, np.array([width + i], "int32"), axis=1), "int32")
+        vectors = keras.layers.Embedding(size, embedding_width(size), name=f"embedding_{i}")(index)
+        parts.append(keras.layers.Flatten(name=f"embedded_{i}")(vectors))
+    features = keras.layers.Concatenate(name="inputs_and_pieces")(parts) if len(parts) > 1 else inputs
     hidden = keras.layers.Dense(WIDTH, activation="relu")(features)
     return keras.Model(inputs, keras.layers.Dense(num_classes)(hidden), name=name)
+
+
+def embedding_width(size: int) -> int:
+    """The width of the embedding of an index of `size` values: fastai's 1.6 * size^0.56, at most `EMBED_WIDTH`."""
+    return int(min(EMBED_WIDTH, round(1.6 * size**0.56)))
 
 
 def network_text(model: keras.Model) -> str | None:
@@ -99,5 +119,10 @@ def network_text(model: keras.Model) -> str | None:
         joined = model.get_layer("inputs_and_pieces")
     except ValueError:
         return None
-    inputs, pieces = (tensor.shape[-1] for tensor in joined.input)
-    return f"{model.name}: its {inputs} inputs and {pieces} quantile pieces of the numeric ones (piecewise linear)"
+    embeddings = [layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+    widths = [tensor.shape[-1] for tensor in joined.input]
+    inputs, pieces = widths[0], sum(widths[1:len(widths) - len(embeddings)])
+    text = f"{model.name}: its {inputs} inputs and {pieces} quantile pieces of the numeric ones (piecewise linear)"
+    for layer in embeddings:
+        text += f", an embedding of {layer.input_dim} values x {layer.output_dim}"
+    return text

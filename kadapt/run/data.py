@@ -59,6 +59,7 @@ class TrainingData:
     dropped: dict | None = None  # a table's columns left out: {name: reason}
     notes: tuple = ()  # what was chosen about the data, one line each
     vocabularies: dict | None = None  # a table's string columns given to the model as indices (not on TensorFlow)
+    embedding_sizes: tuple = ()  # the index counts of a table's embedded columns, the matrix's last (`Statistics`)
     images: dict | None = None  # image folders: the training size, its reason, the files (`kadapt.run.image_folders`)
 
     @property
@@ -159,7 +160,8 @@ def _streamed_data(config, reason):
     (x_train, x_val, x_test), (y_train, y_val, y_test) = table.x, table.y
     return TrainingData(x_train, y_train, x_val, y_val, x_test, y_test, table.labels.task, table.encoder,
                         table.labels.class_names, columns=table.plan.kinds, target=config.target,
-                        dropped=table.plan.dropped, notes=tuple(table.notes), vocabularies=table.vocabularies or None)
+                        dropped=table.plan.dropped, notes=tuple(table.notes), vocabularies=table.vocabularies or None,
+                        embedding_sizes=table.embedding_sizes)
 
 
 def _training_data(config, train, test, plan, notes):
@@ -175,12 +177,12 @@ def _training_data(config, train, test, plan, notes):
     labels = label_task(config.data, y_train[:cut], (y_train[cut:], y_test), config.task)
     notes = [*notes, f"task: {labels.task.kind} ({labels.reason})"]
     x_parts = [_take(x_train, slice(cut)), _take(x_train, slice(cut, None)), x_test]
-    x_parts, encoder, encoder_notes, vocabularies = _encoded(x_parts, plan)
+    x_parts, encoder, encoder_notes, vocabularies, sizes = _encoded(x_parts, plan, config.model)
     y_parts = [labels.coded(y) for y in (y_train[:cut], y_train[cut:], y_test)]
     table = {"columns": plan.kinds, "target": config.target, "dropped": plan.dropped} if plan else {}
     return TrainingData(x_parts[0], y_parts[0], x_parts[1], y_parts[1], x_parts[2], y_parts[2], labels.task, encoder,
                         labels.class_names, notes=tuple([*notes, *encoder_notes]), vocabularies=vocabularies or None,
-                        **table)
+                        embedding_sizes=sizes, **table)
 
 
 def _image_folder_data(config):
@@ -254,27 +256,28 @@ def _labelled_rows(path, table, target, flag="--data"):
     return (columns, array), notes
 
 
-def _encoded(x_parts, plan):
-    """`(x_parts encoded, encoder, notes, vocabularies)`: the encoder made from
-    the training rows (`x_parts[0]`), of a table's model columns or of array
-    rows (N, features), and the parts as the float matrices it makes; images
-    (and other shapes) as they are, encoder `None`. `vocabularies`:
-    `kadapt.run.encoding.column_encoder`'s."""
+def _encoded(x_parts, plan, model):
+    """`(x_parts encoded, encoder, notes, vocabularies, embedding_sizes)`: the
+    encoder made from the training rows (`x_parts[0]`), of a table's model
+    columns or of array rows (N, features), and the parts as the float
+    matrices it makes; images (and other shapes) as they are, encoder `None`.
+    `vocabularies`: `kadapt.run.encoding.column_encoder`'s; `model`: the
+    run's `--model` (whether it embeds, `kadapt.run.encoding.embeds`)."""
     from kadapt.run import encoding
 
     x_train = x_parts[0]
     if plan is not None:
-        stats = encoding.statistics(x_train)
+        stats = encoding.statistics(x_train, embed=encoding.embeds(model))
         kinds = {name: tables.STRING if name in stats.vocabularies else tables.NUMERIC for name in x_train}
         encoder, vocabularies = encoding.column_encoder(stats, kinds)
         return (encoding.training_rows(stats, kinds, x_parts, encoder), encoder, encoding.notes(stats, "column {}"),
-                vocabularies)
+                vocabularies, stats.embedding_sizes)
     if x_train.ndim != 2:
-        return x_parts, None, [], {}
+        return x_parts, None, [], {}, ()
     stats = encoding.statistics(dict(enumerate(x_train.T)))
     encoder = encoding.row_encoder(stats, x_train.shape[1])
     return ([encoding.encode(encoder, x) for x in x_parts], encoder,
-            encoding.notes(stats, "column {} (counted from 0) of the inputs"), {})
+            encoding.notes(stats, "column {} (counted from 0) of the inputs"), {}, ())
 
 
 def input_file(spec):

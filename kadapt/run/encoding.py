@@ -18,6 +18,11 @@ schedule as on any array), and `model.keras` is the end-to-end model raw rows
   the missing `""` one of them, with one out-of-vocabulary slot that a value
   unseen in training maps to; a column of more values than `category_limit`
   (1,024, fewer on a long table) keeps its most frequent ones, the rest share that slot.
+  A column of more than `EMBED_ABOVE` values (names, shops, codes) is instead
+  an index into its training values (0 for a value unseen), one float column
+  at the end of the matrix, which the table network turns into an `Embedding`
+  of its own (`kadapt.models.table_mlp`): `Statistics.embedded`; not for a
+  user's `--model`, which gets one-hot columns.
 - Regression: the network learns the standardized target; the saved model
   ends with `Normalization(invert=True)`, output * std + mean.
 
@@ -52,6 +57,13 @@ ONE_HOT_BYTES = 2**30
 # table's are (`kadapt.run.table_stream`): a median only fills empty cells, and a full sort-by-partition
 # of each column was a tenth of a 2,000,000-row table's data phase (benchmarks/README.md#table_scale).
 MEDIAN_ROWS = 200_000
+# A string column of more distinct training values than EMBED_ABOVE is an index into its values,
+# EMBED_VALUES of them at most, the most frequent; the network embeds it. Measured
+# (benchmarks/README.md#many_values): on a long table an embedding matched one-hot up to 1,000 values
+# and beat the 1,024 kept one-hot past them; on a short one (cars' names) one-hot was better. A value
+# seen once keeps its own vector: pooled with the unseen ones, the embedding lost.
+EMBED_ABOVE = 1024
+EMBED_VALUES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +73,8 @@ class Statistics:
     every row), the `mean` and `variance` (1 for a column of one value) of the
     column filled with its median, its `missing` count and its smallest and
     largest given value; for the string inputs their one-hot `vocabularies`
-    (`categories`) and `distinct` value counts. `rows`: the training rows.
+    (`categories`) and `distinct` value counts, `embedded` those of them
+    given as indices (`string_vocabularies`). `rows`: the training rows.
     Made from arrays (`statistics`) or, for a streamed table, a pass over
     the file (`kadapt.run.table_stream`)."""
 
@@ -76,6 +89,13 @@ class Statistics:
     vocabularies: dict = dataclasses.field(default_factory=dict)
     distinct: dict = dataclasses.field(default_factory=dict)
     median_rows: int | None = None  # the sample the medians are of, where not every row
+    embedded: tuple = ()  # the string columns given as indices for an embedding, not one-hot
+
+    @property
+    def embedding_sizes(self):
+        """Each embedded column's index count (its values and the one for all others), in the
+        order of the encoded matrix's last columns."""
+        return tuple(len(self.vocabularies[name]) + 1 for name in self.embedded)
 
     @property
     def flagged(self):
@@ -83,9 +103,10 @@ class Statistics:
         return np.flatnonzero(self.missing)
 
 
-def statistics(columns: dict) -> Statistics:
+def statistics(columns: dict, embed: bool = True) -> Statistics:
     """The `Statistics` of training columns `{name: (N,) array}`: float numbers
-    (NaN where missing) or strings (categories)."""
+    (NaN where missing) or strings (categories); `embed`: whether a
+    many-valued string column is embedded (`string_vocabularies`)."""
     strings = {name: values for name, values in columns.items() if is_strings(values)}
     numbers = {name: np.asarray(values) for name, values in columns.items() if name not in strings}
     rows = len(next(iter(columns.values()))) if columns else 0
@@ -95,11 +116,23 @@ def statistics(columns: dict) -> Statistics:
                                                   zip(*stats)) if stats else (np.zeros(0),) * 6
     counts = {name: collections.Counter(values.counts() if isinstance(values, CodedStrings) else values.tolist())
               for name, values in strings.items()}
-    limit = category_limit(rows, len(strings))
+    vocabularies, embedded = string_vocabularies(counts, rows, embed)
     return Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
-                      {name: categories(count, limit) for name, count in counts.items()},
-                      {name: len(count) for name, count in counts.items()},
-                      median_rows=MEDIAN_ROWS if sample is not None else None)
+                      vocabularies, {name: len(count) for name, count in counts.items()},
+                      median_rows=MEDIAN_ROWS if sample is not None else None, embedded=embedded)
+
+
+def string_vocabularies(counts: dict, rows: int, embed: bool = True) -> tuple[dict, tuple]:
+    """`(vocabularies, embedded)` of string columns from their value counts
+    `{name: Counter}` over `rows` training rows: a column of more than
+    `EMBED_ABOVE` values (where `embed`) is embedded, its vocabulary its
+    `EMBED_VALUES` most frequent; the others are one-hot over
+    `categories(counts, category_limit(...))`. Embedded names come last."""
+    embedded = tuple(name for name, count in counts.items() if embed and len(count) > EMBED_ABOVE)
+    limit = category_limit(rows, len(counts) - len(embedded))
+    vocabularies = {name: categories(count, limit) for name, count in counts.items() if name not in embedded}
+    vocabularies.update((name, categories(counts[name], EMBED_VALUES)) for name in embedded)
+    return vocabularies, embedded
 
 
 def row_encoder(stats: Statistics, width: int) -> keras.Model:
@@ -129,10 +162,17 @@ def column_encoder(stats: Statistics, kinds: dict, strings: bool | None = None) 
         joined = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name="numbers")(columns)
         parts.append(_numbers(joined, stats))
     for name, vocabulary in stats.vocabularies.items():
+        if name in stats.embedded:
+            continue
         lookup = keras.layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1, output_mode="one_hot",
                                            name=f"lookup_{name}") if strings else \
             keras.layers.CategoryEncoding(len(vocabulary) + 1, output_mode="one_hot", name=f"lookup_{name}")
         parts.append(lookup(inputs[name]))
+    for name in stats.embedded:  # an index per row, 0 for a value not kept: the network embeds it
+        index = keras.layers.StringLookup(vocabulary=stats.vocabularies[name], num_oov_indices=1,
+                                          output_mode="int", name=f"index_{name}")(inputs[name]) if strings else \
+            inputs[name]
+        parts.append(keras.ops.cast(index, "float32"))
     features = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
     return keras.Model(inputs, features, name="encoder"), ({} if strings else dict(stats.vocabularies))
 
@@ -164,10 +204,20 @@ def notes(stats: Statistics, where: str) -> list:
             lines.append(f"{where.format(name)}: {stats.low[i]:g} in every training row: kept (it adds nothing)")
     for name, distinct in stats.distinct.items():
         kept = len(stats.vocabularies[name])
-        if distinct > kept:
+        if name in stats.embedded:
+            some = f"the {kept} most frequent" if distinct > kept else "each"
+            lines.append(f"{where.format(name)}: {distinct} distinct values: an embedding, a vector for {some}, one "
+                         "for a value not seen in training")
+        elif distinct > kept:
             lines.append(f"{where.format(name)}: {distinct} distinct values: one input for each of the "
                          f"{kept} most frequent, one for all the others")
     return lines
+
+
+def embeds(model: str) -> bool:
+    """Whether a run of `--model model` embeds many-valued string columns: the table network
+    (`kadapt.models.table_mlp`) does; a user's network gets one-hot columns, as it would expect."""
+    return model in ("auto", "mlp")
 
 
 def strings_in_model() -> bool:

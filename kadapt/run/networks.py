@@ -31,7 +31,8 @@ def build_network(name: str, data: TrainingData, recipe: FastFitConfig) -> keras
         recipe: `kadapt.recipes.FastFitConfig`.
     """
     if name == "mlp" and data.columns:
-        return table_mlp(data.in_memory(SAMPLE_ROWS)[0], data.num_classes, rows=len(data.x_train))
+        return table_mlp(data.in_memory(SAMPLE_ROWS)[0], data.num_classes, rows=len(data.x_train),
+                         embedding_sizes=data.embedding_sizes)
     if name != "fast_resnet":
         return build_model(name, data.input_shape, data.num_classes)
     from kadapt.recipes.training import recipe_network

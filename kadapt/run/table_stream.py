@@ -82,6 +82,7 @@ class StreamedTable:
     encoder: object
     vocabularies: dict
     notes: list
+    embedding_sizes: tuple = ()
 
 
 def stream_table(config, reason, test_fraction):
@@ -97,14 +98,14 @@ def stream_table(config, reason, test_fraction):
              "scratch file", *_dialect_notes(config), scan.split_note(config, test_fraction), *scan.label_notes,
              *tables.plan_notes(scan.plan),
              f"task: {labels.task.kind} ({labels.reason})"]
-    stats = scan.statistics()
+    stats = scan.statistics(embed=encoding.embeds(config.model))
     encoder, vocabularies = encoding.column_encoder(stats, tables.model_inputs(scan.plan.kinds))
     notes += encoding.notes(stats, "column {}")
     x = _second_pass(config, scan, encoder, vocabularies, test_fraction)
     # Classes stay in the fewest bytes that hold them (the labels of every row are in memory)
     y = tuple(labels.coded(part) if labels.task.is_regression else part for part in
               (labels_train, labels_val, labels_test))
-    return StreamedTable(x, y, labels, scan.plan, encoder, vocabularies, notes)
+    return StreamedTable(x, y, labels, scan.plan, encoder, vocabularies, notes, stats.embedding_sizes)
 
 
 def _uniform(positions, seed, stream):
@@ -381,8 +382,8 @@ class _Scan:
         sample = self.sample[name]  # too many values to count: each distinct in the sample too
         return len(set(sample.tolist())) == len(sample)
 
-    def statistics(self):
-        """The encoder's `Statistics` of the kept model columns."""
+    def statistics(self, embed=True):
+        """The encoder's `Statistics` of the kept model columns (`embed`: `kadapt.run.encoding.statistics`')."""
         from kadapt.run import encoding
 
         inputs = tables.model_inputs(self.plan.kinds)
@@ -400,12 +401,11 @@ class _Scan:
             columns.append((median, mean, variance, moments.missing, moments.low, moments.high))
         median, mean, variance, missing, low, high = (np.array(values, "float64").reshape(-1) for values in
                                                       zip(*columns)) if columns else (np.zeros(0),) * 6
-        strings = [name for name, kind in inputs.items() if kind == tables.STRING]
-        limit = encoding.category_limit(rows, len(strings))
+        counts = {name: self.counts[name].counts for name, kind in inputs.items() if kind == tables.STRING}
+        vocabularies, embedded = encoding.string_vocabularies(counts, rows, embed)
         return encoding.Statistics(tuple(numbers), median, mean, variance, missing.astype("int64"), low, high, rows,
-                                   {name: encoding.categories(self.counts[name].counts, limit) for name in strings},
-                                   {name: len(self.counts[name].counts) for name in strings},
-                                   median_rows=len(self.keys) if rows > SAMPLE_ROWS else None)
+                                   vocabularies, {name: len(count) for name, count in counts.items()},
+                                   median_rows=len(self.keys) if rows > SAMPLE_ROWS else None, embedded=embedded)
 
     def _yes_no_moments(self, name):
         """`(_Moments, values)` of a yes/no column from its counts: the moments exact, and values
