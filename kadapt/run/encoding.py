@@ -49,7 +49,7 @@ ENCODE_BATCH_SIZE = 262144
 # where a table's one-hot inputs would pass ONE_HOT_BYTES as float32 over its training rows (the
 # encoded rows are held, or written, whole), MIN_CATEGORIES at least. Each value kept adds what it
 # carries, to 1,024 on a 1,000-value column (benchmarks/recipe/many_values.py; figures in
-# benchmarks/README.md#public_tables).
+# benchmarks/README.md#many_values).
 MAX_CATEGORIES = 1024
 MIN_CATEGORIES = 64
 ONE_HOT_BYTES = 2**30
