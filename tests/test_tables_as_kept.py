@@ -32,6 +32,7 @@ from kadapt.run.encoding import notes
 from kadapt.run.encoding import row_encoder
 from kadapt.run.encoding import statistics
 from kadapt.run.encoding import training_rows
+from kadapt.run.table_stream import prediction_batches as read_prediction_batches
 from kadapt.run.table_stream import read_batches
 from kadapt.run.labels import label_task
 
@@ -246,6 +247,27 @@ def test_a_number_column_named_as_an_id_with_its_own_whole_number_on_every_row_i
     data = load_data(RunConfig(data="t.csv", target="label", stream=stream))
     assert data.dropped == {"PassengerId": tables.ID_REASON}
     assert data.columns == {"width": "numeric", "Id": "numeric", "size": "numeric"}
+
+
+@pytest.mark.parametrize("stream", ["off", "on"])
+def test_true_and_false_labels_are_classes_named_as_the_file_writes_them(stream, tmp_path, monkeypatch):
+    """A label column of TRUE/FALSE (a spreadsheet's export) was read as booleans, so classes 0 and 1:
+    predictions came out 0 and 1. A feature column of them stays one input, 1 for true."""
+    truth = [i % 3 == 0 for i in range(60)]
+    for name, (yes, no) in (("upper.csv", ("TRUE", "FALSE")), ("title.csv", ("True", "False"))):
+        write_csv(tmp_path / name, ["x", "flag", "label"], [[i, no if i % 2 else yes, yes if t else no]
+                                                            for i, t in enumerate(truth)])
+    pq.write_table(pa.table({"x": range(60), "flag": [i % 2 == 0 for i in range(60)], "label": truth}),
+                   tmp_path / "stored.parquet")
+    monkeypatch.chdir(tmp_path)
+    for name, (yes, no) in (("upper.csv", ("TRUE", "FALSE")), ("title.csv", ("True", "False")),
+                            ("stored.parquet", ("true", "false"))):
+        data = load_data(RunConfig(data=name, target="label", stream=stream))
+        assert data.class_names == (no, yes) and data.columns == {"x": "numeric", "flag": "numeric"}
+        written = [yes if t else no for t in truth]
+        assert load_table_inputs(name, data.summary())[1].tolist() == written  # kadapt predict's labels
+        streamed = [labels for _, labels, _ in read_prediction_batches(name, data.summary())]
+        assert np.concatenate(streamed).tolist() == written
 
 
 def test_predict_writes_a_parquet_files_number_ids_as_whole_numbers(tmp_path, monkeypatch, capsys):

@@ -226,7 +226,7 @@ def _table_data(config):
     if config.test is None:
         train, test = _seeded_split(x, y, config.seed, config)
         return train, test, plan, notes
-    test_table = tables.read_table(config.test, flag="--test", kinds=plan.kinds)
+    test_table = tables.read_table(config.test, flag="--test", kinds=plan.kinds, words=config.target)
     tables.check_same_columns(config.test, {k: v for k, v in test_table.columns.items() if k != config.target},
                               plan, flag="--test")
     if config.target not in test_table.columns:
@@ -504,7 +504,7 @@ def load_table_inputs(spec: str, data: dict, ids: bool = False) -> tuple:
     # A CSV's ids read as written ("007" stays so); a Parquet file's as it stores them.
     csv = tables.table_suffix(spec) in tables.CSV_SUFFIXES
     named = {name: tables.STRING for name in tables.id_columns(data)} if csv else {}
-    table = tables.read_table(spec, kinds={**data["columns"], **named})
+    table = tables.read_table(spec, kinds={**data["columns"], **named}, words=data.get("target"))
     columns, labels = table_inputs(spec, table.columns, table.integer, data, table.decimal_point)
     return (columns, labels, tables.row_ids(table.columns, data)) if ids else (columns, labels)
 

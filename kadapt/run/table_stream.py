@@ -161,10 +161,11 @@ class _Widen(Exception):
         self.name, self.kind = name, kind
 
 
-def read_batches(path, flag, types, kinds=None):
+def read_batches(path, flag, types, kinds=None, words=None):
     """`(file row of the batch's first, columns, integer)` of each batch of `path` read with `types`:
-    its columns as `kadapt.run.tables.numpy_columns` gives them, and the names of those stored as
-    whole numbers. A CSV cell that does not fit its column's type raises `_Widen`."""
+    its columns as `kadapt.run.tables.numpy_columns` gives them (a label column `words` keeping true
+    and false as words: `kadapt.run.tables.label_words`), and the names of those stored as whole
+    numbers. A CSV cell that does not fit its column's type raises `_Widen`."""
     pa = require("pyarrow", extra="tables")
     batches, schema = _batches(path, flag, types)
     tables.check_names(path, flag, schema.names, 1)
@@ -173,7 +174,7 @@ def read_batches(path, flag, types, kinds=None):
     first = 0
     try:
         for batch in batches:
-            yield first, tables.numpy_columns(path, flag, batch, kinds, first), integer
+            yield first, tables.numpy_columns(path, flag, tables.label_words(pa, batch, words), kinds, first), integer
             first += batch.num_rows
     except pa.ArrowInvalid as error:
         found = re.search(r"CSV column #(\d+): CSV conversion error to (\w+)", str(error))
@@ -184,7 +185,7 @@ def read_batches(path, flag, types, kinds=None):
 
 def _read(path, flag, types, target, kinds=None):
     """`read_batches` with the `target` column apart: `(first row, columns, labels, integer labels)`."""
-    for first, columns, integer in read_batches(path, flag, types, kinds):
+    for first, columns, integer in read_batches(path, flag, types, kinds, words=target):
         tables.check_target_name(path, list(columns), target, flag)
         labels = columns.pop(target)
         tables.check_label_words(path, target, labels, first)
@@ -199,14 +200,15 @@ def prediction_batches(spec, data):
 
     pa = require("pyarrow", extra="tables")
     kinds, target = data["columns"], data.get("target")
-    types = {name: pa.string() if tables.read_as_strings(kind) else pa.float64() if kind == tables.NUMERIC else
-             pa.timestamp("s") for name, kind in kinds.items()}
+    words = () if tables.is_parquet(spec, "--data") else tables.true_false_columns(spec, "--data")
+    types = {name: pa.string() if tables.read_as_strings(kind) else (pa.bool_() if name in words else pa.float64())
+             if kind == tables.NUMERIC else pa.timestamp("s") for name, kind in kinds.items()}
     types.update({name: pa.string() for name in data.get("dropped_columns", {})})
     if target:  # class names are strings; classes given as numbers and values are read as numbers
         types[target] = pa.string() if data.get("classes") else pa.float64()
     decimal_point = "." if tables.is_parquet(spec, "--data") else tables.csv_dialect(spec).decimal_point
     try:
-        for first, columns, integer in read_batches(spec, "--data", types, kinds):
+        for first, columns, integer in read_batches(spec, "--data", types, kinds, words=target):
             yield *table_inputs(spec, columns, integer, data, decimal_point, first), tables.row_ids(columns, data)
     except _Widen as change:
         raise UsageError(f"--data {spec}: a cell of column {change.name} is not of the kind the run trained on "
@@ -434,7 +436,7 @@ def _first_pass(config, test_fraction):
     for path, flag in ((config.data, "--data"), (config.test, "--test")):
         if not path:
             continue
-        types = {}
+        types = tables.word_types(path, flag, config.target)  # true/false labels as the file writes them
         while True:  # a CSV's types are read from its first block; a later cell may widen them
             try:
                 _scan_file(scan, path, flag, config, test_fraction, types)

@@ -145,14 +145,16 @@ def is_compressed(path) -> bool:
     return Path(path).suffix.lower() in COMPRESSIONS and table_suffix(path) in CSV_SUFFIXES
 
 
-def read_table(path: str, flag: str = "--data", kinds: dict | None = None, target: str | None = None) -> Table:
+def read_table(path: str, flag: str = "--data", kinds: dict | None = None, target: str | None = None,
+               words: str | None = None) -> Table:
     """The `Table` of a CSV or Parquet file, its columns float64 numbers (NaN
     where missing), object strings (`""` where missing) or datetime64 dates
     (NaT). With `kinds` (a run's), those columns are read as those kinds. With
     `target` (a training file held whole), every other column compact: numbers
-    float32, as the model takes them, and strings `CodedStrings`."""
+    float32, as the model takes them, and strings `CodedStrings`. The column
+    `words` (or `target`), a label column, keeps true and false as words (`label_words`)."""
     pa = require("pyarrow", extra="tables")
-    table, dialect = _arrow_table(pa, path, flag, kinds)
+    table, dialect = _arrow_table(pa, path, flag, kinds, words or target)
     names = table.column_names
     check_names(path, flag, names, table.num_rows)
     note = dialect.note(path, flag) if dialect else None
@@ -221,26 +223,62 @@ def not_a_table(path, flag="--data") -> UsageError:
     return UsageError(f"{flag} {path} is {what}, and kadapt reads tables from {TABLE_FORMS} files: {how}.")
 
 
-def _arrow_table(pa, path, flag, kinds):
+def _arrow_table(pa, path, flag, kinds, words=None):
     parquet = is_parquet(path, flag)
     try:
         if parquet:
-            return require("pyarrow.parquet", extra="tables").read_table(path), None
+            return label_words(pa, require("pyarrow.parquet", extra="tables").read_table(path), words), None
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
         types = {name: pa.string() for name, kind in (kinds or {}).items() if read_as_strings(kind)}
+        types.update(word_types(path, flag, words))
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
         dialect = csv_dialect(path, flag)
         try:
-            return _read_csv(pa, csv, path, dialect, types), dialect
+            return label_words(pa, _read_csv(pa, csv, path, dialect, types), words), dialect
         except pa.ArrowInvalid as error:  # a line break in a quoted value past the lines read for the dialect
             if "newlines_in_values" not in str(error) or dialect.quoted_lines:
                 raise
             dialect = dataclasses.replace(dialect, quoted_lines=True)
-            return _read_csv(pa, csv, path, dialect, types), dialect
+            return label_words(pa, _read_csv(pa, csv, path, dialect, types), words), dialect
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
         raise unreadable(path, flag, error) from None
+
+
+def word_types(path, flag, name) -> dict:
+    """`{name: pa.string()}` where the CSV's first lines hold only true and false words (any case) in
+    column `name`, a label column: read as strings, the classes keep the file's words (`TRUE`, not
+    1, in predictions); else `{}`."""
+    if not name or is_parquet(path, flag):
+        return {}
+    pa = require("pyarrow", extra="tables")
+    return {name: pa.string()} if name in true_false_columns(path, flag) else {}
+
+
+def true_false_columns(path, flag) -> set:
+    """The names of a CSV's columns whose first lines hold only true and false words (any case), as
+    pyarrow reads them to booleans."""
+    dialect = csv_dialect(path, flag)
+    with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
+        head = file.read(SNIFF_BYTES).decode(dialect.encoding.replace("utf8", "utf-8"), errors="replace")
+    lines = head.splitlines()[int(dialect.delimiter_line):][:-1 if len(head) >= SNIFF_BYTES else None]
+    rows = list(stdlib_csv.reader(lines, delimiter=dialect.delimiter))
+    names = column_names(rows[0]) if rows else []
+    cells = [{row[i].strip().lower() for row in rows[1:] if len(row) == len(names)} - {""} for i in range(len(names))]
+    return {name for name, seen in zip(names, cells) if seen and seen <= {"true", "false"}}
+
+
+def label_words(pa, table, name):
+    """`table` (a pyarrow table or record batch) with its boolean column `name`, a label column, as
+    the words true and false (a Parquet file's stored booleans), else as it is."""
+    if not name or name not in table.schema.names or not pa.types.is_boolean(table.schema.field(name).type):
+        return table
+    index = table.schema.get_field_index(name)
+    column = table.column(index).cast(pa.string())
+    return table.set_column(index, name, column) if hasattr(table, "set_column") else \
+        pa.RecordBatch.from_arrays([column if i == index else table.column(i) for i in range(table.num_columns)],
+                                   schema=table.schema.set(index, pa.field(name, pa.string())))
 
 
 def _read_csv(pa, csv, path, dialect, types):
