@@ -18,6 +18,7 @@ from helpers import load_data_error as bad
 from kadapt import cli
 from kadapt.run import RunConfig
 from kadapt.run import UsageError
+from kadapt.run import table_stream
 from kadapt.run import tables
 from kadapt.run.data import load_data
 from kadapt.run.data import load_table_inputs
@@ -310,6 +311,25 @@ def test_numbers_written_for_people_are_numbers_in_a_column_and_a_target(tmp_pat
     with pytest.raises(UsageError, match=r"^--data later.csv: column fee holds 'about 7' on line 3; in the training "
                                          r"file it holds numbers \(written as 1,234 or \$12\). Fix the cell.$"):
         load_table_inputs("later.csv", {"columns": data.columns, "target": "price"})
+
+
+@pytest.mark.parametrize("stream", ["off", "on"])
+def test_written_numbers_and_local_dates_are_read_alike_held_whole_or_streamed(stream, tmp_path, monkeypatch):
+    """Streamed (a table too large to hold), "$4,237.67" prices were dropped as ids and "31/01/2024"
+    dates kept as words. A column whose first rows are such numbers but a later cell a word is words,
+    as held whole: the streamed file is read again."""
+    monkeypatch.setattr(table_stream, "CSV_BLOCK_BYTES", 1 << 12)  # batches of about 100 rows
+    rows = [[f"${1000 + 37.5 * i:,.2f}", f"{1 + i % 28:02d}/{1 + i % 12:02d}/2024", ["$1,000", "$40"][i % 2],
+             "ab"[i % 3 % 2]] for i in range(400)]
+    rows[350][2] = "call us"
+    write_csv(tmp_path / "t.csv", ["price", "day", "fee", "label"], rows)
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="label", stream=stream))
+    assert data.streamed == (stream == "on")
+    assert data.columns == {"price": "written number", "day": "date %d/%m/%Y", "fee": "string"}
+    assert {"column price: numbers written with thousands separators or a currency sign: read as numbers",
+            "column day: dates written day first ('01/01/2024'): read as dates (year, month, day, weekday)"} <= \
+        set(data.notes)
 
 
 def test_numbers_written_with_decimal_commas_and_thousands_points_are_numbers(tmp_path, monkeypatch):

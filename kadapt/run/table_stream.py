@@ -301,11 +301,24 @@ class _Counts:
             self.counts, self.exact = collections.Counter(dict(self.counts.most_common(COUNTED_VALUES))), False
 
 
+class _Undecided(Exception):
+    """A string column read as numbers written for people or as local dates from its first rows holds a
+    value that is neither further on: read the file again with the column as strings, as a file held whole
+    would read it."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.name = name
+
+
 class _Scan:
     """What the first pass learns: kinds, statistics, a sample, the labels."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, words=frozenset()):
         self.seed, self.raw_kinds, self.given, self.has_time = seed, {}, collections.Counter(), set()
+        # String columns whose first training rows are numbers written for people or local dates
+        # (`kadapt.run.tables.column_plan`'s kinds and lines), and those (`words`) found not to be further on.
+        self.written, self.written_advice, self.words = None, (), words
         self.moments, self.counts = collections.defaultdict(_Moments), collections.defaultdict(_Counts)
         self.sample, self.keys = {}, np.zeros(0)
         self.labels, self.label_notes, self.read = _Labels(), [], collections.Counter()
@@ -315,7 +328,7 @@ class _Scan:
     def reset(self, flag):
         """Forgets what a pass over the `flag` file gathered, to read it again with wider types."""
         if flag == "--data":
-            self.__init__(self.seed)
+            self.__init__(self.seed, self.words)
         else:
             self.labels.chunks[TEST], self.read[TEST] = [], 0
             self.label_notes = [note for note in self.label_notes if not note.startswith(flag)]
@@ -331,8 +344,8 @@ class _Scan:
                 days = values[~np.isnat(values)].astype("datetime64[s]")
                 if np.any(days != days.astype("datetime64[D]")):
                     self.has_time.add(name)
-        provisional = {name: {"f": tables.NUMERIC, "M": tables.DATETIME}.get(values.dtype.kind, tables.STRING)
-                       for name, values in columns.items()}
+        provisional = {name: self.written.get(name) or {"f": tables.NUMERIC, "M": tables.DATETIME}.get(
+            values.dtype.kind, tables.STRING) for name, values in columns.items()}
         model = tables.model_columns(columns, provisional)
         for name, values in model.items():
             (self.counts[name] if tables.is_strings(values) else self.moments[name]).add(values)
@@ -348,12 +361,32 @@ class _Scan:
             keys, joined = keys[kept], {name: values[kept] for name, values in joined.items()}
         self.keys, self.sample = keys, joined
 
+    def written_kinds(self, path, flag, columns, decimal_point):
+        """`columns` (a batch of the training file) checked against the kinds of its string columns read
+        as numbers written for people ("$1,234.50") or local dates ("31/01/2024"), as a file held whole
+        reads them, decided on the first batch; `_Undecided` where a later value is neither."""
+        if self.written is None:
+            strings = {name: values for name, values in columns.items()
+                       if values.dtype.kind == "O" and name not in self.words}
+            plan = tables.column_plan(strings, decimal_point)
+            self.written = {name: kind for name, kind in plan.kinds.items()
+                            if kind in tables.WRITTEN_KINDS or tables.date_format(kind)}
+            self.written_advice = tuple(line for line in plan.advice
+                                        if any(line.startswith(f"column {name}: ") for name in self.written))
+        for name, kind in self.written.items():
+            try:
+                tables.as_kind(path, flag, name, columns[name], kind)
+            except UsageError:
+                raise _Undecided(name) from None
+
     def finish(self, path):
         """The `ColumnPlan` of the training rows."""
         kinds, dropped = {}, {}
         for name, kind in self.raw_kinds.items():
             if not self.given[name]:
                 dropped[name] = "empty in every training row"
+            elif name in self.written:
+                kinds[name] = self.written[name]
             elif (kind == "O" and self._is_id(tables.input_name(name))) or (kind == "f" and self._is_number_id(name)):
                 dropped[name] = tables.ID_REASON
             else:
@@ -365,7 +398,7 @@ class _Scan:
         if not kinds:
             raise UsageError(f"--data {path}: no column besides the target holds values in the training rows. "
                              "Add the columns to learn from.")
-        self.plan = tables.ColumnPlan(kinds, dropped)
+        self.plan = tables.ColumnPlan(kinds, dropped, self.written_advice)
 
     def _is_number_id(self, name):
         """`tables.numeric_id_reason` of a streamed column: its sample's rows (each its own whole number
@@ -444,6 +477,9 @@ def _first_pass(config, test_fraction):
             except _Widen as change:
                 types = _widened(types, change)
                 scan.reset(flag)
+            except _Undecided as change:  # strings after all, as a file held whole reads them
+                scan.words |= {change.name}
+                scan.reset(flag)
         scan.types[flag] = types
         if flag == "--data":
             if not scan.read[TRAIN]:
@@ -457,8 +493,11 @@ def _scan_file(scan, path, flag, config, test_fraction, types):
     """Reads `path` once into `scan`."""
     test_file = flag == "--test"
     unlabelled = rows = trained = 0
+    decimal_point = "." if tables.is_parquet(path, flag) else tables.csv_dialect(path, flag).decimal_point
     for first, columns, labels, integer in _read(path, flag, types, config.target,
                                                  scan.plan.kinds if test_file else None):
+        if not test_file:
+            scan.written_kinds(path, flag, columns, decimal_point)
         positions, parts, trained, end = _batch_parts(labels, first, config, test_fraction, test_file, trained)
         rows, keep = first + (len(labels) if end is None else end), parts != UNUSED
         unlabelled += int((~tables.labelled(labels[:end])).sum())

@@ -198,7 +198,7 @@ def numpy_columns(path, flag, table, kinds=None, first_row=0, compact=(), notes=
         _check_no_infinity(path, flag, name, values, first_row)
     for name, kind in (kinds or {}).items():
         if name in columns:
-            columns[name] = _as_kind(path, flag, name, columns[name], kind)
+            columns[name] = as_kind(path, flag, name, columns[name], kind)
     return columns
 
 
@@ -560,7 +560,7 @@ def _iso_dates(pa, strings):
     return len(strings) > 0 and compute.all(compute.match_substring_regex(strings, ISO_DATE)).as_py()
 
 
-def _as_kind(path, flag, name, values, kind):
+def as_kind(path, flag, name, values, kind):
     """A column read from a later file as the training file's kind says, or a `UsageError`."""
     if date_format(kind):
         return _local_dates(path, flag, name, values, date_format(kind))
