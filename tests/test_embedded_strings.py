@@ -72,9 +72,9 @@ def test_the_network_embeds_each_index_column_and_cuts_only_the_numbers():
     x = np.stack([rng.normal(size=200), rng.integers(0, 40, 200), rng.integers(0, 7, 200)], axis=1).astype("float32")
     model = table_mlp(x, 2, embedding_sizes=(40, 7))
     first, second = (model.get_layer(f"embedding_{i}") for i in (0, 1))
-    assert (first.input_dim, first.output_dim, second.input_dim, second.output_dim) == (40, 13, 7, 5)
+    assert (first.input_dim, first.output_dim, second.input_dim, second.output_dim) == (40, 8, 7, 5)
     assert network_text(model) == ("mlp: its 1 inputs and 16 quantile pieces of the numeric ones (piecewise linear), "
-                                   "an embedding of 40 values x 13, an embedding of 7 values x 5")
+                                   "an embedding of 40 values x 8, an embedding of 7 values x 5")
     vectors = keras.Model(model.input, model.get_layer("embedded_0").output)(x[:5])
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(vectors),
                                   keras.ops.convert_to_numpy(first.embeddings)[x[:5, 1].astype(int)])

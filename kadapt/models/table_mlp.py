@@ -20,7 +20,7 @@ cut. Measured: benchmarks/README.md#public_tables.
 A string column of many values (`kadapt.run.encoding.EMBED_ABOVE`) comes as
 an index, one of the matrix's last columns (`embedding_sizes`): it enters
 through an `Embedding` of its own, `embedding_width` wide (fastai's rule,
-1.6 * values^0.56, at most `EMBED_WIDTH`).
+1.6 * values^0.56, at most `EMBED_WIDTH`, 8).
 
 Built from Keras' own layers and ops with constant edges: the saved model
 loads in plain Keras, in safe mode.
@@ -38,7 +38,10 @@ ROWS_PER_PIECE = 2
 MAX_PIECES = 4096  # a first layer of MAX_PIECES x width at most, whatever the columns
 SAMPLE_ROWS = 65536  # the rows the quantiles are read from
 WIDTH = 128
-EMBED_WIDTH = 32  # the widest embedding of a many-valued string column
+# The widest embedding of a many-valued string column: on many_values' tables (benchmarks/README.md#many_values)
+# each narrower cap did better at 3,000 and 10,000 values (32, 16, 8; 4 better still on that one-dimensional
+# effect): 8 leaves room for values that differ in more than one way.
+EMBED_WIDTH = 8
 
 
 @dataclasses.dataclass(frozen=True)
