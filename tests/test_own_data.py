@@ -281,9 +281,9 @@ def test_one_class_only(tables, monkeypatch):
 
 def test_fewer_rows_than_classes(tables, monkeypatch):
     write_csv(tables / "few.csv", ["a", "label"], [[str(i), str(3 * i)] for i in range(6)])
-    # Read alone, 0, 3, ..., 15 leave most class numbers unused: a regression. As classes they are 16.
+    # Read alone, 0, 3, ..., 15 leave most class numbers unused: a regression. As classes each names one: 6.
     assert bad(tables, monkeypatch, data="few.csv", target="label", validation_split=0.0, task="classification") == (
-        "--data few.csv: 4 training rows for 16 classes; each class needs rows to learn from. "
+        "--data few.csv: 4 training rows for 6 classes; each class needs rows to learn from. "
         "Give more rows, or fewer classes. Whole numbers are classes: for a regression, pass --task regression.")
 
 

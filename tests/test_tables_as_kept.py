@@ -642,6 +642,25 @@ def test_task_overrides_the_reading():
     assert labels.task.kind == "classification" and labels.reason == "--task"
 
 
+@pytest.mark.parametrize("stream", ["off", "on"])
+def test_whole_numbers_other_than_0_1_2_name_their_classes(stream, tmp_path, monkeypatch):
+    """Labels -1 and 1 stopped ("number the classes from 0"); codes 101, 205, 310 under --task
+    classification were 311 classes, too many for the rows. Each number now names a class."""
+    signs = label_task("t.csv", np.array([1, -1, 1, 1, -1] * 6))
+    assert signs.task.kind == "classification" and signs.class_names == ("-1", "1")
+    assert signs.coded(np.array([1, -1, 1])).tolist() == [1, 0, 1]
+    codes = label_task("t.csv", np.array([310, 101, 205] * 10), task="classification")
+    assert codes.class_names == ("101", "205", "310") and codes.task.outputs == 3
+    assert codes.coded(np.array([101.0, 310.0, 205.0])).tolist() == [0, 2, 1]  # whole floats (empty cells) alike
+    assert label_task("t.csv", np.arange(30) % 3).class_names is None  # 0, 1, 2: the class numbers themselves
+    write_csv(tmp_path / "t.csv", ["x", "code"], [[i, [101, 205, 310][i % 3]] for i in range(60)])
+    monkeypatch.chdir(tmp_path)
+    data = load_data(RunConfig(data="t.csv", target="code", task="classification", stream=stream))
+    assert data.class_names == ("101", "205", "310") and data.num_classes == 3
+    assert set(np.asarray(data.y_train).tolist()) == {0, 1, 2}
+    assert load_table_inputs("t.csv", data.summary())[1][:3].tolist() == ["101", "205", "310"]  # as predict scores
+
+
 def test_a_parquet_table_trains_and_predicts_from_the_command_line(tmp_path, monkeypatch, capsys):
     rows = messy_rows(120)
     table = pa.table({"size": pa.array([float(r[1]) if r[1] not in ("", "nan", "NaN") else None for r in rows]),

@@ -41,6 +41,7 @@ import numpy as np
 from kadapt.run import tables
 from kadapt.run.coded_strings import CodedStrings
 from kadapt.run.errors import UsageError
+from kadapt.run.labels import number_names
 from kadapt.run.tables import STRING
 from kadapt.run.tables import is_strings
 
@@ -351,6 +352,8 @@ def table_inputs(spec: str, columns: dict, integer, data: dict, decimal_point: s
                 f"row {first_row + row} (counted from 0)"
             raise UsageError(f"--data {spec}: column {target} holds {str(labels[row])!r} on {where}; the run predicts "
                              "numbers there. Fix the cell, or drop the column to predict without scoring.")
+        if data.get("classes") and labels.dtype.kind in "iuf":  # class names written as numbers (-1, 1; codes)
+            labels = number_names(labels)
     columns = tables.model_columns(given, plan.kinds)
     if data.get("vocabularies"):
         columns = indexed(columns, data["vocabularies"])

@@ -2,6 +2,9 @@
 
 - Strings are class names (sorted; their index is the class the network outputs).
 - Numbers with a fractional part are a target to regress.
+- Whole numbers that classify but are not 0, 1, 2, ... (-1 and 1; codes such
+  as 101, 205, 310 under `--task classification`) are class names, written
+  as the numbers (`Labels.numbers`): predictions come out as those numbers.
 - Whole numbers (integers, or floats that are all whole, as a column with
   empty cells is stored) that leave most of 0 .. their largest unused (more
   than `CLASS_CODES` numbers per value: a year, counts of hundreds) are
@@ -43,11 +46,14 @@ class Labels:
     task: Task
     class_names: tuple | None = None
     reason: str = ""
+    numbers: bool = False  # the class names are whole numbers, in their order (`number_names`)
 
     def coded(self, y):
         """Labels as the network learns them: int32 classes, or float32 targets."""
         if self.task.is_regression:
             return np.asarray(y, "float32")
+        if self.numbers:
+            return np.searchsorted(np.array(self.class_names, "float64"), np.asarray(y, "float64")).astype("int32")
         if self.class_names is not None:
             return np.searchsorted(np.array(self.class_names), y).astype("int32")
         return np.asarray(y).astype("int32")
@@ -78,7 +84,13 @@ def label_task(spec, y_train, others=(), task=None, names=None):
     else:
         every = np.concatenate([np.asarray(y_train).reshape(-1), *(np.asarray(y).reshape(-1) for y in others)])
         _check_class_numbers(spec, every, task)
-        labels = Labels(Task(CLASSIFICATION, int(every.max()) + 1 if every.size else 0), reason=reason)
+        values = np.unique(every)
+        if values.size and (values[0] < 0 or values[-1] + 1 > CLASS_CODES * len(values)):  # codes, not 0, 1, 2, ...
+            names = tuple(number_names(values).tolist())
+            labels = Labels(Task(CLASSIFICATION, len(names)), names, f"{reason}; numbered otherwise than 0, 1, 2, ...: "
+                            "each number names a class", numbers=True)
+        else:
+            labels = Labels(Task(CLASSIFICATION, int(every.max()) + 1 if every.size else 0), reason=reason)
         coded = labels.coded(y_train)
     _check_classes(spec, coded, labels)
     return labels
@@ -113,11 +125,18 @@ def _reading(y_train, kind):
 def _check_class_numbers(spec, every, task):
     if every.dtype.kind == "f" and not np.all(every == np.round(every)):
         raise UsageError(f"--task classification: the labels of {spec} hold {every[every != np.round(every)][0]}; "
-                         "classes are whole numbers 0, 1, 2, ... Drop --task for a regression.")
-    if every.size and every.min() < 0:
-        raise UsageError(f"--data {spec}: integer labels are classes 0, 1, 2, ...; the labels hold "
-                         f"{every.min():g}. Number the classes from 0, or pass --task regression to predict "
-                         "them as values.")
+                         "classes are whole numbers or words. Drop --task for a regression.")
+
+
+def number_names(values) -> np.ndarray:
+    """Whole numbers as the class names they are (`101`, `-1`; `""` where missing); strings as they are."""
+    values = np.asarray(values)
+    if values.dtype.kind in "OUS":
+        return values.astype(str)
+    given = ~np.isnan(values) if values.dtype.kind == "f" else np.ones(values.shape, bool)
+    names = np.full(values.shape, "", dtype=object)
+    names[given] = values[given].astype("int64").astype(str)
+    return names.astype(str)
 
 
 def _regression(spec, y_train):
@@ -139,6 +158,7 @@ def _check_classes(spec, coded, labels):
         raise UsageError(f"--data {spec}: every training label is {name}: one class only, nothing to tell "
                          "apart. Give rows of at least two classes.")
     if len(coded) < labels.task.outputs:
-        regression = "" if labels.class_names else " Whole numbers are classes: for a regression, pass --task regression."
+        regression = "" if labels.class_names and not labels.numbers else \
+            " Whole numbers are classes: for a regression, pass --task regression."
         raise UsageError(f"--data {spec}: {len(coded)} training rows for {labels.task.outputs} classes; each class "
                          f"needs rows to learn from. Give more rows, or fewer classes.{regression}")

@@ -103,7 +103,7 @@ def stream_table(config, reason, test_fraction):
     notes += encoding.notes(stats, "column {}")
     x = _second_pass(config, scan, encoder, vocabularies, test_fraction)
     # Classes stay in the fewest bytes that hold them (the labels of every row are in memory)
-    y = tuple(labels.coded(part) if labels.task.is_regression else part for part in
+    y = tuple(labels.coded(part) if labels.task.is_regression or labels.numbers else part for part in
               (labels_train, labels_val, labels_test))
     return StreamedTable(x, y, labels, scan.plan, encoder, vocabularies, notes, stats.embedding_sizes)
 
