@@ -60,9 +60,9 @@ ONE_HOT_BYTES = 2**30
 MEDIAN_ROWS = 200_000
 # A string column of more distinct training values than EMBED_ABOVE is an index into its values,
 # EMBED_VALUES of them at most, the most frequent; the network embeds it. Measured
-# (benchmarks/README.md#many_values): on a long table an embedding matched one-hot up to 1,000 values
-# and beat the 1,024 kept one-hot past them; on a short one (cars' names) one-hot was better. A value
-# seen once keeps its own vector: pooled with the unseen ones, the embedding lost.
+# (benchmarks/README.md#many_values): on a long table the embedding was as good as one-hot or better at
+# 100 to 10,000 values; on a short one (cars' names, a row a value) one-hot was better. A value seen
+# once keeps its own vector: pooled with the unseen ones, the embedding lost.
 EMBED_ABOVE = 1024
 EMBED_VALUES = 100_000
 
