@@ -25,12 +25,12 @@ VALUES, TRAIN_ROWS, TEST_ROWS = (100, 300, 1000, 3000), 24000, 8000
 ARMS = ("1024", "embedding")  # one-hot over at most 1,024 values, and the embedding
 
 
-def write_table(folder, values):
+def write_table(folder, values, train_rows=TRAIN_ROWS):
     """train.csv and test.csv in `folder`; returns the test rows' Bayes accuracy."""
     rank = np.arange(1, values + 1)
     frequency = rank**-0.8 / np.sum(rank**-0.8)
     effect = np.random.default_rng(0).normal(0.0, 1.5, values)
-    for name, rows, seed in (("train", TRAIN_ROWS, 1), ("test", TEST_ROWS, 2)):
+    for name, rows, seed in (("train", train_rows, 1), ("test", TEST_ROWS, 2)):
         rng = np.random.default_rng(seed)
         shop, x = rng.choice(values, rows, p=frequency), rng.normal(size=rows)
         chance = 1 / (1 + np.exp(-(effect[shop] + 0.7 * x)))
@@ -61,12 +61,13 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--values", type=int, nargs="+", default=list(VALUES))
     parser.add_argument("--arms", nargs="+", default=list(ARMS), help="one-hot counts, or 'embedding'")
+    parser.add_argument("--rows", type=int, default=TRAIN_ROWS, help="rows of train.csv (the last 10%% validate)")
     args = parser.parse_args()
     rows = []
     for values in args.values:
         with tempfile.TemporaryDirectory() as folder:
             folder = Path(folder)
-            bayes = write_table(folder, values)
+            bayes = write_table(folder, values, args.rows)
             for arm in args.arms:
                 scores = [run(folder, arm, seed) for seed in args.seeds]
                 rows.append((values, bayes, arm, scores))
