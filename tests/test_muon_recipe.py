@@ -2,7 +2,6 @@
 one full-batch step under it (the oracle is plain Keras `fit` with the same optimizer)."""
 
 import keras
-import numpy as np
 import pytest
 
 import kadapt
