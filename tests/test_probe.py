@@ -62,7 +62,8 @@ def test_real_trials_choose_a_size_that_fits_near_a_known_fitting_one():
     search = peak_search.PeakSearch(None, result.budget.bytes)
     search.trials = list(result.trials)
     assert chosen == search.chosen()
-    assert [t.compiles for t in result.trials] == [1] * len(result.trials)  # a trace per size
+    # A trace per size, but for the reference's 100 rows, traced already (the search may try them: a flake once).
+    assert [t.compiles for t in result.trials] == [int(t.micro_batch_size != 100) for t in result.trials]
     assert result.memory_model.bytes_per_row > 0
     assert result.plan(512).num_micro_batches == int(np.ceil(512 / chosen))
 
