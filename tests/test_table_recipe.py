@@ -21,6 +21,8 @@ def test_any_other_network_gets_adam_at_its_measured_rate(network, images):
     choice = choose_optimizer(network, images)
     assert (choice.optimizer, choice.learning_rate, choice.schedule) == ("adam", *MEASURED["adam"])
     assert "benchmarks/README.md#table_recipe" in choice.reason
+    assert choice.reason.startswith(f"{network} is not one of kadapt's image networks" if images else
+                                    "rows that are not images: Adam")
 
 
 def test_what_the_user_gives_stands():

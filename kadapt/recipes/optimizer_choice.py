@@ -80,9 +80,11 @@ def choose_optimizer(network, images, optimizer=AUTO, learning_rate=None, schedu
                          f"Received: optimizer={optimizer!r}")
     if optimizer == AUTO:
         optimizer = "sgd" if network in IMAGE_NETWORKS and images else "adam"
+        measured = "Adam, measured on tables (benchmarks/README.md#table_recipe)"
         why = (f"the recipe's optimizer, measured on {RECIPE_NETWORK} and images" if optimizer == "sgd" else
-               f"{network} is not one of kadapt's image networks on images, where the recipe's SGD at "
-               f"{MEASURED['sgd'][0]} was measured; Adam was measured on tables (benchmarks/README.md#table_recipe)")
+               f"rows that are not images: {measured}" if not images else
+               f"{network} is not one of kadapt's image networks, where the recipe's SGD at {MEASURED['sgd'][0]} "
+               f"was measured: {measured}")
     else:
         why = f"--optimizer {optimizer}"
     rate = MEASURED[optimizer][0] if learning_rate is None else learning_rate
