@@ -200,13 +200,14 @@ def prediction_batches(spec, data):
 
     pa = require("pyarrow", extra="tables")
     kinds, target = data["columns"], data.get("target")
-    words = () if tables.is_parquet(spec, "--data") else tables.true_false_columns(spec, "--data")
+    dialect = None if tables.is_parquet(spec, "--data") else tables.csv_dialect(spec)
+    words = tables.true_false_columns(spec, "--data", dialect) if dialect else ()
     types = {name: pa.string() if tables.read_as_strings(kind) else (pa.bool_() if name in words else pa.float64())
              if kind == tables.NUMERIC else pa.timestamp("s") for name, kind in kinds.items()}
     types.update({name: pa.string() for name in data.get("dropped_columns", {})})
     if target:  # class names are strings; classes given as numbers and values are read as numbers
         types[target] = pa.string() if data.get("classes") else pa.float64()
-    decimal_point = "." if tables.is_parquet(spec, "--data") else tables.csv_dialect(spec).decimal_point
+    decimal_point = dialect.decimal_point if dialect else "."
     try:
         for first, columns, integer in read_batches(spec, "--data", types, kinds, words=target):
             yield *table_inputs(spec, columns, integer, data, decimal_point, first), tables.row_ids(columns, data)

@@ -230,11 +230,11 @@ def _arrow_table(pa, path, flag, kinds, words=None):
             return label_words(pa, require("pyarrow.parquet", extra="tables").read_table(path), words), None
         csv = require("pyarrow.csv", extra="tables")
         # A training file's string column stays strings (codes of digits); numbers and dates are inferred and checked.
+        dialect = csv_dialect(path, flag)
         types = {name: pa.string() for name, kind in (kinds or {}).items() if read_as_strings(kind)}
-        types.update(word_types(path, flag, words))
+        types.update(word_types(path, flag, words, dialect))
         # Into the system allocator: under pyarrow's default (mimalloc) a process's first read of a
         # long CSV, and its columns' copy into NumPy after it, were slower (benchmarks/README.md#table_scale).
-        dialect = csv_dialect(path, flag)
         try:
             return label_words(pa, _read_csv(pa, csv, path, dialect, types), words), dialect
         except pa.ArrowInvalid as error:  # a line break in a quoted value past the lines read for the dialect
@@ -246,20 +246,20 @@ def _arrow_table(pa, path, flag, kinds, words=None):
         raise unreadable(path, flag, error) from None
 
 
-def word_types(path, flag, name) -> dict:
+def word_types(path, flag, name, dialect=None) -> dict:
     """`{name: pa.string()}` where the CSV's first lines hold only true and false words (any case) in
     column `name`, a label column: read as strings, the classes keep the file's words (`TRUE`, not
-    1, in predictions); else `{}`."""
+    1, in predictions); else `{}`. `dialect`: the file's `CsvDialect`, where read already."""
     if not name or is_parquet(path, flag):
         return {}
     pa = require("pyarrow", extra="tables")
-    return {name: pa.string()} if name in true_false_columns(path, flag) else {}
+    return {name: pa.string()} if name in true_false_columns(path, flag, dialect) else {}
 
 
-def true_false_columns(path, flag) -> set:
+def true_false_columns(path, flag, dialect=None) -> set:
     """The names of a CSV's columns whose first lines hold only true and false words (any case), as
-    pyarrow reads them to booleans."""
-    dialect = csv_dialect(path, flag)
+    pyarrow reads them to booleans; `dialect`: the file's `CsvDialect`, where read already."""
+    dialect = dialect or csv_dialect(path, flag)
     with require("pyarrow", extra="tables").input_stream(str(path), compression="detect") as file:
         head = file.read(SNIFF_BYTES).decode(dialect.encoding.replace("utf8", "utf-8"), errors="replace")
     lines = head.splitlines()[int(dialect.delimiter_line):][:-1 if len(head) >= SNIFF_BYTES else None]
@@ -275,10 +275,7 @@ def label_words(pa, table, name):
     if not name or name not in table.schema.names or not pa.types.is_boolean(table.schema.field(name).type):
         return table
     index = table.schema.get_field_index(name)
-    column = table.column(index).cast(pa.string())
-    return table.set_column(index, name, column) if hasattr(table, "set_column") else \
-        pa.RecordBatch.from_arrays([column if i == index else table.column(i) for i in range(table.num_columns)],
-                                   schema=table.schema.set(index, pa.field(name, pa.string())))
+    return table.set_column(index, name, table.column(index).cast(pa.string()))
 
 
 def _read_csv(pa, csv, path, dialect, types):
