@@ -21,6 +21,7 @@ from kadapt.extras import require
 from kadapt.recipes.disk_rows import LabelTargets
 from kadapt.recipes.disk_rows import is_on_disk
 from kadapt.recipes.task import Task
+from kadapt.run.coded_strings import CodedStrings
 from kadapt.run import tables
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
@@ -418,22 +419,35 @@ def _seeded_split(x, y, seed, config=None):
     """`(x_train, y_train), (x_test, y_test)`: a seeded `TEST_FRACTION` of the
     rows, drawn at random because files are often sorted by class.
 
-    With a table's `config`, its `--train-rows` are drawn here too, and the
-    rows each part keeps are gathered in the file's order, all but the
-    validation rows `_training_data` cuts off the training part's end (their
-    order is the draw's: a restart is judged on the first of them): the same
-    rows in each part as in the draw's order, which the training shuffles
-    anyway, and a gather that reads memory forward, about 3x faster on a long
-    table (benchmarks/README.md#table_scale)."""
+    With a table's `config`, its `--train-rows` are drawn here too, and each
+    part is gathered in the file's order, a gather that reads memory forward
+    (about 3x faster on a long table than the draw's order,
+    benchmarks/README.md#table_scale); then the validation rows that
+    `_training_data` cuts off the training part's end are put back in the
+    draw's order (a restart is judged on the first of them), a shuffle
+    within those rows alone. The training shuffles the others anyway."""
     order = np.random.default_rng(seed).permutation(len(y))
     cut = int(len(y) * (1 - TEST_FRACTION))
     train, test = order[:cut], order[cut:]
-    if config is not None:
-        train = train[: config.train_rows]
-        kept = _validation_cut(len(train), config.validation_split)
-        train = np.concatenate([_in_file_order(train[:kept], len(y)), train[kept:]])
-        test = _in_file_order(test, len(y))
-    return (_take(x, train), y[train]), (_take(x, test), y[test])
+    if config is None:
+        return (_take(x, train), y[train]), (_take(x, test), y[test])
+    train = train[: config.train_rows]
+    kept = _validation_cut(len(train), config.validation_split)
+    validation = _in_file_order(train[kept:], len(y))
+    drawn = np.searchsorted(validation, train[kept:])  # the draw's order, as positions in `validation`
+    x_train, y_train = _gathered(x, y, np.concatenate([_in_file_order(train[:kept], len(y)), validation]))
+    for values in (*x_train.values(), y_train):
+        _codes(values)[kept:] = _codes(values)[kept:][drawn]
+    return (x_train, y_train), _gathered(x, y, _in_file_order(test, len(y)))
+
+
+def _gathered(x, y, rows):
+    return _take(x, rows), y[rows]
+
+
+def _codes(values):
+    """The array of a model column (a `CodedStrings`' codes) or labels, to reorder in place."""
+    return values.codes if isinstance(values, CodedStrings) else values
 
 
 def _validation_cut(rows, validation_split):

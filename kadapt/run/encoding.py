@@ -274,18 +274,21 @@ def _column_statistics(values, sample=None):
     """`(median, mean, variance, missing, low, high)` of one column filled with its median (that of
     its rows at `sample`, where given); from the given values' sums in float64, so that no filled
     copy of a long column is made."""
-    given = values[~np.isnan(values)]
-    rows, absent = len(values), len(values) - len(given)
+    missing = np.isnan(values)
+    rows, absent = len(values), int(np.count_nonzero(missing))
+    given = values[~missing] if absent else values  # a complete column is not copied
     if not len(given):
         return 0.0, 0.0, 1.0, absent, np.nan, np.nan
     if sample is not None:  # a long column: the median of its sampled rows
         picked = values[sample]
-        sampled = picked[~np.isnan(picked)]
+        sampled = picked[~np.isnan(picked)] if absent else picked
     else:
         sampled = given
     median = float(np.median(sampled.astype("float64"))) if len(sampled) else float(np.median(given))
     mean = (given.sum(dtype="float64") + absent * median) / rows
-    variance = (np.square(given - np.float64(mean)).sum() + absent * (median - mean) ** 2) / rows
+    centred = given.astype("float64")  # one float64 copy, squared and summed by a dot product
+    centred -= mean
+    variance = (np.dot(centred, centred) + absent * (median - mean) ** 2) / rows
     return median, mean, variance if variance > 0 else 1.0, absent, given.min(), given.max()
 
 
