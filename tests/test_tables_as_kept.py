@@ -387,6 +387,7 @@ def test_a_file_sorted_by_class_is_split_into_the_seeded_draw_of_rows(tmp_path, 
     assert np.allclose(data.x_val[:, 0], (validation - mean) / std, atol=1e-5)  # in the draw's order
     names = np.array(data.class_names)
     assert set(names[data.y_val]) == set(names[data.y_test]) == {"a", "b", "c"}
+    assert list(names[data.y_val]) == [["a", "b", "c"][row // 100] for row in validation]  # beside their rows
 
 
 def test_three_digits_after_a_comma_are_a_thousand_beside_tabs_and_a_decimal_beside_semicolons(tmp_path):
