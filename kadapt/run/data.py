@@ -21,8 +21,8 @@ from kadapt.extras import require
 from kadapt.recipes.disk_rows import LabelTargets
 from kadapt.recipes.disk_rows import is_on_disk
 from kadapt.recipes.task import Task
-from kadapt.run.coded_strings import CodedStrings
 from kadapt.run import tables
+from kadapt.run.coded_strings import CodedStrings
 from kadapt.run.config import DATA_NAMES
 from kadapt.run.errors import UsageError
 from kadapt.run.image_folders import check_image_flags

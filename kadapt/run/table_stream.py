@@ -201,8 +201,8 @@ def prediction_batches(spec, data):
     pa = require("pyarrow", extra="tables")
     kinds, target = data["columns"], data.get("target")
     dialect = None if tables.is_parquet(spec, "--data") else tables.csv_dialect(spec)
-    words = tables.true_false_columns(spec, "--data", dialect) if dialect else ()
-    types = {name: pa.string() if tables.read_as_strings(kind) else (pa.bool_() if name in words else pa.float64())
+    true_false = tables.true_false_columns(spec, "--data", dialect) if dialect else ()
+    types = {name: pa.string() if tables.read_as_strings(kind) else (pa.bool_() if name in true_false else pa.float64())
              if kind == tables.NUMERIC else pa.timestamp("s") for name, kind in kinds.items()}
     types.update({name: pa.string() for name in data.get("dropped_columns", {})})
     if target:  # class names are strings; classes given as numbers and values are read as numbers
