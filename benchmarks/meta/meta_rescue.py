@@ -57,27 +57,36 @@ def _arm(task, arm, range_start, meta_model, consult_every=None, restart=True, h
 
 def run_task(base: dict, range_start: bool = False, meta_model: str = "default",
              consult_every: int | None = None, restart: bool = True, high_rate: tuple | None = None,
-             settings: tuple = evaluation.SETTINGS, arms: tuple = ARMS) -> dict:
+             settings: tuple = evaluation.SETTINGS, arms: tuple = ARMS, order: int = 0) -> dict:
     """Both arms on one task-seed of a results file (`base`: one of its `runs`); with
     `range_start`, the adjuster starts from the range test in both. The well-set runs at the
-    grid-best rate, cosine and constant, run in both modes."""
+    grid-best rate, cosine and constant, run in both modes. `order` > 0: every run's training
+    rows in that other order (`meta_evaluation.reordered`, as well_set_noise.py's), the other
+    mis-set arms (read from `base`) as they ran, the well-set runs without the adjuster trained
+    again in that order."""
     family, seed = base["family"], base["seed"]
+
+    def task_at(rate, schedule="constant"):
+        task = evaluation.evaluation_task(family, seed, rate, schedule)
+        return evaluation.reordered(task, order) if order else task
+
     result = {key: base.get(key) for key in ("family", "seed", "best_rate", "best_val_loss", "initial_val_loss",
                                              "range_test", "anchors")}
-    result["settings"] = {}
+    result["settings"], result["order"] = {}, order
     options = (range_start, meta_model, consult_every, restart, high_rate)
     for setting, case in base["settings"].items():
         if setting not in settings:
             continue
-        task = evaluation.evaluation_task(family, seed, case["learning_rate"])
+        task = task_at(case["learning_rate"])
         ran = {arm: _arm(task, arm, *options) for arm in arms}
         result["settings"][setting] = {"learning_rate": case["learning_rate"], "constant": case["constant"],
                                        "plateau": case["plateau"], **ran}
         print(f"{family}/{seed} {setting} lr={case['learning_rate']:g}: "
               + ", ".join(f"{arm} {ran[arm]['val_loss']:.4g}" for arm in arms), flush=True)
     for name, schedule in (("cosine", "cosine"), ("well_set", "constant")):
-        task = evaluation.evaluation_task(family, seed, base["best_rate"], schedule)
-        result[name] = {"without": base[name]["without"],
+        task = task_at(base["best_rate"], schedule)
+        without = evaluation.train_run(task, evaluation.EPOCHS) if order else base[name]["without"]
+        result[name] = {"without": without,
                         **{arm: _arm(task, arm, *options) for arm in arms}}
         print(f"{family}/{seed} {name}: " + ", ".join(f"{arm} {result[name][arm]['val_loss']:.4g}"
                                                       for arm in ("without", *arms)), flush=True)
@@ -261,6 +270,9 @@ def main():
     parser.add_argument("--settings", nargs="+", default=list(evaluation.SETTINGS), choices=evaluation.SETTINGS,
                         help="the mis-set settings to run (the well-set runs always run)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="the arms to run")
+    parser.add_argument("--order", type=int, default=0,
+                        help="train both arms with the training rows in this other order (the permutation "
+                             "well_set_noise.py's --orders draws); 0: as given")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="comma-separated results files of this script: AFTER's runs against BEFORE's")
     args = parser.parse_args()
@@ -275,7 +287,7 @@ def main():
         if not args.results:
             parser.error("give results files to run on, or --merge this script's outputs")
         results = [run_task(base, args.range_start, args.meta_model, args.consult_every, not args.no_restart,
-                            _check_epochs(args.high_rate), tuple(args.settings), tuple(args.arms))
+                            _check_epochs(args.high_rate), tuple(args.settings), tuple(args.arms), args.order)
                    for path in args.results
                    for base in json.loads(path.read_text())["runs"]]
         if args.out:

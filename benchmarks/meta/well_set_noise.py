@@ -24,21 +24,11 @@ of meta_adjust's "within 1.2x" figure (`meta_rescue.py --noise` reads
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
-
 from kadapt.cli import meta_evaluation as evaluation
 from kadapt.recipes.training import steps_per_epoch
-
-
-def reordered(task, order):
-    """`task` with its training rows permuted (permutation `order` of a NumPy generator)."""
-    x, y, x_val, y_val = task.data
-    rows = np.random.default_rng([task.seed, order]).permutation(len(x))
-    return dataclasses.replace(task, data=(x[rows], y[rows], x_val, y_val))
 
 
 def noise_runs(family, seed, rate, cuts, orders, epochs, schedules):
@@ -52,7 +42,7 @@ def noise_runs(family, seed, rate, cuts, orders, epochs, schedules):
             stop = evaluation.StopAfterSteps(budget - cut)
             runs[f"cut {cut}"] = evaluation.train_run(task, epochs, [stop])["val_loss"]
         for order in range(1, orders + 1):
-            runs[f"order {order}"] = evaluation.train_run(reordered(task, order), epochs)["val_loss"]
+            runs[f"order {order}"] = evaluation.train_run(evaluation.reordered(task, order), epochs)["val_loss"]
         losses[schedule] = {"budget": budget, "runs": runs}
     return losses
 

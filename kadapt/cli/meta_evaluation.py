@@ -128,6 +128,14 @@ def evaluation_task(family: str, seed: int, learning_rate: float, schedule: str 
     return dataclasses.replace(task, momentum=MOMENTUM)
 
 
+def reordered(task: task_lib.Task, order: int) -> task_lib.Task:
+    """`task` with its training rows permuted (permutation `order` of a NumPy generator seeded
+    by the task's seed): the same data, initialization and rate, the batches in another order."""
+    x, y, x_val, y_val = task.data
+    rows = np.random.default_rng([task.seed, order]).permutation(len(x))
+    return dataclasses.replace(task, data=(x[rows], y[rows], x_val, y_val))
+
+
 class StopAfterSteps(keras.callbacks.Callback):
     """Ends a run after `steps` optimizer steps (a budget that is not whole epochs)."""
 
