@@ -193,3 +193,16 @@ def test_the_rescue_arm_is_kadapt_trains_rescue_at_the_tasks_chance(family):
     rescue = evaluation.task_rescue(task)
     assert rescue.rule.chance_loss == pytest.approx(expected, rel=1e-9)
     assert rescue.monitor == "val_loss" and rescue.range_test is not None
+
+
+def test_a_reordered_task_holds_the_same_training_rows_in_another_order_and_the_same_validation_rows():
+    task = evaluation.evaluation_task("circles", 3, 0.01)
+    x, y, x_val, y_val = task.data
+    first, again, other = (evaluation.reordered(task, order).data for order in (1, 1, 2))
+    label_of = {row.tobytes(): label for row, label in zip(x, y)}
+    assert len(label_of) == len(x) == len(first[0])  # distinct rows: each found once below
+    assert {row.tobytes() for row in first[0]} == set(label_of)
+    assert all(label_of[row.tobytes()] == label for row, label in zip(first[0], first[1]))  # each keeps its label
+    assert not np.array_equal(first[0], x) and not np.array_equal(first[0], other[0])
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))  # the order is a function of (seed, order)
+    assert first[2] is x_val and first[3] is y_val
