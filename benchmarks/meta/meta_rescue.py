@@ -16,7 +16,9 @@ without; the cosine and the constant run at the grid-best rate). With
 `--range-start` both arms start from the range test; `--meta-model M.keras`
 runs both with another meta-model than the shipped one; `--consult-every N`
 gives both a trigger that also consults the meta-model every N observations
-(0: the trigger's rules only; the adjuster's default is 3).
+(0: the trigger's rules only; the adjuster's default is 3); `--order K` trains
+every run with its training rows in another batch order (the figure's own
+spread over orders: benchmarks/README.md#meta_rescue).
 
     .venv/bin/python benchmarks/meta/table_results.py --table benchmarks/meta/per_run_table.md --out runs/base
     .venv/bin/python benchmarks/meta/meta_rescue.py runs/base/base_{iris,circles,friedman}_*.json --out runs/rescue_a.json &
